@@ -1,0 +1,48 @@
+"""amsp compare: the named baselines (and given strategies) side by side.
+
+    amsp compare --model llama-7b --gpus 1024
+"""
+
+from __future__ import annotations
+
+import click
+
+from amsp_planner.cli.options import build_job, job_options
+
+
+@click.command()
+@job_options
+@click.option("--strategy", "-s", "strategies", multiple=True,
+              help="Also evaluate this strategy, e.g. 'p=1,g=1,os=8,mb=1' (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def compare(strategies, as_json, **opts):
+    """Predict memory, bytes and step time of the named baselines for one job."""
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.strategy import named_baselines, parse_strategy_or_baseline
+
+    job, limit = build_job(**opts)
+    t = job.training
+    mb = t.micro_batch or 1
+    ckpt = bool(t.activation_checkpointing)
+    rows = [(name, evaluate(job, s, limit))
+            for name, s in named_baselines(job.num_gpus, job.gpus_per_node, mb, ckpt).items()]
+    for text in strategies:
+        s = parse_strategy_or_baseline(text, job.num_gpus, job.gpus_per_node)
+        rows.append(("given", evaluate(job, s, limit)))
+    if as_json:
+        import json
+
+        doc = {
+            "model": job.model.name, "cluster": job.cluster.name, "gpus": job.num_gpus,
+            "params": job.model.num_params, "padded_params": job.phi,
+            "batch_tokens": t.batch_tokens, "seq_len": t.seq_len,
+            "rows": [{"name": n, **e.to_dict()} for n, e in rows],
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    from amsp_planner.report.fmt import console
+    from amsp_planner.report.tables import compare_table
+
+    title = (f"{job.model.name} ({job.model.num_params / 1e9:.2f}B) on {job.num_gpus} GPUs of "
+             f"{job.cluster.name}, {t.batch_tokens:,} tokens/step, seq {t.seq_len}")
+    console().print(compare_table(rows, title))

@@ -1,0 +1,75 @@
+"""amsp: plan, price and run ZeRO-style sharding for LLM training.
+
+    amsp compare --model llama-7b --gpus 1024
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from amsp_planner import __version__
+
+
+class LazyGroup(click.Group):
+    """Imports a command's module only when that command runs (keeps `amsp` fast)."""
+
+    COMMANDS = {
+        "compare": ("amsp_planner.cli.compare", "compare"),
+        "specs": ("amsp_planner.cli.specs_cmd", "specs"),
+    }
+
+    def list_commands(self, ctx):
+        return sorted(self.COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in self.COMMANDS:
+            return None
+        import importlib
+
+        mod, attr = self.COMMANDS[name]
+        return getattr(importlib.import_module(mod), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="amsp")
+def cli():
+    """Plan, price and run ZeRO-style sharding (P, G, OS) for LLM training."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors become one line on stderr and exit code 2 (infeasible: 3)."""
+    from amsp_planner.errors import AmspUserError, InfeasibleError
+
+    try:
+        rv = cli.main(args=argv, prog_name="amsp", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help())
+        sys.exit(0)
+    except click.ClickException as e:
+        msg = e.format_message().replace("\n", " ")
+        hint = ""
+        ctx = getattr(e, "ctx", None)
+        if ctx is not None:
+            hint = f" (see '{ctx.command_path} --help')"
+        click.echo(f"error: {msg}{hint}", err=True)
+        sys.exit(2)
+    except AmspUserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except InfeasibleError as e:
+        click.echo(f"infeasible: {e}", err=True)
+        sys.exit(3)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    if isinstance(rv, int):
+        sys.exit(rv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Options shared by the commands that take a job, and their translation into specs."""
+
+from __future__ import annotations
+
+import click
+
+from amsp_planner.errors import AmspUserError
+
+
+def job_options(f):
+    """--model, --gpus, --cluster, --set and the training options."""
+    opts = [
+        click.option("--model", "-m", required=True,
+                     help="Model preset name or spec file (YAML, or a Hugging Face config.json)."),
+        click.option("--gpus", "-n", required=True, type=click.IntRange(min=1),
+                     help="Number of GPUs (data-parallel ranks)."),
+        click.option("--cluster", "-c", default=None,
+                     help="Cluster preset or spec file (default: dgx-a100-hdr)."),
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                     help="Override a cluster field, e.g. nic_gbit_per_s=400 or gpu.memory_gib=40."),
+        click.option("--seq-len", type=click.IntRange(min=1), default=4096, show_default=True,
+                     help="Tokens per sequence."),
+        click.option("--global-batch", default=None,
+                     help="Global batch in tokens, K/M/G suffixes are powers of 2 (default 4M)."),
+        click.option("--global-batch-seqs", type=click.IntRange(min=1), default=None,
+                     help="Global batch in sequences (instead of --global-batch)."),
+        click.option("--micro-batch", type=click.IntRange(min=1), default=None,
+                     help="Pin sequences per GPU per micro-batch (default: searched; compare uses 1)."),
+        click.option("--activation-checkpointing", type=click.Choice(["on", "off", "auto"]),
+                     default="auto", show_default=True,
+                     help="Full activation checkpointing; auto lets the planner choose."),
+        click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations."),
+        click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16",
+                     show_default=True, help="bf16 mixed precision or fp32 everywhere."),
+        click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
+                     show_default=True, help="Gradient shard and reduction dtype."),
+        click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Memory per GPU in GiB (default: the GPU's memory)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def parse_sets(sets: tuple[str, ...]) -> dict:
+    from amsp_planner.specs.loader import parse_value
+
+    out = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise AmspUserError(f"--set '{item}': write KEY=VALUE, e.g. --set nic_gbit_per_s=400")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
+              activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
+              memory_limit=None, **_ignored):
+    """(Job, memory limit in bytes) from the shared options."""
+    from pydantic import ValidationError
+
+    from amsp_planner.cost.job import Job
+    from amsp_planner.errors import format_validation_error
+    from amsp_planner.specs import TrainingSpec, load_cluster, load_model, parse_batch
+
+    m = load_model(model)
+    c = load_cluster(cluster, parse_sets(sets) if sets else None)
+    tokens = parse_batch(global_batch) if global_batch is not None else None
+    if tokens is not None and global_batch_seqs is not None:
+        raise AmspUserError("give --global-batch or --global-batch-seqs, not both")
+    ckpt = {"on": True, "off": False, "auto": None}[activation_checkpointing]
+    try:
+        t = TrainingSpec(seq_len=seq_len, global_batch_tokens=tokens,
+                         global_batch_seqs=global_batch_seqs, micro_batch=micro_batch,
+                         activation_checkpointing=ckpt, flash_attention=not no_flash_attention,
+                         precision=precision, grad_accum_dtype=grad_accum_dtype)
+    except ValidationError as e:
+        raise AmspUserError(format_validation_error(e, "training options")) from None
+    job = Job.create(m, c, t, gpus)
+    limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
+    return job, limit

@@ -1,0 +1,81 @@
+"""Evaluate one strategy for one job: memory, schedule, step time, throughput."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amsp_planner.cost.job import Job
+from amsp_planner.cost.memory import MemoryBreakdown, memory
+from amsp_planner.cost.schedule import ScheduleEntry, build_schedule
+from amsp_planner.cost.step_time import StepTime, step_time
+from amsp_planner.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    strategy: Strategy
+    n_micro: int
+    memory: MemoryBreakdown
+    schedule: tuple[ScheduleEntry, ...]
+    time: StepTime
+    memory_limit: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.memory_limit
+
+    @property
+    def step_s(self) -> float:
+        return self.time.step_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch_tokens / self.time.step_s
+
+    batch_tokens: int = 0
+    model_flops_per_step: float = 0.0
+    peak_flop_per_s_total: float = 0.0
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops_per_step / self.time.step_s / self.peak_flop_per_s_total
+
+    def bytes_per_rank(self, scope: str) -> float:
+        """Bytes a GPU sends per step, 'intra' or 'inter' node (ring convention)."""
+        key = f"{scope}_bytes_per_rank_per_step"
+        return sum(getattr(e, key) for e in self.schedule)
+
+    def to_dict(self) -> dict:
+        return {
+            "strategy": str(self.strategy),
+            "n_micro": self.n_micro,
+            "fits": self.fits,
+            "memory_limit_bytes": self.memory_limit,
+            "memory": self.memory.to_dict(),
+            "time": self.time.to_dict(),
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "intra_bytes_per_rank_per_step": self.bytes_per_rank("intra"),
+            "inter_bytes_per_rank_per_step": self.bytes_per_rank("inter"),
+            "schedule": [e.to_dict() for e in self.schedule],
+        }
+
+
+def evaluate(job: Job, s: Strategy, memory_limit: float | None = None) -> Evaluation:
+    """Everything the cost model predicts for `s` on `job` (checks `s` first)."""
+    job.check(s)
+    n_micro = job.n_micro(s)
+    sched = build_schedule(job, s, n_micro)
+    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt)
+    limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
+    return Evaluation(
+        strategy=s,
+        n_micro=n_micro,
+        memory=memory(job, s),
+        schedule=sched,
+        time=t,
+        memory_limit=limit,
+        batch_tokens=job.training.batch_tokens,
+        model_flops_per_step=job.training.batch_tokens * job.model.flops_per_token(job.training.seq_len),
+        peak_flop_per_s_total=job.num_gpus * job.cluster.peak_flop_per_s,
+    )

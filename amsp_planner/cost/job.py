@@ -1,0 +1,117 @@
+"""Job: model + cluster + training + GPU count, validated together, with padded units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from amsp_planner.errors import AmspUserError
+from amsp_planner.specs.cluster import ClusterSpec
+from amsp_planner.specs.model import ModelSpec
+from amsp_planner.specs.training import TrainingSpec
+from amsp_planner.strategy import PAD_QUANTUM, Strategy
+from amsp_planner.topology import Topology
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job on one cluster. Construct with ``Job.create`` to get checked errors."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    num_gpus: int
+    topology: Topology = field(compare=False, repr=False, hash=False)
+
+    @classmethod
+    def create(cls, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+               num_gpus: int) -> Job:
+        if num_gpus < 1:
+            raise AmspUserError(f"--gpus: must be at least 1, got {num_gpus}")
+        r = cluster.gpus_per_node
+        if num_gpus > r and num_gpus % r:
+            raise AmspUserError(
+                f"--gpus {num_gpus} is not a whole number of {r}-GPU nodes on {cluster.name}: "
+                f"use a multiple of {r}"
+            )
+        if num_gpus < r and r % num_gpus:
+            raise AmspUserError(
+                f"--gpus {num_gpus}: a partial node must hold a divisor of {r} GPUs: use one"
+            )
+        b = training.batch_seqs
+        if b < num_gpus or b % num_gpus:
+            raise AmspUserError(
+                f"global batch of {b} sequences ({training.batch_tokens} tokens) is not a multiple "
+                f"of {num_gpus} GPUs x micro-batch 1: with data parallelism only each GPU needs "
+                f"whole sequences; use a global batch of a multiple of {num_gpus} sequences "
+                f"(e.g. --global-batch-seqs {max(1, b // num_gpus) * num_gpus if b >= num_gpus else num_gpus})"
+                " or fewer GPUs"
+            )
+        if model.position_embedding == "learned" and training.seq_len > model.max_seq_len:
+            raise AmspUserError(
+                f"--seq-len {training.seq_len} exceeds the learned positions of {model.name} "
+                f"(max_seq_len {model.max_seq_len}): use --seq-len {model.max_seq_len} or less"
+            )
+        if training.micro_batch is not None and (b // num_gpus) % training.micro_batch:
+            raise AmspUserError(
+                f"--micro-batch {training.micro_batch} does not divide the {b // num_gpus} "
+                f"sequences per GPU: use a divisor of {b // num_gpus}"
+            )
+        return cls(model, cluster, training, num_gpus, Topology(cluster, num_gpus))
+
+    # ----- derived --------------------------------------------------------------------------
+    @property
+    def gpus_per_node(self) -> int:
+        return self.topology.gpus_per_node
+
+    @property
+    def num_nodes(self) -> int:
+        return self.topology.num_nodes
+
+    @cached_property
+    def pad_multiple(self) -> int:
+        return self.num_gpus * PAD_QUANTUM
+
+    @cached_property
+    def units(self) -> tuple[int, ...]:
+        """Padded elements of each unit: embedding, blocks, final norm + head."""
+        q = self.pad_multiple
+        return tuple(-(-u // q) * q for u in self.model.unit_params())
+
+    @cached_property
+    def phi(self) -> int:
+        """Padded parameter count (sum of padded units)."""
+        return sum(self.units)
+
+    @cached_property
+    def max_unit(self) -> int:
+        return max(self.units)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+    @cached_property
+    def seqs_per_gpu(self) -> int:
+        return self.training.batch_seqs // self.num_gpus
+
+    def micro_batch_options(self, cap: int = 64) -> list[int]:
+        """Micro-batch sizes that divide the sequences per GPU (pinned one if given)."""
+        if self.training.micro_batch is not None:
+            return [self.training.micro_batch]
+        n = self.seqs_per_gpu
+        return [b for b in range(1, min(n, cap) + 1) if n % b == 0]
+
+    def n_micro(self, strategy: Strategy) -> int:
+        try:
+            return strategy.n_micro(self.training.batch_seqs, self.num_gpus)
+        except ValueError as e:
+            raise AmspUserError(f"--strategy {strategy}: {e}") from None
+
+    def check(self, strategy: Strategy) -> None:
+        """Raise AmspUserError unless the strategy is valid for this job."""
+        try:
+            strategy.check(self.num_gpus, self.gpus_per_node)
+            strategy.n_micro(self.training.batch_seqs, self.num_gpus)
+        except ValueError as e:
+            raise AmspUserError(f"--strategy {strategy}: {e}") from None

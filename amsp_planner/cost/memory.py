@@ -1,0 +1,139 @@
+"""Memory per GPU, by term.
+
+Model states (ZeRO, arXiv 1910.02054, with K = 12 for mixed-precision Adam):
+  parameters Phi/s_P * p_b, gradients Phi/s_G * g_b, optimizer Phi/s_OS * 12 (fp32 master, m, v),
+  hpZ secondary copy Phi/h_z * p_b. (p_b, g_b: 2 in bf16, 4 in fp32; g_b = 4 with fp32
+  gradient accumulation.)
+
+Buffers (U = largest padded unit, in elements), exactly what the runtime allocates:
+  gather      2 * U * p_b when s_P > 1 (the unit in use + the prefetched one);
+              qwZ adds 2 quantized receive buffers of U*(1 + 4/block) bytes;
+  grad        2 * U * g_b when s_G > 1 (the unit's full gradient + the next one, overlapping
+              the reduce-scatter); qgZ adds 2 buffers of U*(1/2 + 4/block) bytes;
+  staging     U * g_b when the gradient needs a permuted copy before its reduction
+              (1 < s_P < s_G, or qgZ); U/s_P * p_b when s_P < s_G < s_OS (step-6 output);
+  step        U/s_OS * g_b when s_OS > s_G (the OS-shard slice of the step reduce-scatter).
+
+Activations per micro-batch (after Korthikanti et al. 2022, arXiv 2205.05198, section 4.1,
+adapted: no dropout, GQA, SwiGLU, bytes a_b = p_b per element). Per token and block, the
+tensors saved for backward:
+  attention: norm input h, norm output h, Q h, K d_kv, V d_kv, attention output h
+  MLP:       norm input h, norm output h, SwiGLU gate f, up f, product f (GELU: fc1 f, act f)
+  softmax:   FlashAttention keeps 4 bytes (fp32 log-sum-exp) per head; without it the scores
+             and probabilities, 2*a*s elements.
+  => (6h + 2 d_kv + 3f) * a_b + 4a   [SwiGLU, FlashAttention]
+Head, per token: final-norm input and output 2h * a_b + fp32 logits 4V.
+With full checkpointing only each block's input (h * a_b per token) is kept, plus one block's
+activations while it is recomputed.
+Totals: (states + buffers + activations) * (1 + fragmentation) + context reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from amsp_planner.cost.job import Job
+from amsp_planner.cost.schedule import quantized_bytes
+from amsp_planner.strategy import Strategy
+
+OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v per parameter
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    params: float
+    grads: float
+    optimizer: float
+    hpz: float
+    gather_buffers: float
+    grad_buffers: float
+    staging: float
+    step_buffer: float
+    activations: float
+    fragmentation: float
+    context: float
+
+    @property
+    def model_states(self) -> float:
+        """Parameter, gradient, optimizer shards and the hpZ copy."""
+        return self.params + self.grads + self.optimizer + self.hpz
+
+    @property
+    def buffers(self) -> float:
+        return self.gather_buffers + self.grad_buffers + self.staging + self.step_buffer
+
+    @property
+    def runtime_tensors(self) -> float:
+        """Model states + buffers: what the runtime's own tensors sum to."""
+        return self.model_states + self.buffers
+
+    @property
+    def total(self) -> float:
+        return self.runtime_tensors + self.activations + self.fragmentation + self.context
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(model_states=self.model_states, buffers=self.buffers, total=self.total)
+        return d
+
+
+def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes: int = 2
+                      ) -> dict[str, float]:
+    """Model-state bytes per GPU for Phi parameters (the ZeRO paper's table)."""
+    return {
+        "params": phi / s.s_p * param_bytes,
+        "grads": phi / s.s_g * grad_bytes,
+        "optimizer": phi / s.s_os * OPTIMIZER_BYTES,
+        "hpz": phi / s.hpz * param_bytes if s.hpz > 1 else 0.0,
+    }
+
+
+def activation_bytes_per_token(job: Job, ckpt: bool) -> float:
+    """Activation bytes per token of one micro-batch (see module docstring)."""
+    m, t = job.model, job.training
+    ab = t.param_bytes
+    h, f, kv, a = m.hidden_size, m.ffn_hidden_size, m.kv_dim, m.num_heads
+    mlp = 3 * f if m.ffn_type == "swiglu" else 2 * f
+    block = (6 * h + 2 * kv + mlp) * ab
+    block += 4 * a if t.flash_attention else 2 * a * t.seq_len * ab
+    head = 2 * h * ab + 4 * m.vocab_size
+    if ckpt:
+        return m.num_layers * h * ab + block + head
+    return m.num_layers * block + head
+
+
+def activation_bytes(job: Job, micro_batch: int, ckpt: bool) -> float:
+    return activation_bytes_per_token(job, ckpt) * micro_batch * job.training.seq_len
+
+
+def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
+    t = job.training
+    u, pb, gb = job.max_unit, t.param_bytes, t.grad_bytes
+    gather = 0.0
+    if s.s_p > 1:
+        gather = 2 * u * pb
+        if s.qwz:
+            gather += 2 * quantized_bytes(u, 8, s.quant_block)
+    grad = 0.0
+    if s.s_g > 1:
+        grad = 2 * u * gb
+        if s.qgz:
+            grad += 2 * quantized_bytes(u, 4, s.quant_block)
+    staging = 0.0
+    if s.s_g > 1 and (1 < s.s_p < s.s_g or s.qgz):
+        staging += u * gb
+    if s.s_p < s.s_g < s.s_os:
+        staging += u // s.s_p * pb
+    step = u // s.s_os * gb if s.s_os > s.s_g else 0.0
+    return {"gather_buffers": gather, "grad_buffers": grad, "staging": staging,
+            "step_buffer": step}
+
+
+def memory(job: Job, s: Strategy) -> MemoryBreakdown:
+    t = job.training
+    states = model_state_bytes(job.phi, s, t.param_bytes, t.grad_bytes)
+    bufs = buffer_bytes(job, s)
+    act = activation_bytes(job, s.micro_batch, s.ckpt)
+    frag = job.cluster.gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act)
+    ctx = job.cluster.gpu.context_reserve_gib * 1024**3
+    return MemoryBreakdown(**states, **bufs, activations=act, fragmentation=frag, context=ctx)

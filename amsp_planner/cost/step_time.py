@@ -1,0 +1,98 @@
+"""Compute time, and the overlap model that turns collective times into a step time.
+
+Compute (PaLM appendix B): model FLOPs per token 6*N + 12*L*h*s, forward one third, backward
+two thirds; full recomputation adds one forward (x4/3 overall). Time = FLOPs / (peak x
+achievable fraction). MFU = model FLOPs per second / (N_gpus x peak); recomputation is not
+model FLOPs.
+
+Overlap, per micro-batch, with U units, forward compute T_f, backward compute T_b, and the
+collective times of the schedule grouped as
+  C_f = forward all-gathers,  C_b = backward all-gathers + gradient reduce-scatters / qgZ hops,
+  C_s = step-boundary gradient sync (grad_sync),  C_u = update all-gather + metrics:
+
+  forward:  E_f = max(0, C_f - T_f) + C_f / U
+            (prefetching unit i+1 hides behind unit i's compute; the first unit's gather cannot)
+  backward: E_b = max(0, C_b - T_b) + C_b / U
+            (the last unit's reduce-scatter runs after the last backward compute)
+  last micro-batch: E_b' = max(0, C_b + C_s - T_b) + (C_b + C_s) / U
+            (the step-boundary sync of each unit starts as soon as its gradient is final, behind
+            the rest of the last backward)
+  update:   E_u = C_u (after the optimizer, exposed)
+
+  step = n_micro (T_f + T_b) + n_micro E_f + (n_micro - 1) E_b + E_b' + E_u
+
+The ILP (solver/ilp.py) linearises exactly these max(0, .) terms with auxiliary variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from amsp_planner.cost.job import Job
+from amsp_planner.cost.schedule import ScheduleEntry
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    exposed_forward_s: float
+    exposed_backward_s: float
+    exposed_update_s: float
+    comm_total_s: float
+    """All collective time of the step, overlapped or not."""
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.exposed_forward_s + self.exposed_backward_s + self.exposed_update_s
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.exposed_comm_s
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(exposed_comm_s=self.exposed_comm_s, step_s=self.step_s)
+        return d
+
+
+def compute_times(job: Job, micro_batch: int, ckpt: bool) -> tuple[float, float]:
+    """(T_f, T_b): forward and backward compute seconds of one micro-batch."""
+    tokens = micro_batch * job.training.seq_len
+    flops = tokens * job.model.flops_per_token(job.training.seq_len)
+    rate = job.cluster.achievable_flop_per_s
+    fwd = flops / 3 / rate
+    bwd = 2 * flops / 3 / rate + (fwd if ckpt else 0.0)
+    return fwd, bwd
+
+
+def phase_times(schedule: tuple[ScheduleEntry, ...], n_micro: int) -> dict[str, float]:
+    """Collective seconds by phase: per micro-batch for forward/backward, per step otherwise."""
+    out = {"forward": 0.0, "backward": 0.0, "grad_sync": 0.0, "update": 0.0}
+    for e in schedule:
+        per = n_micro if e.phase in ("forward", "backward") else 1
+        out[e.phase] += e.time_s / per
+    return out
+
+
+def overlap(t_f: float, t_b: float, c: dict[str, float], n_micro: int, num_units: int
+            ) -> StepTime:
+    """The overlap model of the module docstring."""
+    u = num_units
+    e_f = max(0.0, c["forward"] - t_f) + c["forward"] / u
+    e_b = max(0.0, c["backward"] - t_b) + c["backward"] / u
+    last = c["backward"] + c["grad_sync"]
+    e_last = max(0.0, last - t_b) + last / u
+    comm = n_micro * (c["forward"] + c["backward"]) + c["grad_sync"] + c["update"]
+    return StepTime(
+        compute_s=n_micro * (t_f + t_b),
+        exposed_forward_s=n_micro * e_f,
+        exposed_backward_s=(n_micro - 1) * e_b + e_last,
+        exposed_update_s=c["update"],
+        comm_total_s=comm,
+    )
+
+
+def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro_batch: int,
+              ckpt: bool) -> StepTime:
+    t_f, t_b = compute_times(job, micro_batch, ckpt)
+    return overlap(t_f, t_b, phase_times(schedule, n_micro), n_micro, job.num_units)

@@ -1,0 +1,33 @@
+"""Errors that reach the user.
+
+Every error a user can cause is an ``AmspUserError`` (exit code 2): its message is one line that
+names the field and says how to fix it. ``InfeasibleError`` (exit code 3) means the inputs are
+valid but no strategy fits. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class AmspUserError(Exception):
+    """Bad input: one line naming the field and the fix; exit code 2."""
+
+    exit_code = 2
+
+
+class InfeasibleError(Exception):
+    """Valid input, but no strategy fits in memory; exit code 3."""
+
+    exit_code = 3
+
+
+def format_validation_error(exc, source: str = "") -> str:
+    """One line from a pydantic ValidationError: the first failing field and its message."""
+    errs = exc.errors()
+    first = errs[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
+    msg = first.get("msg", "invalid value")
+    msg = msg.removeprefix("Value error, ")
+    where = f"{source}: " if source else ""
+    field = f"field '{loc}': " if loc else ""
+    more = f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
+    return f"{where}{field}{msg}{more}".replace("\n", " ")

@@ -1,0 +1,1 @@
+"""Rendering: tables and text built from evaluations; returns renderables/strings, never prints."""

@@ -1,0 +1,192 @@
+"""Loading specs: presets by name, YAML/JSON files, Hugging Face config.json.
+
+Every error becomes an ``AmspUserError`` with one line naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from amsp_planner.errors import AmspUserError, format_validation_error
+from amsp_planner.specs.cluster import ClusterSpec
+from amsp_planner.specs.model import ModelSpec
+
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
+DEFAULT_CLUSTER = "dgx-a100-hdr"
+
+# Hugging Face model types whose config describes a dense decoder we count exactly.
+_HF_DENSE = {
+    "llama": {"attention_bias": "none"},
+    "mistral": {"attention_bias": "none"},
+    "qwen2": {"attention_bias": "qkv"},
+}
+_HF_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def list_presets(kind: str) -> list[str]:
+    """Preset names of 'model' or 'cluster' specs."""
+    folder = PRESETS / f"{kind}_specs"
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise AmspUserError(f"{path}: cannot read it ({e.strerror}): check the path") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        if isinstance(e, json.JSONDecodeError):
+            line = f" at line {e.lineno}"
+        raise AmspUserError(
+            f"{path}: malformed {'JSON' if path.suffix == '.json' else 'YAML'}{line}: fix the syntax"
+        ) from None
+    if not isinstance(data, dict):
+        raise AmspUserError(f"{path}: expected a mapping of fields at the top level, got "
+                            f"{type(data).__name__}: write 'field: value' lines")
+    return data
+
+
+def _validate(cls: type[BaseModel], data: dict[str, Any], source: str):
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise AmspUserError(format_validation_error(e, source)) from None
+
+
+def _resolve(name: str, kind: str) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        if not path.exists():
+            raise AmspUserError(f"--{kind}: file {name} does not exist: check the path")
+        return path
+    preset = PRESETS / f"{kind}_specs" / f"{name}.yaml"
+    if not preset.exists():
+        raise AmspUserError(
+            f"--{kind}: unknown {kind} '{name}': use one of {', '.join(list_presets(kind))}, "
+            "or a path to a spec file"
+        )
+    return preset
+
+
+@lru_cache(maxsize=64)
+def load_model(name: str) -> ModelSpec:
+    """A ModelSpec from a preset name, a YAML/JSON spec file, or a Hugging Face config.json."""
+    path = _resolve(name, "model")
+    data = _read_mapping(path)
+    if "model_type" in data or "architectures" in data:
+        return model_from_hf_config(data, str(path))
+    data.setdefault("name", path.stem)
+    return _validate(ModelSpec, data, str(path))
+
+
+def model_from_hf_config(cfg: dict[str, Any], source: str = "config.json") -> ModelSpec:
+    """Translate a Hugging Face config.json of a dense decoder into a ModelSpec."""
+    for key in _HF_MOE_KEYS:
+        if (cfg.get(key) or 0) > 1:
+            raise AmspUserError(
+                f"{source}: '{key}' = {cfg[key]}: mixture-of-experts models are not supported "
+                "(only dense decoders are counted exactly)"
+            )
+    mtype = cfg.get("model_type")
+    if mtype not in _HF_DENSE:
+        raise AmspUserError(
+            f"{source}: model_type '{mtype}' is not supported: use a dense decoder of type "
+            f"{', '.join(sorted(_HF_DENSE))}, or write a model spec YAML"
+        )
+    need = ["num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+            "vocab_size"]
+    for key in need:
+        if key not in cfg:
+            raise AmspUserError(f"{source}: field '{key}' is missing: a {mtype} config needs it")
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise AmspUserError(
+            f"{source}: field 'hidden_act' is '{act}': {mtype} models are counted with SwiGLU "
+            "(silu); write a model spec YAML for other MLPs"
+        )
+    data = {
+        "name": cfg.get("_name_or_path") or Path(source).parent.name or mtype,
+        "num_layers": cfg["num_hidden_layers"],
+        "hidden_size": cfg["hidden_size"],
+        "num_heads": cfg["num_attention_heads"],
+        "num_kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+        "ffn_hidden_size": cfg["intermediate_size"],
+        "ffn_type": "swiglu",
+        "vocab_size": cfg["vocab_size"],
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "max_seq_len": cfg.get("max_position_embeddings", 4096),
+        "rope_theta": cfg.get("rope_theta", 10000.0),
+        "attention_bias": "qkv" if cfg.get("attention_bias") else _HF_DENSE[mtype]["attention_bias"],
+    }
+    head_dim = cfg.get("head_dim")
+    if head_dim and head_dim * cfg["num_attention_heads"] != cfg["hidden_size"]:
+        raise AmspUserError(
+            f"{source}: field 'head_dim' = {head_dim} differs from hidden_size/num_attention_heads: "
+            "decoupled head dimensions are not supported"
+        )
+    return _validate(ModelSpec, data, source)
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: YAML scalar rules (numbers, booleans, strings)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def load_cluster(name: str | None = None, overrides: dict[str, Any] | None = None) -> ClusterSpec:
+    """A ClusterSpec from a preset name or spec file, with optional field overrides.
+
+    Overrides use dotted keys for nested fields, e.g. ``{"gpu.memory_gib": 40}``.
+    """
+    path = _resolve(name or DEFAULT_CLUSTER, "cluster")
+    data = _read_mapping(path)
+    data.setdefault("name", path.stem)
+    if overrides:
+        for key, value in overrides.items():
+            target = data
+            parts = key.split(".")
+            for part in parts[:-1]:
+                if not isinstance(target.get(part), dict):
+                    raise AmspUserError(f"--set {key}: '{part}' is not a group of fields")
+                target = target[part] = dict(target[part])
+            top_fields = ClusterSpec.model_fields if len(parts) == 1 else None
+            if top_fields is not None and parts[0] not in top_fields:
+                close = ", ".join(sorted(k for k in top_fields if k != "measured"))
+                raise AmspUserError(f"--set {key}: no such cluster field: use one of {close}")
+            target[parts[-1]] = value
+        data["name"] = f"{data['name']}*"
+    return _validate(ClusterSpec, data, str(path) if not overrides else f"{path} with --set")
+
+
+_SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_batch(text: str, field: str = "--global-batch") -> int:
+    """'4M' -> 4*2**20, '512K' -> 512*2**10, '16384' -> 16384."""
+    t = str(text).strip()
+    mult = 1
+    if t and t[-1].upper() in _SUFFIX:
+        mult = _SUFFIX[t[-1].upper()]
+        t = t[:-1]
+    try:
+        value = int(t) * mult
+    except ValueError:
+        raise AmspUserError(
+            f"{field}: '{text}' is not a count: write an integer with an optional K/M/G suffix "
+            "(powers of 2), e.g. 4M"
+        ) from None
+    if value < 1:
+        raise AmspUserError(f"{field}: must be at least 1, got {text}")
+    return value

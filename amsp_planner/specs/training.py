@@ -1,0 +1,92 @@
+"""TrainingSpec: the job. Sequence length, global batch, precision and the knobs users pin."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_BATCH_TOKENS = 4 * 2**20  # "4M" tokens
+
+
+class TrainingSpec(BaseModel):
+    """A data-parallel training job (no tensor or pipeline parallelism)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq_len: int = Field(default=4096, ge=1, le=1048576)
+    """Tokens per sequence."""
+    global_batch_seqs: int | None = Field(default=None, ge=1, le=2**40)
+    """Global batch in sequences; give this or global_batch_tokens (default 4M tokens)."""
+    global_batch_tokens: int | None = Field(default=None, ge=1, le=2**50)
+    """Global batch in tokens; must be a multiple of seq_len."""
+    micro_batch: int | None = Field(default=None, ge=1, le=65536)
+    """Sequences per GPU per micro-batch; None lets the planner choose (compare uses 1)."""
+    activation_checkpointing: bool | None = None
+    """Full per-block recomputation; None lets the planner choose (compare uses off)."""
+    flash_attention: bool = True
+    """FlashAttention (no s^2 attention-score activations)."""
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests)."""
+    grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
+    """Dtype of gradient shards and the wire for gradient reductions (bf16, the papers' 2 B)."""
+
+    @model_validator(mode="after")
+    def _check_batch(self) -> TrainingSpec:
+        if self.global_batch_seqs is not None and self.global_batch_tokens is not None:
+            raise ValueError(
+                "give global_batch_seqs or global_batch_tokens, not both: drop one of them"
+            )
+        if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            raise ValueError(
+                f"global_batch_tokens {self.global_batch_tokens} is not a multiple of seq_len "
+                f"{self.seq_len}: use a multiple such as "
+                f"{max(1, self.global_batch_tokens // self.seq_len) * self.seq_len}"
+            )
+        if self.global_batch_seqs is None and self.global_batch_tokens is None:
+            if DEFAULT_BATCH_TOKENS % self.seq_len:
+                raise ValueError(
+                    f"the default global batch (4M tokens) is not a multiple of seq_len "
+                    f"{self.seq_len}: give global_batch_seqs"
+                )
+        return self
+
+    @property
+    def batch_seqs(self) -> int:
+        if self.global_batch_seqs is not None:
+            return self.global_batch_seqs
+        tokens = self.global_batch_tokens or DEFAULT_BATCH_TOKENS
+        return tokens // self.seq_len
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.batch_seqs * self.seq_len
+
+    @property
+    def param_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def grad_bytes(self) -> int:
+        return 4 if self.precision == "fp32" or self.grad_accum_dtype == "fp32" else 2
+
+    @property
+    def dtype_name(self) -> str:
+        return "fp32" if self.precision == "fp32" else "bf16"
+
+    @property
+    def grad_dtype_name(self) -> str:
+        return "fp32" if self.grad_bytes == 4 else "bf16"
+
+    def seqs_per_gpu(self, num_gpus: int, micro_batch: int = 1) -> int:
+        """Sequences each GPU processes per step; raises ValueError when the batch does not divide."""
+        unit = num_gpus * micro_batch
+        b = self.batch_seqs
+        if b < unit or b % unit:
+            raise ValueError(
+                f"global batch of {b} sequences is not a multiple of GPUs x micro-batch = "
+                f"{num_gpus} x {micro_batch} = {unit}: use a global batch that is a multiple of "
+                f"{unit} (e.g. {max(1, b // unit) * unit if b >= unit else unit} sequences), "
+                "or fewer GPUs"
+            )
+        return b // num_gpus

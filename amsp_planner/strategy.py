@@ -1,0 +1,258 @@
+"""The Strategy value, its one string form, the AMSP space and the named baselines.
+
+String form (DESIGN.md section 2), parsed only here::
+
+    p=8,g=8,os=64,qwz,hpz=8,qgz,mb=1,ckpt
+
+- ``p``, ``g``, ``os``: shard factors s_P, s_G, s_OS (default 1). AMSP's rules: each divides the
+  GPU count; each divides R (GPUs per node) or is a multiple of R ("intra-node first"), so the
+  mesh is (s0, s1) = (min(s, R), max(1, s/R)); s_P | s_G | s_OS, hence s_P <= s_G <= s_OS per
+  mesh dimension.
+- ``qwz`` / ``qwz=BLOCK``: INT8 block-quantized parameter all-gather (one fp32 scale per BLOCK
+  elements, default 256; the block must divide 256, the padding quantum).
+- ``hpz=H``: hpZ secondary bf16 copy sharded over H GPUs inside the node (H | R, H < s_P, H | s_P);
+  the backward all-gather runs over those H GPUs.
+- ``qgz``: gradient reduction by a two-hop INT4 all-to-all (intra-node, then inter-node).
+- ``mb=B``: sequences per GPU per micro-batch; ``ga=K`` optionally pins the accumulation steps
+  (checked against the global batch).
+- ``ckpt`` / ``nockpt``: full activation checkpointing per block.
+
+Named baselines (``baseline(name, N, R)``): ddp, zero1, zero2, zero3 (= fsdp), hsdp, mics (p = 2R
+by default, ``mics-16`` for p = 16), zeropp (ZeRO-3 + qwZ + hpZ=R + qgZ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from amsp_planner.errors import AmspUserError
+
+PAD_QUANTUM = 256
+"""Every unit is padded to a multiple of N * PAD_QUANTUM elements, so each shard at any factor
+is a whole number of quantization blocks (DESIGN.md 3a)."""
+
+COMPONENTS = ("p", "g", "os")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One point of the sharding space; complete and immutable."""
+
+    s_p: int = 1
+    """Parameter shard factor s_P."""
+    s_g: int = 1
+    """Gradient shard factor s_G."""
+    s_os: int = 1
+    """Optimizer-state shard factor s_OS (fp32 master + Adam m, v)."""
+    qwz: bool = False
+    """INT8 quantized parameter all-gathers (ZeRO++ qwZ)."""
+    quant_block: int = PAD_QUANTUM
+    """Elements per quantization block (qwZ and qgZ), one fp32 scale each."""
+    hpz: int = 1
+    """hpZ partition size h_z; 1 = off."""
+    qgz: bool = False
+    """INT4 two-hop all-to-all gradient reduction (ZeRO++ qgZ)."""
+    micro_batch: int = 1
+    """Sequences per GPU per micro-batch."""
+    grad_accum: int | None = None
+    """Micro-batches per step when pinned; None derives it from the global batch."""
+    ckpt: bool = False
+    """Full activation checkpointing (recompute each block in backward)."""
+
+    # ----- string form --------------------------------------------------------------------
+    def __str__(self) -> str:
+        parts = [f"p={self.s_p}", f"g={self.s_g}", f"os={self.s_os}"]
+        if self.qwz:
+            parts.append("qwz" if self.quant_block == PAD_QUANTUM else f"qwz={self.quant_block}")
+        if self.hpz > 1:
+            parts.append(f"hpz={self.hpz}")
+        if self.qgz:
+            parts.append("qgz")
+        parts.append(f"mb={self.micro_batch}")
+        if self.grad_accum is not None:
+            parts.append(f"ga={self.grad_accum}")
+        if self.ckpt:
+            parts.append("ckpt")
+        return ",".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> Strategy:
+        """Parse the string form; raises AmspUserError naming the bad token."""
+        if not isinstance(text, str) or not text.strip():
+            raise AmspUserError("--strategy: empty: write e.g. 'p=8,g=8,os=64,mb=1'")
+        kw: dict = {}
+        seen: set[str] = set()
+        for raw in text.split(","):
+            token = raw.strip()
+            key, _, value = token.partition("=")
+            key = key.strip().lower()
+            value = value.strip()
+            if key in seen:
+                raise AmspUserError(f"--strategy: '{key}' given twice in '{text}': keep one")
+            seen.add(key)
+            if key in ("p", "g", "os", "hpz", "mb", "ga"):
+                if not value:
+                    raise AmspUserError(f"--strategy: '{key}' needs a value, e.g. {key}=8")
+                n = _positive_int(value, key, text)
+                field = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_batch",
+                         "ga": "grad_accum"}[key]
+                kw[field] = n
+            elif key == "qwz":
+                kw["qwz"] = True
+                if value:
+                    kw["quant_block"] = _positive_int(value, key, text)
+            elif key in ("qgz", "ckpt", "nockpt"):
+                if value:
+                    raise AmspUserError(f"--strategy: '{key}' takes no value (got '{token}')")
+                if key == "qgz":
+                    kw["qgz"] = True
+                else:
+                    kw["ckpt"] = key == "ckpt"
+            else:
+                raise AmspUserError(
+                    f"--strategy: unknown token '{token}' in '{text}': use p=, g=, os=, qwz[=block], "
+                    "hpz=, qgz, mb=, ga=, ckpt or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
+                    "hsdp, mics, zeropp)"
+                )
+        s = cls(**kw)
+        if PAD_QUANTUM % s.quant_block or s.quant_block < 8:
+            raise AmspUserError(
+                f"--strategy: qwz block {s.quant_block} must divide {PAD_QUANTUM} and be at least 8: "
+                "use 32, 64, 128 or 256"
+            )
+        return s
+
+    # ----- structure ----------------------------------------------------------------------
+    def factor(self, component: str) -> int:
+        return {"p": self.s_p, "g": self.s_g, "os": self.s_os}[component]
+
+    def mesh(self, component: str, gpus_per_node: int) -> tuple[int, int]:
+        """(s0, s1): GPUs per node x nodes of a component's shard group."""
+        s = self.factor(component)
+        return (min(s, gpus_per_node), max(1, s // gpus_per_node))
+
+    def n_micro(self, batch_seqs: int, num_gpus: int) -> int:
+        """Micro-batches per step for a global batch; ValueError when it does not divide."""
+        unit = num_gpus * self.micro_batch
+        if batch_seqs < unit or batch_seqs % unit:
+            raise ValueError(
+                f"global batch of {batch_seqs} sequences is not a multiple of GPUs x micro-batch = "
+                f"{num_gpus} x {self.micro_batch} = {unit}: use a global batch that is a multiple "
+                f"of {unit} sequences, a smaller micro-batch or fewer GPUs"
+            )
+        n = batch_seqs // unit
+        if self.grad_accum is not None and self.grad_accum != n:
+            raise ValueError(
+                f"ga={self.grad_accum} does not match the global batch: {batch_seqs} sequences / "
+                f"({num_gpus} GPUs x mb={self.micro_batch}) = {n} micro-batches; drop ga= or "
+                "change mb"
+            )
+        return n
+
+    def check(self, num_gpus: int, gpus_per_node: int) -> None:
+        """Raise ValueError unless this strategy is valid for N GPUs with R per node."""
+        n, r = num_gpus, gpus_per_node
+        for c in COMPONENTS:
+            s = self.factor(c)
+            if n % s:
+                raise ValueError(f"{c}={s} does not divide the GPU count {n}: use a divisor of {n}")
+            if not (r % s == 0 or s % r == 0):
+                raise ValueError(
+                    f"{c}={s} neither divides nor is a multiple of {r} GPUs per node "
+                    "(intra-node first): use a divisor of the node size or whole nodes"
+                )
+        if self.s_g % self.s_p or self.s_os % self.s_g:
+            raise ValueError(
+                f"factors must nest, p | g | os: got p={self.s_p}, g={self.s_g}, os={self.s_os}; "
+                "make each divide the next"
+            )
+        if self.hpz > 1:
+            if r % self.hpz:
+                raise ValueError(f"hpz={self.hpz} must divide the node size {r}")
+            if self.s_p <= self.hpz or self.s_p % self.hpz:
+                raise ValueError(
+                    f"hpz={self.hpz} needs p > hpz with hpz | p (p={self.s_p}): raise p or drop hpz"
+                )
+        if self.qwz and self.s_p == 1:
+            raise ValueError("qwz quantizes the parameter all-gather, but p=1 has none: drop qwz")
+        if self.qgz and self.s_g == 1:
+            raise ValueError("qgz replaces the gradient reduce-scatter, but g=1 has none: drop qgz")
+
+    def with_(self, **changes) -> Strategy:
+        return replace(self, **changes)
+
+
+def _positive_int(value: str, key: str, text: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise AmspUserError(
+            f"--strategy: '{key}={value}' is not an integer in '{text}': write e.g. {key}=8"
+        ) from None
+    if n < 1:
+        raise AmspUserError(f"--strategy: '{key}={value}' must be at least 1")
+    return n
+
+
+def factor_options(num_gpus: int, gpus_per_node: int) -> list[int]:
+    """Shard factors allowed by AMSP's rules: divisors of N that divide R or are multiples of R."""
+    n, r = num_gpus, gpus_per_node
+    return [s for s in range(1, n + 1) if n % s == 0 and (r % s == 0 or s % r == 0)]
+
+
+BASELINE_NAMES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "mics", "zeropp")
+_ALIASES = {"fsdp": "zero3", "zero++": "zeropp", "zero-1": "zero1", "zero-2": "zero2",
+            "zero-3": "zero3"}
+
+
+def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
+             ckpt: bool = False) -> Strategy:
+    """A named baseline as a Strategy for N GPUs with R per node."""
+    n, r = num_gpus, gpus_per_node
+    key = _ALIASES.get(name.lower(), name.lower())
+    base = Strategy(micro_batch=micro_batch, ckpt=ckpt)
+    if key == "ddp":
+        return base
+    if key == "zero1":
+        return base.with_(s_os=n)
+    if key == "zero2":
+        return base.with_(s_g=n, s_os=n)
+    if key == "zero3":
+        return base.with_(s_p=n, s_g=n, s_os=n)
+    if key == "hsdp":
+        s = min(n, r)
+        return base.with_(s_p=s, s_g=s, s_os=s)
+    if key.startswith("mics"):
+        _, _, size = key.partition("-")
+        p = int(size) if size.isdigit() else min(n, 2 * r)
+        return base.with_(s_p=p, s_g=p, s_os=p)
+    if key == "zeropp":
+        hz = min(n, r)
+        return base.with_(s_p=n, s_g=n, s_os=n, qwz=n > 1, hpz=hz if n > hz else 1, qgz=n > 1)
+    raise AmspUserError(
+        f"unknown baseline '{name}': use one of {', '.join(BASELINE_NAMES)} (or fsdp, mics-P)"
+    )
+
+
+def named_baselines(num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
+                    ckpt: bool = False) -> dict[str, Strategy]:
+    """The named baselines valid for this N and R (MiCS only when it differs from HSDP)."""
+    out = {}
+    for name in BASELINE_NAMES:
+        s = baseline(name, num_gpus, gpus_per_node, micro_batch, ckpt)
+        if name == "mics" and (s.s_p == min(num_gpus, gpus_per_node) or s.s_p == num_gpus):
+            continue
+        out[name] = s
+    return out
+
+
+def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> Strategy:
+    """`--strategy` accepts the string form or a baseline name (optionally ',mb=..,ckpt')."""
+    head, _, rest = text.partition(",")
+    key = head.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in BASELINE_NAMES or key.startswith("mics"):
+        extra = Strategy.parse("p=1," + rest) if rest.strip() else Strategy()
+        s = baseline(key, num_gpus, gpus_per_node, extra.micro_batch, extra.ckpt)
+        return s.with_(grad_accum=extra.grad_accum)
+    return Strategy.parse(text)

@@ -1,0 +1,232 @@
+"""The cluster as a graph, and what a rank group's collectives see on it.
+
+Ranks are node-major: rank = node * R + local. A group of m members at stride d (the members of
+the group of rank r are r, r+d, ..., all congruent mod d) puts k = min(m, max(1, R // d))
+members on each node it touches and touches g = m / k nodes (DESIGN.md 3a).
+
+The graph (networkx) has GPUs joined to their node's switch (NVSwitch/NVLink/PCIe, capacity =
+per-GPU bus bandwidth), the node switch joined to the node's NICs, NICs to their leaf switch,
+and leaves to one spine with capacity (nodes per leaf x node NIC bandwidth) / oversubscription.
+The bandwidths the cost model uses are max-flows on that graph:
+
+- ``intra_bw``: one GPU to the others of its node;
+- ``node_bw``: one node to another under the same leaf (all its NICs);
+- ``node_bw_cross_leaf``: a node's share when every node of a leaf sends across the spine.
+
+A collective's inter-node traffic is shared by all R ranks of a node (every rank runs the same
+collective at the same time), so a rank's inter-node bytes move at node_bw / R.
+
+Collective time takes the faster of two algorithms (NCCL picks per size):
+
+- hierarchical: the in-node phase on the intra fabric, then the cross-node phase on the NICs,
+  one after the other: t = a_intra*(k-1) + a_inter*(g-1) + intra_bytes/intra_bw
+  + inter_bytes/(node_bw/R);
+- ring: one ring over all m members; every edge carries the ring bytes, the node's exit edges
+  share the NICs with the R/k concurrent groups: t = a*(m-1) + max(ring/intra_bw,
+  (R/k)*ring/node_bw) with a the slowest hop's latency.
+
+All-reduce doubles the steps of all-gather/reduce-scatter; all-to-all is sent directly (no
+hierarchy): inter bytes (g-1)/g of the buffer, intra (k-1)/m of it.
+Measured tables in the ClusterSpec replace both for the (op, scope) they cover.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from amsp_planner.specs.cluster import ClusterSpec
+
+# nccl-tests bus bandwidth factors: ring bytes per rank = factor * full size.
+BUS_FACTOR = {
+    "all_gather": lambda m: (m - 1) / m,
+    "reduce_scatter": lambda m: (m - 1) / m,
+    "all_to_all": lambda m: (m - 1) / m,
+    "all_reduce": lambda m: 2 * (m - 1) / m,
+    "broadcast": lambda m: 1.0,
+}
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """How a rank group of `size` members at `stride` lies on the nodes."""
+
+    size: int
+    stride: int
+    members_per_node: int
+    nodes: int
+    spans_leaves: bool
+
+
+def split_bytes(op: str, full: float, layout: GroupLayout) -> tuple[float, float]:
+    """(intra, inter) bytes per rank for one collective of `full` bytes (hierarchical).
+
+    all-gather / reduce-scatter: inter (g-1)/g * full/k, intra (k-1)/k * full; sum (m-1)/m * full.
+    all-reduce: twice that. all-to-all: inter (g-1)/g * full, intra (k-1)/m * full.
+    """
+    m, k, g = layout.size, layout.members_per_node, layout.nodes
+    if m <= 1:
+        return 0.0, 0.0
+    if op == "all_to_all":
+        return (k - 1) / m * full, (g - 1) / g * full
+    inter = (g - 1) / g * full / k
+    intra = (k - 1) / k * full
+    if op == "all_reduce":
+        return 2 * intra, 2 * inter
+    return intra, inter
+
+
+class Topology:
+    """A ClusterSpec with N GPUs: group layouts, bandwidths and collective times."""
+
+    def __init__(self, cluster: ClusterSpec, num_gpus: int):
+        if num_gpus % cluster.gpus_per_node and num_gpus > cluster.gpus_per_node:
+            raise ValueError(
+                f"--gpus {num_gpus} is not a whole number of {cluster.gpus_per_node}-GPU nodes: "
+                f"use a multiple of {cluster.gpus_per_node}"
+            )
+        self.cluster = cluster
+        self.num_gpus = num_gpus
+        self.gpus_per_node = min(cluster.gpus_per_node, num_gpus)
+        self.num_nodes = max(1, num_gpus // cluster.gpus_per_node)
+
+    # ----- the graph ------------------------------------------------------------------------
+    @cached_property
+    def graph(self):
+        """The cluster graph, with at most two leaves' worth of nodes (the rest repeat them)."""
+        import networkx as nx
+
+        c = self.cluster
+        g = nx.DiGraph()
+        nodes = min(self.num_nodes, 2 * c.nodes_per_leaf)
+        nic_bw = c.nic_gbit_per_s * 1e9 / 8 * c.bus_efficiency
+        uplink = c.nodes_per_leaf * c.node_nic_bytes_per_s / c.oversubscription
+        for node in range(nodes):
+            leaf = f"leaf{node // c.nodes_per_leaf}"
+            sw = f"n{node}/switch"
+            for local in range(self.gpus_per_node):
+                gpu = f"n{node}/gpu{local}"
+                g.add_edge(gpu, sw, capacity=c.intra_bytes_per_s)
+                g.add_edge(sw, gpu, capacity=c.intra_bytes_per_s)
+            for nic in range(c.nics_per_node):
+                name = f"n{node}/nic{nic}"
+                g.add_edge(sw, name, capacity=math.inf)
+                g.add_edge(name, sw, capacity=math.inf)
+                g.add_edge(name, leaf, capacity=nic_bw)
+                g.add_edge(leaf, name, capacity=nic_bw)
+        for leaf in {f"leaf{i // c.nodes_per_leaf}" for i in range(nodes)}:
+            g.add_edge(leaf, "spine", capacity=uplink)
+            g.add_edge("spine", leaf, capacity=uplink)
+        return g
+
+    def _flow(self, sources: list[str], sinks: list[str]) -> float:
+        import networkx as nx
+
+        g = self.graph.copy()
+        for s in sources:
+            g.add_edge("SRC", s, capacity=math.inf)
+        for t in sinks:
+            g.add_edge(t, "SNK", capacity=math.inf)
+        return nx.maximum_flow_value(g, "SRC", "SNK")
+
+    @cached_property
+    def intra_bw(self) -> float:
+        """Bytes/s one GPU sends to the rest of its node."""
+        if self.gpus_per_node == 1:
+            return self.cluster.intra_bytes_per_s
+        others = [f"n0/gpu{i}" for i in range(1, self.gpus_per_node)]
+        return self._flow(["n0/gpu0"], others)
+
+    @cached_property
+    def node_bw(self) -> float:
+        """Bytes/s one node sends to another under the same leaf (all its NICs)."""
+        if self.num_nodes == 1:
+            return self.cluster.node_nic_bytes_per_s
+        c = self.cluster
+        peer = 1 if c.nodes_per_leaf > 1 else None
+        if peer is None:  # one node per leaf: the only peer is across the spine
+            return self.node_bw_cross_leaf
+        src = [f"n0/gpu{i}" for i in range(self.gpus_per_node)]
+        dst = [f"n1/gpu{i}" for i in range(self.gpus_per_node)]
+        return self._flow(src, dst)
+
+    @cached_property
+    def node_bw_cross_leaf(self) -> float:
+        """A node's share of the spine when every node of its leaf sends to the other leaf."""
+        c = self.cluster
+        if self.num_nodes <= c.nodes_per_leaf:
+            return self.node_bw
+        per_leaf = c.nodes_per_leaf
+        src = [f"n{i}/gpu{j}" for i in range(per_leaf) for j in range(self.gpus_per_node)]
+        dst = [f"n{per_leaf + i}/gpu{j}" for i in range(per_leaf) for j in range(self.gpus_per_node)]
+        return self._flow(src, dst) / per_leaf
+
+    # ----- groups ---------------------------------------------------------------------------
+    def layout(self, size: int, stride: int) -> GroupLayout:
+        r = self.gpus_per_node
+        k = min(size, max(1, r // stride)) if stride < r else 1
+        nodes = max(1, size // k)
+        node_span = ((size - 1) * stride) // r + 1 if size > 1 else 1
+        spans = nodes > 1 and node_span > self.cluster.nodes_per_leaf
+        return GroupLayout(size, stride, k, nodes, spans)
+
+    def inter_bw_per_rank(self, layout: GroupLayout) -> float:
+        bw = self.node_bw_cross_leaf if layout.spans_leaves else self.node_bw
+        return bw / self.gpus_per_node
+
+    # ----- time -----------------------------------------------------------------------------
+    def collective_time(self, op: str, size: int, stride: int, full_bytes: float,
+                        calls: int = 1) -> float:
+        """Seconds for `calls` collectives moving `full_bytes` in total over one rank group."""
+        if size <= 1 or calls == 0:
+            return 0.0
+        lay = self.layout(size, stride)
+        per_call = full_bytes / calls
+        table = self.cluster.table(op, "inter" if lay.nodes > 1 else "intra")
+        if table is not None:
+            busbw = _interp(table, per_call)
+            return calls * BUS_FACTOR[op](size) * per_call / busbw
+        return calls * min(self._hierarchical(op, lay, per_call), self._ring(op, lay, per_call))
+
+    def _hierarchical(self, op: str, lay: GroupLayout, per_call: float) -> float:
+        c = self.cluster
+        steps = 2 if op == "all_reduce" else 1
+        intra, inter = split_bytes(op, per_call, lay)
+        alpha = steps * ((lay.members_per_node - 1) * c.intra_latency_us
+                         + (lay.nodes - 1) * c.inter_latency_us) * 1e-6
+        t = intra / self.intra_bw
+        if inter:
+            t += inter / self.inter_bw_per_rank(lay)
+        return alpha + t
+
+    def _ring(self, op: str, lay: GroupLayout, per_call: float) -> float:
+        c = self.cluster
+        steps = 2 if op == "all_reduce" else 1
+        ring = BUS_FACTOR[op](lay.size) * per_call
+        if op == "all_to_all":  # direct sends: same traffic as the hierarchical split
+            return self._hierarchical(op, lay, per_call)
+        hop = c.inter_latency_us if lay.nodes > 1 else c.intra_latency_us
+        alpha = steps * (lay.size - 1) * hop * 1e-6
+        t = ring / self.intra_bw
+        if lay.nodes > 1:
+            concurrent = self.gpus_per_node / lay.members_per_node
+            bw = self.node_bw_cross_leaf if lay.spans_leaves else self.node_bw
+            t = max(t, concurrent * ring / bw)
+        return alpha + t
+
+
+def _interp(table, size: float) -> float:
+    """Bus bandwidth (bytes/s) at `size`, log-linear between measured points, flat outside."""
+    pts = table.points
+    sizes = [p.size_bytes for p in pts]
+    bws = [p.busbw_gbyte_per_s * 1e9 for p in pts]
+    if size <= sizes[0]:
+        return bws[0]
+    if size >= sizes[-1]:
+        return bws[-1]
+    i = bisect.bisect_right(sizes, size)
+    x0, x1 = math.log(sizes[i - 1]), math.log(sizes[i])
+    w = (math.log(size) - x0) / (x1 - x0)
+    return bws[i - 1] + w * (bws[i] - bws[i - 1])
