@@ -11,7 +11,10 @@ Buffers (U = largest padded unit, in elements), exactly what the runtime allocat
   grad        2 * U * g_b when s_G > 1 (the unit's full gradient + the next one, overlapping
               the reduce-scatter); qgZ adds 2 buffers of U*(1/2 + 4/block) bytes;
   staging     U * g_b when the gradient needs a permuted copy before its reduction
-              (1 < s_P < s_G, or qgZ); U/s_P * p_b when s_P < s_G < s_OS (step-6 output);
+              (s_G > 1 and (1 < s_P < s_G, or qgZ)). The permuted output of the update
+              all-gather (s_P < s_G < s_OS) needs no buffer of its own: it lands in a buffer
+              that is idle after backward (a gather buffer when s_P > 1, else a gradient
+              buffer, which exists since s_G > 1 there);
   step        U/s_OS * g_b when s_OS > s_G (the OS-shard slice of the step reduce-scatter).
 
 Activations per micro-batch (after Korthikanti et al. 2022, arXiv 2205.05198, section 4.1,
@@ -119,11 +122,7 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
         grad = 2 * u * gb
         if s.qgz:
             grad += 2 * quantized_bytes(u, 4, s.quant_block)
-    staging = 0.0
-    if s.s_g > 1 and (1 < s.s_p < s.s_g or s.qgz):
-        staging += u * gb
-    if s.s_p < s.s_g < s.s_os:
-        staging += u // s.s_p * pb
+    staging = u * gb if s.s_g > 1 and (1 < s.s_p < s.s_g or s.qgz) else 0.0
     step = u // s.s_os * gb if s.s_os > s.s_g else 0.0
     return {"gather_buffers": gather, "grad_buffers": grad, "staging": staging,
             "step_buffer": step}
