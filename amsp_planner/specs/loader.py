@@ -160,7 +160,9 @@ def load_cluster(name: str | None = None, overrides: dict[str, Any] | None = Non
             for part in parts[:-1]:
                 if not isinstance(target.get(part), dict):
                     raise AmspUserError(f"--set {key}: '{part}' is not a group of fields")
-                target = target[part] = dict(target[part])
+                child = dict(target[part])
+                target[part] = child
+                target = child
             top_fields = ClusterSpec.model_fields if len(parts) == 1 else None
             if top_fields is not None and parts[0] not in top_fields:
                 close = ", ".join(sorted(k for k in top_fields if k != "measured"))
