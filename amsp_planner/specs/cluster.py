@@ -33,6 +33,8 @@ class GpuSpec(BaseModel):
     """Memory taken by the CUDA context, NCCL and the allocator's own state."""
     fragmentation_fraction: float = Field(default=0.05, ge=0, le=0.5)
     """Allocator fragmentation, as a fraction of the tensors' bytes."""
+    quant_gbyte_per_s: float = Field(default=500.0, gt=0, le=100000)
+    """Throughput of the (de)quantization kernels of qwZ/qgZ, GB/s of 16-bit input."""
 
 
 class MeasuredPoint(BaseModel):

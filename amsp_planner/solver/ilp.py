@@ -1,0 +1,395 @@
+"""The ILP: choose the sharding of P, G and OS, the ZeRO++ switches and the activation setting.
+
+Sets: F = shard factors (``SearchSpace.factors``), Z = hpZ sizes > 1, J = activation options
+(micro-batch b_j, checkpointing c_j) with n_j = sequences per GPU / b_j micro-batches.
+Pairs: PG = {(p, g) in F^2 : p | g}, GO = {(g, o) : g | o}, PO = {(p, o) : p | o}.
+
+Variables (binaries unless noted; times in seconds, memory in GiB):
+  xPn_f, xPq_f   P factor f without / with qwZ            sum_f (xPn_f + xPq_f) = 1
+  xGn_g, xGq_g   G factor g without / with qgZ            sum_g (xGn_g + xGq_g) = 1
+  xO_o           OS factor o                              sum_o xO_o = 1
+  h_z            hpZ of size z                            sum_z h_z <= 1
+  y_j            activation option j                      sum_j y_j = 1
+  zPG, zGO, zPO  in [0, 1]: the chosen pair (linearised products of the factor binaries)
+  with xP_f = xPn_f + xPq_f, xG_g = xGn_g + xGq_g and
+  [link]   sum_g zPG_pg = xP_p,  sum_p zPG_pg = xG_g   (likewise GO, PO)
+           A pair exists only when it nests, so the links also enforce p | g | o; at binary
+           x the links force z to the product x_p * x_g.
+  [hpz]    h_z <= sum_{f in F: f > z, z | f} xP_f
+  [qwz]    xPq_1 = 0;  [qgz] xGq_1 = 0
+
+Per-micro-batch collective times (tables T from the cost model's schedule, see
+``_tables``): C_f = sum_f xPn_f T_ag(f) + xPq_f T_agq(f) (forward gathers);
+C_bag >= C_f - M (sum_z h_z), C_bag >= sum_z h_z T_hpz(z), C_bag >= 0 (backward gathers);
+C_g = sum_g xGn_g T_rs(g) + xGq_g T_qgz(g); C_b = C_bag + C_g.
+Once per step: C_s = sum_GO zGO T_osrs(g, o) + sum_o xO_o T_ar(o);
+C_u = sum_PO zPO T_upd(p, o) + T_metrics. Compute: T_f = sum_j y_j Tf_j, T_b = sum_j y_j Tb_j.
+
+Overlap (cost/step_time.py), linearised with auxiliaries (continuous, >= 0):
+  e_f >= C_f - T_f;  e_b >= C_b - T_b;  e_l >= C_b + C_s - T_b
+  E_F >= n_j (e_f + C_f/U) - M_Fj (1 - y_j)          [products n x e, per option j]
+  E_B >= (n_j - 1)(e_b + C_b/U) - M_Bj (1 - y_j)
+  step = sum_j y_j n_j (Tf_j + Tb_j) + E_F + E_B + e_l + (C_b + C_s)/U + C_u
+With `objective="comm"`: comm >= n_j (C_f + C_b) - M (1 - y_j), + C_s + C_u.
+
+Memory per GPU (GiB), every term linear:
+  tensors = sum_f xP_f P(f) + sum_g xG_g G(g) + sum_o xO_o O(o) + sum_z h_z H(z)
+          + sum_f (xPn_f B_ag(f) + xPq_f B_agq(f)) + sum_g (xGn_g B_gr(g) + xGq_g B_grq(g))
+          + st + sum_GO zGO S_step(g, o) + sum_j y_j A_j
+  st >= S_perm sum_{1<p<g} zPG_pg,  st >= S_perm sum_g xGq_g         [permuted gradient copy]
+  [memory]  tensors (1 + frag) + context <= limit
+
+Objective: minimise step (or comm); then, with it fixed within 1e-9 relative, minimise memory
+(equal step times are broken toward headroom). Runners-up come from no-good cuts on the
+decision binaries. Every solution is decoded, re-evaluated with the cost model, and both must
+agree (``check_agreement``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time as _time
+from dataclasses import dataclass, field
+
+from amsp_planner.cost.job import Job
+from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
+from amsp_planner.cost.schedule import build_schedule
+from amsp_planner.cost.step_time import compute_times
+from amsp_planner.solver.space import SearchSpace
+from amsp_planner.strategy import Strategy
+
+GIB = 1024**3
+TIME_RTOL = 1e-9
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence what the solver library prints on file descriptor 1 (HiGHS's banner)."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout (embedded use)
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+class SolverError(RuntimeError):
+    """The solver did not prove optimality (time limit, numerical trouble)."""
+
+
+@dataclass
+class IlpSolution:
+    strategy: Strategy
+    objective: float
+    memory_gib: float
+    status: str
+
+
+@dataclass
+class IlpStats:
+    solver: str
+    status: str = ""
+    solve_time_s: float = 0.0
+    build_time_s: float = 0.0
+    num_variables: int = 0
+    num_constraints: int = 0
+    solves: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _entries(job: Job, s: Strategy) -> dict[tuple[str, str], float]:
+    """(phase, group) -> seconds for one micro-batch (n_micro=1) of a probe strategy."""
+    return {(e.phase, e.group): e.time_s for e in build_schedule(job, s, n_micro=1)}
+
+
+@dataclass
+class _Tables:
+    ag: dict
+    agq: dict
+    hpz: dict
+    rs: dict
+    qgz: dict
+    osrs: dict
+    ar: dict
+    upd: dict
+    metrics: float
+    tf: dict
+    tb: dict
+    n: dict
+    mem_p: dict
+    mem_g: dict
+    mem_o: dict
+    mem_h: dict
+    buf_ag: dict
+    buf_agq: dict
+    buf_gr: dict
+    buf_grq: dict
+    perm: float
+    step_buf: dict
+    act: dict
+
+
+def _tables(job: Job, sp: SearchSpace) -> _Tables:
+    """Coefficient tables, each read off the cost model with a probe strategy."""
+    F = sp.factors
+    n = job.num_gpus
+    t = job.training
+    pb, gb = t.param_bytes, t.grad_bytes
+    ag, agq, rs, qg, ar = {}, {}, {}, {}, {}
+    mem_p, mem_g, mem_o = {}, {}, {}
+    buf_ag, buf_agq, buf_gr, buf_grq = {}, {}, {}, {}
+    metrics = 0.0
+    for f in F:
+        base = Strategy(s_p=f, s_g=f, s_os=f)
+        e = _entries(job, base)
+        ag[f] = e.get(("forward", "P"), 0.0)
+        rs[f] = e.get(("backward", "G"), 0.0)
+        ar[f] = e.get(("grad_sync", "OS_replica"), 0.0)
+        metrics = e.get(("update", "world"), 0.0)
+        st = model_state_bytes(job.phi, base, pb, gb)
+        mem_p[f], mem_g[f], mem_o[f] = st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB
+        b = buffer_bytes(job, base)
+        buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB
+        if f > 1 and True in sp.qwz:
+            eq = _entries(job, base.with_(qwz=True))
+            agq[f] = eq.get(("forward", "P"), 0.0)
+            buf_agq[f] = buffer_bytes(job, base.with_(qwz=True))["gather_buffers"] / GIB
+        if f > 1 and True in sp.qgz:
+            sq = base.with_(qgz=True)
+            eq = _entries(job, sq)
+            qg[f] = eq.get(("backward", "G_intra"), 0.0) + eq.get(("backward", "G_inter"), 0.0)
+            buf_grq[f] = buffer_bytes(job, sq)["grad_buffers"] / GIB
+    hpz, mem_h = {}, {}
+    for z in sp.hpz:
+        if z > 1:
+            s = Strategy(s_p=n, s_g=n, s_os=n, hpz=z)
+            hpz[z] = _entries(job, s).get(("backward", "hpZ"), 0.0)
+            mem_h[z] = model_state_bytes(job.phi, s, pb, gb)["hpz"] / GIB
+    osrs, upd, step_buf = {}, {}, {}
+    for g in F:
+        for o in F:
+            if o % g:
+                continue
+            s = Strategy(s_p=g, s_g=g, s_os=o)
+            e = _entries(job, s)
+            osrs[g, o] = e.get(("grad_sync", "OS_shard"), 0.0)
+            upd[g, o] = e.get(("update", "P_update"), 0.0)  # (p, o) with p = g here
+            step_buf[g, o] = buffer_bytes(job, s)["step_buffer"] / GIB
+    perm = job.max_unit * gb / GIB
+    tf, tb, nn, act = {}, {}, {}, {}
+    for mb in sp.micro_batches:
+        for ck in sp.ckpt:
+            j = (mb, ck)
+            tf[j], tb[j] = compute_times(job, mb, ck)
+            nn[j] = job.seqs_per_gpu // mb
+            act[j] = activation_bytes(job, mb, ck) / GIB
+    return _Tables(ag, agq, hpz, rs, qg, osrs, ar, upd, metrics, tf, tb, nn, mem_p, mem_g, mem_o,
+                   mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf, act)
+
+
+class StrategyIlp:
+    """The PuLP model of one job; `solve()` returns the best strategy and runners-up."""
+
+    def __init__(self, job: Job, space: SearchSpace, memory_limit: float,
+                 objective: str = "time", solver: str = "highs", time_limit_s: float = 30.0):
+        import pulp
+
+        self.pulp = pulp
+        self.job, self.space, self.objective = job, space, objective
+        self.memory_limit = memory_limit
+        self.solver_name = solver
+        self.time_limit_s = time_limit_s
+        t0 = _time.perf_counter()
+        self.T = _tables(job, space)
+        self.prob = pulp.LpProblem("amsp_strategy", pulp.LpMinimize)
+        self._build()
+        self.stats = IlpStats(solver=solver, build_time_s=_time.perf_counter() - t0,
+                              num_variables=len(self.prob.variables()),
+                              num_constraints=len(self.prob.constraints))
+
+    # ----- model ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        pulp, T, sp, job = self.pulp, self.T, self.space, self.job
+        F = sp.factors
+        B = pulp.LpVariable
+        lin = pulp.lpSum
+        prob = self.prob
+        self.xPn = {f: B(f"xPn_{f}", cat="Binary") for f in F}
+        self.xPq = {f: B(f"xPq_{f}", cat="Binary") for f in F if f in T.agq}
+        self.xGn = {g: B(f"xGn_{g}", cat="Binary") for g in F}
+        self.xGq = {g: B(f"xGq_{g}", cat="Binary") for g in F if g in T.qgz}
+        self.xO = {o: B(f"xO_{o}", cat="Binary") for o in F}
+        self.h = {z: B(f"h_{z}", cat="Binary") for z in T.hpz}
+        J = list(T.tf)
+        self.y = {j: B(f"y_mb{j[0]}_{'ckpt' if j[1] else 'nockpt'}", cat="Binary") for j in J}
+
+        def xP(f):
+            return self.xPn[f] + (self.xPq[f] if f in self.xPq else 0)
+
+        def xG(g):
+            return self.xGn[g] + (self.xGq[g] if g in self.xGq else 0)
+
+        prob += lin(xP(f) for f in F) == 1, "one_P_factor"
+        prob += lin(xG(g) for g in F) == 1, "one_G_factor"
+        prob += lin(self.xO.values()) == 1, "one_OS_factor"
+        prob += lin(self.y.values()) == 1, "one_activation_option"
+        if self.h:
+            prob += lin(self.h.values()) <= 1, "at_most_one_hpz"
+        for z, hz in self.h.items():
+            prob += hz <= lin(xP(f) for f in F if f > z and f % z == 0), f"hpz_{z}_needs_p"
+
+        def pairs(name, left, right, rows, cols):
+            z = {(a, b): B(f"z{name}_{a}_{b}", lowBound=0, upBound=1)
+                 for a in rows for b in cols if b % a == 0}
+            for a in rows:
+                prob.addConstraint(lin(v for (i, _), v in z.items() if i == a) == left(a),
+                                   f"link_{name}_row_{a}")
+            for b in cols:
+                prob.addConstraint(lin(v for (_, k), v in z.items() if k == b) == right(b),
+                                   f"link_{name}_col_{b}")
+            return z
+
+        self.zPG = pairs("PG", xP, xG, F, F)
+        self.zGO = pairs("GO", xG, lambda o: self.xO[o], F, F)
+        self.zPO = pairs("PO", xP, lambda o: self.xO[o], F, F)
+
+        # collective times per micro-batch / per step
+        Cf = lin(self.xPn[f] * T.ag[f] for f in F) + lin(v * T.agq[f] for f, v in self.xPq.items())
+        big_ag = max([0.0] + list(T.ag.values()) + list(T.agq.values()))
+        Cbag = B("C_bag", lowBound=0)
+        prob += Cbag >= Cf - big_ag * lin(self.h.values()), "bwd_gather_without_hpz"
+        prob += Cbag >= lin(v * T.hpz[z] for z, v in self.h.items()), "bwd_gather_hpz"
+        Cg = lin(self.xGn[g] * T.rs[g] for g in F) + lin(v * T.qgz[g] for g, v in self.xGq.items())
+        Cb = Cbag + Cg
+        Cs = lin(v * T.osrs[k] for k, v in self.zGO.items()) + lin(self.xO[o] * T.ar[o] for o in F)
+        Cu = lin(v * T.upd[k] for k, v in self.zPO.items()) + T.metrics
+        Tf = lin(self.y[j] * T.tf[j] for j in J)
+        Tb = lin(self.y[j] * T.tb[j] for j in J)
+        U = job.num_units
+        self.step_expr = None
+        if self.objective == "time":
+            ef, eb, el = B("e_f", lowBound=0), B("e_b", lowBound=0), B("e_l", lowBound=0)
+            prob += ef >= Cf - Tf, "exposed_forward"
+            prob += eb >= Cb - Tb, "exposed_backward"
+            prob += el >= Cb + Cs - Tb, "exposed_last_backward"
+            EF, EB = B("E_F", lowBound=0), B("E_B", lowBound=0)
+            max_c = big_ag * 2 + max([0.0] + list(T.rs.values()) + list(T.qgz.values()))
+            max_t = max(T.tf.values())
+            for j in J:
+                nj = T.n[j]
+                mf = nj * (big_ag + max_t + big_ag / U) + 1.0
+                mb_ = max(0, nj - 1) * (max_c + max_t + max_c / U) + 1.0
+                prob += EF >= nj * (ef + Cf * (1.0 / U)) - mf * (1 - self.y[j]), f"fwd_x_n_{j[0]}_{int(j[1])}"
+                if nj > 1:
+                    prob += EB >= (nj - 1) * (eb + Cb * (1.0 / U)) - mb_ * (1 - self.y[j]), f"bwd_x_n_{j[0]}_{int(j[1])}"
+            compute = lin(self.y[j] * T.n[j] * (T.tf[j] + T.tb[j]) for j in J)
+            self.step_expr = compute + EF + EB + el + (Cb + Cs) * (1.0 / U) + Cu
+        else:
+            CC = B("C_micro", lowBound=0)
+            max_c = 2 * max([0.0] + list(T.ag.values()) + list(T.agq.values())) + max(
+                [0.0] + list(T.rs.values()) + list(T.qgz.values()))
+            for j in J:
+                prob += CC >= T.n[j] * (Cf + Cb) - T.n[j] * max_c * (1 - self.y[j]), f"comm_x_n_{j[0]}_{int(j[1])}"
+            self.step_expr = CC + Cs + Cu
+
+        # memory
+        st = B("staging", lowBound=0)
+        prob += st >= T.perm * lin(v for (p, g), v in self.zPG.items() if 1 < p < g), "staging_permuted"
+        if self.xGq:
+            prob += st >= T.perm * lin(self.xGq.values()), "staging_qgz"
+        tensors = (
+            lin(xP(f) * T.mem_p[f] + xG(f) * T.mem_g[f] + self.xO[f] * T.mem_o[f] for f in F)
+            + lin(v * T.mem_h[z] for z, v in self.h.items())
+            + lin(self.xPn[f] * T.buf_ag[f] for f in F) + lin(v * T.buf_agq[f] for f, v in self.xPq.items())
+            + lin(self.xGn[g] * T.buf_gr[g] for g in F) + lin(v * T.buf_grq[g] for g, v in self.xGq.items())
+            + st + lin(v * T.step_buf[k] for k, v in self.zGO.items())
+            + lin(self.y[j] * T.act[j] for j in J)
+        )
+        gpu = job.cluster.gpu
+        self.mem_expr = tensors * (1 + gpu.fragmentation_fraction) + gpu.context_reserve_gib
+        prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
+        prob.setObjective(self.step_expr)
+
+    # ----- solving ----------------------------------------------------------------------------
+    def _solver(self):
+        pulp = self.pulp
+        if self.solver_name == "highs":
+            return pulp.HiGHS(msg=False, timeLimit=self.time_limit_s, gapRel=0.0, gapAbs=0.0,
+                              threads=1)
+        if self.solver_name == "cbc":
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=self.time_limit_s, gapRel=0.0,
+                                     gapAbs=0.0)
+        raise ValueError(f"unknown solver {self.solver_name}")
+
+    def _run(self) -> int:
+        pulp = self.pulp
+        t0 = _time.perf_counter()
+        with _quiet_stdout():
+            status = self.prob.solve(self._solver())
+        self.stats.solve_time_s += _time.perf_counter() - t0
+        self.stats.solves += 1
+        self.stats.status = pulp.LpStatus[status]
+        if status == pulp.LpStatusInfeasible:
+            return status
+        if status != pulp.LpStatusOptimal or self.prob.sol_status != pulp.LpSolutionOptimal:
+            raise SolverError(
+                f"{self.solver_name} stopped without proving optimality "
+                f"(status {pulp.LpStatus[status]}, solution {pulp.LpSolution[self.prob.sol_status]}); "
+                "raise --time-limit or try --solver cbc"
+            )
+        return status
+
+    def _decode(self) -> Strategy:
+        val = self.pulp.value
+
+        def pick(d):
+            chosen = [k for k, v in d.items() if (val(v) or 0) > 0.5]
+            return chosen[0] if chosen else None
+
+        p = pick(self.xPn) or pick(self.xPq)
+        g = pick(self.xGn) or pick(self.xGq)
+        o = pick(self.xO)
+        mb, ck = pick(self.y)
+        return Strategy(s_p=p, s_g=g, s_os=o, qwz=pick(self.xPq) is not None,
+                        hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None,
+                        micro_batch=mb, ckpt=ck)
+
+    def _decision_vars(self):
+        for d in (self.xPn, self.xPq, self.xGn, self.xGq, self.xO, self.h, self.y):
+            yield from d.values()
+
+    def solve(self, runners_up: int = 0) -> tuple[list[IlpSolution], IlpStats]:
+        """Best solution (lexicographic: objective, then memory) and up to `runners_up` more."""
+        pulp = self.pulp
+        if self._run() == pulp.LpStatusInfeasible:
+            return [], self.stats
+        best_obj = pulp.value(self.step_expr)
+        tol = abs(best_obj) * TIME_RTOL + 1e-12
+        # phase 2: among (near-)equal objectives, least memory
+        self.prob += self.step_expr <= best_obj + tol, "objective_fixed"
+        self.prob.setObjective(self.mem_expr)
+        self._run()
+        out = [IlpSolution(self._decode(), pulp.value(self.step_expr), pulp.value(self.mem_expr),
+                           self.stats.status)]
+        # runners-up: exclude each found decision, back to the first objective
+        del self.prob.constraints["objective_fixed"]
+        self.prob.setObjective(self.step_expr)
+        for k in range(runners_up):
+            ones = [v for v in self._decision_vars() if (pulp.value(v) or 0) > 0.5]
+            zeros = [v for v in self._decision_vars() if (pulp.value(v) or 0) <= 0.5]
+            self.prob += pulp.lpSum(1 - v for v in ones) + pulp.lpSum(zeros) >= 1, f"exclude_{k}"
+            if self._run() == pulp.LpStatusInfeasible:
+                break
+            out.append(IlpSolution(self._decode(), pulp.value(self.step_expr),
+                                   pulp.value(self.mem_expr), self.stats.status))
+        return out, self.stats

@@ -1,0 +1,136 @@
+"""solve(): the planner's entry point. ILP, decode, re-check with the cost model, baselines.
+
+    from amsp_planner.solver import solve
+    result = solve(job, memory_limit)          # result.best is an Evaluation
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from amsp_planner.cost.evaluate import Evaluation, evaluate
+from amsp_planner.cost.job import Job
+from amsp_planner.errors import AmspUserError, InfeasibleError
+from amsp_planner.solver.ilp import GIB, IlpStats, SolverError, StrategyIlp
+from amsp_planner.solver.space import SearchSpace
+from amsp_planner.strategy import named_baselines
+
+AGREE_RTOL = 1e-6
+
+
+@dataclass
+class SolveResult:
+    best: Evaluation
+    runners_up: list[Evaluation]
+    baselines: dict[str, Evaluation]
+    stats: IlpStats
+    objective: str
+    space: SearchSpace
+    memory_limit: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best_baseline(self) -> tuple[str, Evaluation] | None:
+        fitting = [(n, e) for n, e in self.baselines.items() if e.fits]
+        if not fitting:
+            return None
+        return min(fitting, key=lambda ne: (ne[1].step_s, ne[1].memory.total))
+
+
+def _objective_of(e: Evaluation, objective: str) -> float:
+    return e.time.step_s if objective == "time" else e.time.comm_total_s
+
+
+def check_agreement(job: Job, sol, limit: float, objective: str) -> Evaluation:
+    """Re-evaluate an ILP solution with the cost model; both must agree."""
+    e = evaluate(job, sol.strategy, limit)
+    want = _objective_of(e, objective)
+    if not math.isclose(sol.objective, want, rel_tol=AGREE_RTOL, abs_tol=1e-12):
+        raise AssertionError(
+            f"ILP and cost model disagree on {sol.strategy}: objective {sol.objective!r} vs {want!r}"
+        )
+    mem = e.memory.total / GIB
+    if not math.isclose(sol.memory_gib, mem, rel_tol=AGREE_RTOL, abs_tol=1e-9):
+        raise AssertionError(
+            f"ILP and cost model disagree on {sol.strategy}: memory {sol.memory_gib} vs {mem} GiB"
+        )
+    return e
+
+
+def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time",
+          solver: str = "highs", zeropp: bool = True, micro_batch: int | None = None,
+          ckpt: bool | None = None, runners_up: int = 3, time_limit_s: float = 30.0
+          ) -> SolveResult:
+    """The best strategy for `job` under `memory_limit` bytes (default: the GPU's memory).
+
+    Raises InfeasibleError (with what the best strategy needs and what would make it fit)
+    when nothing fits.
+    """
+    if objective not in ("time", "comm"):
+        raise AmspUserError(f"--objective '{objective}': use 'time' or 'comm'")
+    if solver not in ("highs", "cbc"):
+        raise AmspUserError(f"--solver '{solver}': use 'highs' or 'cbc'")
+    limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
+    space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt)
+    notes = []
+    if solver == "highs":
+        try:
+            import highspy  # noqa: F401
+        except ImportError:
+            solver = "cbc"
+            notes.append("highspy is not importable: fell back to CBC")
+    try:
+        model = StrategyIlp(job, space, limit, objective, solver, time_limit_s)
+        sols, stats = model.solve(runners_up=runners_up)
+    except SolverError as e:
+        raise AmspUserError(str(e)) from None
+    if not sols:
+        raise InfeasibleError(infeasible_message(job, space, limit))
+    evals = [check_agreement(job, s, limit, objective) for s in sols]
+    tr = job.training
+    bl = named_baselines(job.num_gpus, job.gpus_per_node, evals[0].strategy.micro_batch,
+                         evals[0].strategy.ckpt)
+    baselines = {name: evaluate(job, s, limit) for name, s in bl.items()}
+    del tr
+    stats.notes.extend(notes)
+    return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes)
+
+
+def min_memory_strategy(job: Job, space: SearchSpace) -> Evaluation:
+    """The strategy of least memory per GPU in `space` (ILP without the memory limit)."""
+    model = StrategyIlp(job, space, float("inf"), "time", "highs")
+    del model.prob.constraints["memory_per_gpu"]
+    model.prob.setObjective(model.mem_expr)
+    model._run()
+    return evaluate(job, model._decode(), float("inf"))
+
+
+def infeasible_message(job: Job, space: SearchSpace, limit: float) -> str:
+    e = min_memory_strategy(job, space)
+    m = e.memory
+    need = m.total / GIB
+    terms = {"model states": m.model_states, "activations": m.activations,
+             "buffers": m.buffers, "context + fragmentation": m.context + m.fragmentation}
+    top = max(terms, key=terms.get)
+    fixes = []
+    if top == "activations" or m.activations > 0.25 * m.total:
+        if not e.strategy.ckpt and True not in space.ckpt:
+            fixes.append("allow activation checkpointing (--activation-checkpointing auto|on)")
+        if e.strategy.micro_batch > 1:
+            fixes.append("a smaller --micro-batch")
+        fixes.append(f"a shorter --seq-len than {job.training.seq_len}")
+    other = m.total - m.model_states * (1 + job.cluster.gpu.fragmentation_fraction)
+    room = limit - other
+    if room > 0 and m.model_states > 0:
+        factor = m.model_states * (1 + job.cluster.gpu.fragmentation_fraction) / room
+        want = job.num_gpus * factor
+        r = job.cluster.gpus_per_node
+        gpus = r * 2 ** math.ceil(math.log2(max(1.0, want / r)))
+        fixes.append(f"about {gpus} GPUs (model states shrink with more GPUs when fully sharded)")
+    fixes.append("a GPU with more memory (--set gpu.memory_gib=...)")
+    return (
+        f"nothing fits in {limit / GIB:.2f} GiB per GPU: the least memory any strategy needs is "
+        f"{need:.2f} GiB ({e.strategy}), dominated by {top} ({terms[top] / GIB:.2f} GiB); "
+        f"to fit, try {'; or '.join(fixes)}"
+    )

@@ -1,0 +1,66 @@
+"""The search space: the options of each decision, and the restrictions users pin.
+
+Decisions (each its own set of binaries in the ILP):
+  s_P, s_G, s_OS in ``factors`` (AMSP's rules: divisors of N that divide R or are multiples of
+  R), nested p | g | os; qwZ on/off; hpZ size in ``hpz`` (1 = off); qgZ on/off; and the
+  activation decision (micro-batch, checkpointing) in ``micro_batches`` x ``ckpt``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from amsp_planner.cost.job import Job
+from amsp_planner.strategy import Strategy, factor_options
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    factors: tuple[int, ...]
+    qwz: tuple[bool, ...]
+    hpz: tuple[int, ...]
+    qgz: tuple[bool, ...]
+    micro_batches: tuple[int, ...]
+    ckpt: tuple[bool, ...]
+
+    @classmethod
+    def for_job(cls, job: Job, zeropp: bool = True, micro_batch: int | None = None,
+                ckpt: bool | None = None, max_micro_batch: int = 64) -> SearchSpace:
+        """The full space of `job`, restricted by the pinned settings.
+
+        micro_batch/ckpt default to the job's TrainingSpec pins (None = search).
+        """
+        n, r = job.num_gpus, job.gpus_per_node
+        t = job.training
+        mb = micro_batch if micro_batch is not None else t.micro_batch
+        ck = ckpt if ckpt is not None else t.activation_checkpointing
+        mbs = [mb] if mb is not None else job.micro_batch_options(max_micro_batch)
+        hpz = [1] + ([h for h in factor_options(r, r) if 1 < h < min(r, n) or (h == r and n > r)]
+                     if zeropp else [])
+        return cls(
+            factors=tuple(factor_options(n, r)),
+            qwz=(False, True) if zeropp and n > 1 else (False,),
+            hpz=tuple(hpz),
+            qgz=(False, True) if zeropp and n > 1 else (False,),
+            micro_batches=tuple(mbs),
+            ckpt=(ck,) if ck is not None else (False, True),
+        )
+
+    def candidates(self, job: Job):
+        """Every valid complete Strategy (the brute-force enumeration)."""
+        fs = self.factors
+        for p, g, o in itertools.product(fs, fs, fs):
+            if g % p or o % g:
+                continue
+            for q, h, qg in itertools.product(self.qwz, self.hpz, self.qgz):
+                if q and p == 1 or qg and g == 1:
+                    continue
+                if h > 1 and (p <= h or p % h):
+                    continue
+                for mb, ck in itertools.product(self.micro_batches, self.ckpt):
+                    yield Strategy(s_p=p, s_g=g, s_os=o, qwz=q, hpz=h, qgz=qg, micro_batch=mb,
+                                   ckpt=ck)
+
+    def size(self, job: Job) -> int:
+        return sum(1 for _ in self.candidates(job))
