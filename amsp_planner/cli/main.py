@@ -17,6 +17,10 @@ class LazyGroup(click.Group):
 
     COMMANDS = {
         "compare": ("amsp_planner.cli.compare", "compare"),
+        "plan": ("amsp_planner.cli.plan", "plan"),
+        "explain": ("amsp_planner.cli.explain", "explain"),
+        "validate": ("amsp_planner.cli.plan_tools", "validate"),
+        "schema": ("amsp_planner.cli.plan_tools", "schema"),
         "specs": ("amsp_planner.cli.specs_cmd", "specs"),
     }
 

@@ -304,9 +304,11 @@ class StrategyIlp:
 
         # memory
         st = B("staging", lowBound=0)
-        prob += st >= T.perm * lin(v for (p, g), v in self.zPG.items() if 1 < p < g), "staging_permuted"
+        self.st, self.st_bounds = st, [T.perm * lin(v for (p, g), v in self.zPG.items() if 1 < p < g)]
         if self.xGq:
-            prob += st >= T.perm * lin(self.xGq.values()), "staging_qgz"
+            self.st_bounds.append(T.perm * lin(self.xGq.values()))
+        for i, bound in enumerate(self.st_bounds):
+            prob += st >= bound, f"staging_{i}"
         tensors = (
             lin(xP(f) * T.mem_p[f] + xG(f) * T.mem_g[f] + self.xO[f] * T.mem_o[f] for f in F)
             + lin(v * T.mem_h[z] for z, v in self.h.items())
@@ -317,7 +319,8 @@ class StrategyIlp:
         )
         gpu = job.cluster.gpu
         self.mem_expr = tensors * (1 + gpu.fragmentation_fraction) + gpu.context_reserve_gib
-        prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
+        if self.memory_limit != float("inf"):
+            prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
         prob.setObjective(self.step_expr)
 
     # ----- solving ----------------------------------------------------------------------------
@@ -364,6 +367,14 @@ class StrategyIlp:
                         hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None,
                         micro_batch=mb, ckpt=ck)
 
+    def _memory(self) -> float:
+        """Memory (GiB) of the current solution, with the staging term at its true value
+        (the variable is only bounded below, so it may float up when memory is not minimised)."""
+        val = self.pulp.value
+        true_st = max(val(b) or 0.0 for b in self.st_bounds)
+        frag = self.job.cluster.gpu.fragmentation_fraction
+        return val(self.mem_expr) - (1 + frag) * ((val(self.st) or 0.0) - true_st)
+
     def _decision_vars(self):
         for d in (self.xPn, self.xPq, self.xGn, self.xGq, self.xO, self.h, self.y):
             yield from d.values()
@@ -379,7 +390,7 @@ class StrategyIlp:
         self.prob += self.step_expr <= best_obj + tol, "objective_fixed"
         self.prob.setObjective(self.mem_expr)
         self._run()
-        out = [IlpSolution(self._decode(), pulp.value(self.step_expr), pulp.value(self.mem_expr),
+        out = [IlpSolution(self._decode(), pulp.value(self.step_expr), self._memory(),
                            self.stats.status)]
         # runners-up: exclude each found decision, back to the first objective
         del self.prob.constraints["objective_fixed"]
@@ -390,6 +401,6 @@ class StrategyIlp:
             self.prob += pulp.lpSum(1 - v for v in ones) + pulp.lpSum(zeros) >= 1, f"exclude_{k}"
             if self._run() == pulp.LpStatusInfeasible:
                 break
-            out.append(IlpSolution(self._decode(), pulp.value(self.step_expr),
-                                   pulp.value(self.mem_expr), self.stats.status))
+            out.append(IlpSolution(self._decode(), pulp.value(self.step_expr), self._memory(),
+                                   self.stats.status))
         return out, self.stats

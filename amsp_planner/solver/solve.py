@@ -100,7 +100,6 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
 def min_memory_strategy(job: Job, space: SearchSpace) -> Evaluation:
     """The strategy of least memory per GPU in `space` (ILP without the memory limit)."""
     model = StrategyIlp(job, space, float("inf"), "time", "highs")
-    del model.prob.constraints["memory_per_gpu"]
     model.prob.setObjective(model.mem_expr)
     model._run()
     return evaluate(job, model._decode(), float("inf"))

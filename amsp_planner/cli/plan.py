@@ -1,0 +1,93 @@
+"""amsp plan: the best sharding for a job, written as a plan file.
+
+    amsp plan --model llama-7b --gpus 1024
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from amsp_planner.cli.options import build_job, job_options
+
+
+@click.command()
+@job_options
+@click.option("--strategy", "-s", default=None,
+              help="Evaluate this strategy instead of searching (string form or baseline name).")
+@click.option("--objective", type=click.Choice(["time", "comm"]), default="time",
+              show_default=True, help="Minimise step time, or total communication time.")
+@click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True)
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Solver time limit in seconds.")
+@click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
+@click.option("--runners-up", type=click.IntRange(0, 20), default=3, show_default=True)
+@click.option("-o", "--output", default="plan.json", show_default=True,
+              help="Plan file to write ('-' for none).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan JSON instead of tables.")
+def plan(strategy, objective, solver, time_limit, no_zeropp, runners_up, output, as_json, **opts):
+    """Find the best strategy for a job and write the plan file."""
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.plan import build_doc, canonical_text, write_plan
+    from amsp_planner.strategy import named_baselines, parse_strategy_or_baseline
+
+    t0 = time.perf_counter()
+    job, limit = build_job(**opts)
+    if strategy is not None:
+        s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
+        best = evaluate(job, s, limit)
+        bl = named_baselines(job.num_gpus, job.gpus_per_node, s.micro_batch, s.ckpt)
+        baselines = {n: evaluate(job, b, limit) for n, b in bl.items()}
+        runners, solver_info, solve_s = [], None, 0.0
+        fitting = [(n, e) for n, e in baselines.items() if e.fits]
+        best_bl = min(fitting, key=lambda ne: (ne[1].step_s, ne[1].memory.total)) if fitting else None
+    else:
+        from amsp_planner.solver import solve
+
+        r = solve(job, limit, objective=objective, solver=solver, zeropp=not no_zeropp,
+                  runners_up=runners_up, time_limit_s=time_limit)
+        best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
+        st = r.stats
+        solver_info = {"name": st.solver, "status": st.status, "objective": objective,
+                       "num_variables": st.num_variables, "num_constraints": st.num_constraints,
+                       "solves": st.solves}
+        solve_s = st.solve_time_s
+    search = {"zeropp": not no_zeropp, "micro_batch": job.training.micro_batch,
+              "activation_checkpointing": job.training.activation_checkpointing,
+              "given_strategy": strategy}
+    doc = build_doc(job, best, runners_up=runners, baselines=baselines, solver=solver_info,
+                    objective=objective, search=search, solve_time_s=solve_s,
+                    build_time_s=time.perf_counter() - t0)
+    written = None
+    if output != "-":
+        written = write_plan(output, doc)
+    if as_json:
+        click.echo(canonical_text(doc), nl=False)
+        return
+    from amsp_planner.report.fmt import console
+    from amsp_planner.report.plan_report import components_table, time_lines
+    from amsp_planner.report.tables import compare_table, memory_table, schedule_table
+
+    con = console()
+    m, t = job.model, job.training
+    con.print(f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "
+              f"{job.cluster.name}: {t.batch_tokens:,} tokens/step, seq {t.seq_len}, "
+              f"{t.precision}")
+    if not best.fits:
+        con.print(f"WARNING: the given strategy does not fit: {best.memory.total / 2**30:.2f} GiB "
+                  f"> {limit / 2**30:.2f} GiB per GPU")
+    con.print(components_table(best, job.gpus_per_node))
+    con.print(memory_table(best))
+    con.print(schedule_table(best))
+    for line in time_lines(best, best_bl):
+        con.print(line)
+    rows = [("chosen", best)] + [(f"runner-up {i + 1}", e) for i, e in enumerate(runners)]
+    rows += list(baselines.items())
+    con.print(compare_table(rows, "chosen, runners-up and named baselines"))
+    if solver_info:
+        con.print(f"solver: {solver_info['name']} {solver_info['status']}, "
+                  f"{solver_info['num_variables']} variables, {solver_info['num_constraints']} "
+                  f"constraints, {solver_info['solves']} solves in {solve_s:.3f} s")
+    if written:
+        con.print(f"wrote {written}")

@@ -1,0 +1,334 @@
+"""Plan files: versioned JSON that training jobs consume.
+
+A plan holds the full inputs (model, cluster and training specs, GPU count, memory limit) with
+the SHA-256 of each one's canonical JSON, the decision, the predictions (memory, the collective
+schedule the runtime executes, step time, tokens/s, MFU), runners-up, every named baseline,
+and solver statistics. Fields that change from run to run (tool version, creation time, solve
+time) live under ``volatile`` and are left out of ``digest``, the SHA-256 of everything else,
+so golden files compare and hand edits are caught.
+
+Loading checks, in order: JSON syntax, format and version, the schema, the spec hashes, the
+digest, and that the cost model re-derives the stored decision's predictions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from amsp_planner import __version__
+from amsp_planner.cost.evaluate import Evaluation, evaluate
+from amsp_planner.cost.job import Job
+from amsp_planner.errors import AmspUserError, format_validation_error
+from amsp_planner.specs.cluster import ClusterSpec
+from amsp_planner.specs.model import ModelSpec
+from amsp_planner.specs.training import TrainingSpec
+from amsp_planner.strategy import Strategy
+
+FORMAT = "amsp-plan"
+VERSION = 1
+
+
+# ----- the document's schema ----------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Hashes(_Strict):
+    model: str
+    cluster: str
+    training: str
+
+
+class Inputs(_Strict):
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    num_gpus: int = Field(ge=1)
+    memory_limit_bytes: float = Field(gt=0)
+    objective: Literal["time", "comm"] = "time"
+    search: dict[str, Any] = Field(default_factory=dict)
+    """Restrictions the search ran under (zeropp, pinned micro-batch / checkpointing)."""
+    hashes: Hashes
+
+
+class Component(_Strict):
+    factor: int = Field(ge=1)
+    mesh: tuple[int, int]
+    """(GPUs per node, nodes) of the shard group."""
+    scope: Literal["none", "intra", "inter"]
+
+
+class Decision(_Strict):
+    strategy: str
+    components: dict[Literal["p", "g", "os"], Component]
+    qwz: bool
+    quant_block: int
+    hpz: int
+    qgz: bool
+    micro_batch: int
+    grad_accum: int
+    ckpt: bool
+
+
+class Summary(_Strict):
+    strategy: str
+    fits: bool
+    step_s: float
+    memory_bytes: float
+    tokens_per_s: float
+    mfu: float
+    inter_bytes_per_rank_per_step: float
+    intra_bytes_per_rank_per_step: float
+
+
+class SolverInfo(_Strict):
+    name: str
+    status: str
+    objective: str
+    num_variables: int = 0
+    num_constraints: int = 0
+    solves: int = 0
+
+
+class Volatile(_Strict):
+    tool_version: str
+    created_at: str
+    solve_time_s: float = 0.0
+    build_time_s: float = 0.0
+
+
+class PlanDoc(_Strict):
+    """The plan file (JSON). `amsp schema` prints its JSON Schema."""
+
+    format: Literal["amsp-plan"]
+    version: int
+    inputs: Inputs
+    decision: Decision
+    predictions: dict[str, Any]
+    runners_up: list[Summary]
+    baselines: dict[str, Summary]
+    solver: SolverInfo
+    digest: str
+    volatile: Volatile
+
+
+def json_schema() -> dict:
+    s = PlanDoc.model_json_schema()
+    s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    s["$id"] = f"https://amsp-planner/schema/plan-v{VERSION}.json"
+    return s
+
+
+# ----- hashing ------------------------------------------------------------------------------
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def sha256(obj: Any) -> str:
+    return hashlib.sha256(canonical(obj)).hexdigest()
+
+
+def _digest(doc: dict) -> str:
+    return sha256({k: v for k, v in doc.items() if k not in ("volatile", "digest")})
+
+
+# ----- building -----------------------------------------------------------------------------
+def summary(e: Evaluation) -> dict:
+    return {
+        "strategy": str(e.strategy), "fits": e.fits, "step_s": e.step_s,
+        "memory_bytes": e.memory.total, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu,
+        "inter_bytes_per_rank_per_step": e.bytes_per_rank("inter"),
+        "intra_bytes_per_rank_per_step": e.bytes_per_rank("intra"),
+    }
+
+
+def decision(e: Evaluation, gpus_per_node: int) -> dict:
+    s = e.strategy
+    comps = {}
+    for c in ("p", "g", "os"):
+        s0, s1 = s.mesh(c, gpus_per_node)
+        f = s.factor(c)
+        comps[c] = {"factor": f, "mesh": [s0, s1],
+                    "scope": "none" if f == 1 else ("intra" if s1 == 1 else "inter")}
+    return {"strategy": str(s.with_(grad_accum=None)), "components": comps, "qwz": s.qwz,
+            "quant_block": s.quant_block, "hpz": s.hpz, "qgz": s.qgz,
+            "micro_batch": s.micro_batch, "grad_accum": e.n_micro, "ckpt": s.ckpt}
+
+
+def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
+              baselines: dict[str, Evaluation] | None = None, solver: dict | None = None,
+              objective: str = "time", search: dict | None = None, solve_time_s: float = 0.0,
+              build_time_s: float = 0.0) -> dict:
+    specs = {
+        "model": job.model.model_dump(mode="json"),
+        "cluster": job.cluster.model_dump(mode="json"),
+        "training": job.training.model_dump(mode="json"),
+    }
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "inputs": {
+            **specs,
+            "num_gpus": job.num_gpus,
+            "memory_limit_bytes": best.memory_limit,
+            "objective": objective,
+            "search": search or {},
+            "hashes": {k: sha256(v) for k, v in specs.items()},
+        },
+        "decision": decision(best, job.gpus_per_node),
+        "predictions": best.to_dict(),
+        "runners_up": [summary(e) for e in runners_up],
+        "baselines": {k: summary(e) for k, e in (baselines or {}).items()},
+        "solver": solver or {"name": "none", "status": "given strategy", "objective": objective},
+    }
+    doc = json.loads(canonical_text(doc))  # exactly what a reader will see
+    doc["digest"] = _digest(doc)
+    doc["volatile"] = {
+        "tool_version": __version__,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "solve_time_s": solve_time_s,
+        "build_time_s": build_time_s,
+    }
+    return doc
+
+
+def canonical_text(doc: dict) -> str:
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+
+
+# ----- writing ------------------------------------------------------------------------------
+def is_plan_file(path: Path) -> bool:
+    try:
+        with open(path) as f:
+            head = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(head, dict) and head.get("format") == FORMAT
+
+
+def write_plan(path: str | Path, doc: dict) -> Path:
+    """Write atomically; replace an earlier plan, never another kind of file."""
+    path = Path(path)
+    if path.exists() and (path.is_dir() or not is_plan_file(path)):
+        raise AmspUserError(
+            f"-o {path}: exists and is not an amsp plan; refusing to overwrite it: choose another path"
+        )
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise AmspUserError(f"-o {path}: folder {parent} does not exist: create it first")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(canonical_text(doc))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ----- loading ------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """A loaded, checked plan."""
+
+    doc: dict
+    job: Job
+    strategy: Strategy
+    evaluation: Evaluation
+    memory_limit: float
+    path: Path | None = None
+
+    @property
+    def schedule(self) -> list[dict]:
+        return self.doc["predictions"]["schedule"]
+
+
+PREDICTION_KEYS = (("time", "step_s"), ("tokens_per_s",), ("mfu",), ("memory", "total"))
+
+
+def _get(d: dict, keys: tuple[str, ...]):
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise AmspUserError(f"{path}: cannot read the plan ({e.strerror}): check the path") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise AmspUserError(
+            f"{path}: not valid JSON (line {e.lineno}: {e.msg}); the file is truncated or "
+            "corrupted: regenerate it with amsp plan"
+        ) from None
+    return plan_from_doc(raw, str(path))
+
+
+def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise AmspUserError(f"{source}: not an amsp plan (field 'format' must be '{FORMAT}')")
+    if raw.get("version") != VERSION:
+        raise AmspUserError(
+            f"{source}: plan version {raw.get('version')!r} is not supported (this amsp reads "
+            f"version {VERSION}): regenerate it with this amsp's `amsp plan`"
+        )
+    try:
+        doc = PlanDoc.model_validate(raw)
+    except ValidationError as e:
+        raise AmspUserError(format_validation_error(e, source)) from None
+    inp = doc.inputs
+    for key in ("model", "cluster", "training"):
+        got = sha256(raw["inputs"][key])
+        if got != getattr(inp.hashes, key):
+            raise AmspUserError(
+                f"{source}: field 'inputs.{key}' does not match its hash in 'inputs.hashes.{key}' "
+                "(the spec was edited): regenerate the plan with amsp plan"
+            )
+    if _digest(raw) != doc.digest:
+        raise AmspUserError(
+            f"{source}: field 'digest' does not match the contents (the plan was edited by hand): "
+            "regenerate it with amsp plan"
+        )
+    try:
+        job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus)
+        strategy = Strategy.parse(doc.decision.strategy).with_(grad_accum=doc.decision.grad_accum)
+        ev = evaluate(job, strategy, inp.memory_limit_bytes)
+    except AmspUserError as e:
+        raise AmspUserError(f"{source}: field 'decision': {e}") from None
+    stored = raw["predictions"]
+    derived = ev.to_dict()
+    for keys in PREDICTION_KEYS:
+        got, want = _get(stored, keys), _get(derived, keys)
+        if not isinstance(got, int | float) or not math.isclose(got, want, rel_tol=1e-9):
+            raise AmspUserError(
+                f"{source}: field 'predictions.{'.'.join(keys)}' = {got} but the cost model gives "
+                f"{want} for this decision (a different amsp version?): regenerate the plan"
+            )
+    if len(stored.get("schedule", [])) != len(ev.schedule) or any(
+        a.get("full_bytes_per_step") != b.full_bytes_per_step
+        or a.get("calls_per_step") != b.calls_per_step
+        for a, b in zip(stored["schedule"], ev.schedule, strict=False)
+    ):
+        raise AmspUserError(
+            f"{source}: field 'predictions.schedule' differs from the schedule the cost model "
+            "derives for this decision: regenerate the plan"
+        )
+    return Plan(raw, job, strategy, ev, inp.memory_limit_bytes,
+                Path(source) if source != "plan" else None)

@@ -1,0 +1,52 @@
+"""The text of `amsp plan` and `amsp explain`."""
+
+from __future__ import annotations
+
+from amsp_planner.cost.evaluate import Evaluation
+from amsp_planner.report.fmt import gib, secs
+
+
+def components_table(e: Evaluation, gpus_per_node: int):
+    from rich.table import Table
+
+    t = Table(title=f"strategy {e.strategy}", title_justify="left")
+    for col in ("component", "shard factor", "mesh (GPUs/node x nodes)", "scope"):
+        t.add_column(col)
+    names = {"p": "parameters (P)", "g": "gradients (G)", "os": "optimizer states (OS)"}
+    for c in ("p", "g", "os"):
+        s0, s1 = e.strategy.mesh(c, gpus_per_node)
+        f = e.strategy.factor(c)
+        scope = "replicated" if f == 1 else ("intra-node" if s1 == 1 else "inter-node")
+        t.add_row(names[c], str(f), f"{s0} x {s1}", scope)
+    s = e.strategy
+    extras = []
+    if s.qwz:
+        extras.append(f"qwZ INT8 weights (block {s.quant_block})")
+    if s.hpz > 1:
+        extras.append(f"hpZ secondary copy over {s.hpz} GPUs")
+    if s.qgz:
+        extras.append("qgZ INT4 two-hop gradients")
+    t.caption = (f"micro-batch {s.micro_batch} x {e.n_micro} accumulation steps; activation "
+                 f"checkpointing {'on' if s.ckpt else 'off'}"
+                 + ("; " + ", ".join(extras) if extras else ""))
+    return t
+
+
+def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None) -> list[str]:
+    t = e.time
+    lines = [
+        f"step time {secs(t.step_s)} = compute {secs(t.compute_s)} + exposed communication "
+        f"{secs(t.exposed_comm_s)} (forward {secs(t.exposed_forward_s)}, backward "
+        f"{secs(t.exposed_backward_s)}, update {secs(t.exposed_update_s)}); all collectives "
+        f"{secs(t.comm_total_s)}",
+        f"{e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu * 100:.1f}%, memory {gib(e.memory.total)} of "
+        f"{gib(e.memory_limit)} GiB per GPU",
+    ]
+    if best_baseline is not None:
+        name, b = best_baseline
+        gain = b.step_s / e.step_s - 1
+        lines.append(f"vs best named baseline {name} ({b.strategy}): {gain * 100:+.2f}% tokens/s, "
+                     f"{gib(b.memory.total)} GiB per GPU")
+    else:
+        lines.append("no named baseline fits in memory")
+    return lines
