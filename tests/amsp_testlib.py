@@ -1,0 +1,58 @@
+"""Helpers shared by the tests: a small hand-countable model, jobs on preset clusters, and an
+in-process CLI runner. (tests/conftest.py puts this folder on sys.path.)"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from amsp_planner.cost.job import Job
+from amsp_planner.specs import ModelSpec, TrainingSpec, load_cluster
+
+
+def small_model(**changes) -> ModelSpec:
+    """A 2-block LLaMA-style model whose units are easy to count by hand.
+
+    h = 128, 4 heads (MHA), SwiGLU f = 256, V = 512, untied:
+      embedding  V*h                         = 512*128               =  65,536
+      block      4h^2 + 3hf + 2h             = 65,536 + 98,304 + 256 = 164,096
+      head       h + V*h                     = 128 + 65,536          =  65,664
+    """
+    fields = dict(name="small", num_layers=2, hidden_size=128, num_heads=4,
+                  ffn_hidden_size=256, vocab_size=512, max_seq_len=1024)
+    fields.update(changes)
+    return ModelSpec(**fields)
+
+
+def make_job(num_gpus: int, model: ModelSpec | None = None, cluster: str = "dgx-a100-hdr",
+             seq_len: int = 128, batch_seqs: int | None = None, **training) -> Job:
+    """A Job of `model` (default: small_model) on a preset cluster; batch 2 sequences per GPU."""
+    t = TrainingSpec(seq_len=seq_len, global_batch_seqs=batch_seqs or 2 * num_gpus, **training)
+    return Job.create(model or small_model(), load_cluster(cluster), t, num_gpus)
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """Run `amsp ARGV` in-process through the real entry point; (exit code, stdout, stderr)."""
+    from amsp_planner.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_user_error(code: int, out: str, err: str, *needles: str) -> str:
+    """Exit 2, nothing on stdout, exactly one 'error:' line on stderr containing every needle."""
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith("error: "), line
+    for n in needles:
+        assert n in line, (n, line)
+    return line
