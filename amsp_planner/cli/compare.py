@@ -14,8 +14,10 @@ from amsp_planner.cli.options import build_job, job_options
 @job_options
 @click.option("--strategy", "-s", "strategies", multiple=True,
               help="Also evaluate this strategy, e.g. 'p=1,g=1,os=8,mb=1' (repeatable).")
+@click.option("--strategy-from", "strategy_from", default=None, metavar="DS_CONFIG",
+              help="Also evaluate the strategy a DeepSpeed ds_config.json runs (row 'ds_config').")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def compare(strategies, as_json, **opts):
+def compare(strategies, strategy_from, as_json, **opts):
     """Predict memory, bytes and step time of the named baselines for one job."""
     from amsp_planner.cost.evaluate import evaluate
     from amsp_planner.strategy import named_baselines, parse_strategy_or_baseline
@@ -29,6 +31,10 @@ def compare(strategies, as_json, **opts):
     for text in strategies:
         s = parse_strategy_or_baseline(text, job.num_gpus, job.gpus_per_node)
         rows.append(("given", evaluate(job, s, limit)))
+    if strategy_from is not None:
+        from amsp_planner.exports.deepspeed import strategy_for_job
+
+        rows.append(("ds_config", evaluate(job, strategy_for_job(strategy_from, job), limit)))
     if as_json:
         import json
 

@@ -19,6 +19,7 @@ class LazyGroup(click.Group):
         "compare": ("amsp_planner.cli.compare", "compare"),
         "plan": ("amsp_planner.cli.plan", "plan"),
         "explain": ("amsp_planner.cli.explain", "explain"),
+        "export": ("amsp_planner.cli.export", "export"),
         "validate": ("amsp_planner.cli.plan_tools", "validate"),
         "schema": ("amsp_planner.cli.plan_tools", "schema"),
         "specs": ("amsp_planner.cli.specs_cmd", "specs"),

@@ -1,0 +1,147 @@
+"""What every exporter shares: the result type and "closest expressible strategy".
+
+An exporter is a pure function ``(job, strategy, memory_limit) -> ExportResult``. Each target can
+express only part of the AMSP space (DeepSpeed: three ZeRO stages plus ZeRO++ switches; FSDP2:
+one shard factor for P, G and OS; ...). The exporter lists that part, as Strategy values that keep
+the plan's micro-batch, accumulation and checkpointing, and:
+
+- if the plan's strategy is in it, exports it as is (``exact=True``);
+- otherwise exports the candidate the cost model rates best: one that fits in memory with the
+  lowest step time, else the one needing the least memory (``exact=False``). The differences
+  name each changed knob and its predicted cost: step time and memory per GPU, before and after.
+
+No guessing: the choice is ``min`` over evaluated candidates, so a test can re-evaluate them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from amsp_planner.cost.evaluate import Evaluation, evaluate
+from amsp_planner.cost.job import Job
+from amsp_planner.errors import AmspUserError
+from amsp_planner.strategy import Strategy
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """One export: the file text and how faithfully it expresses the plan."""
+
+    target: str
+    """deepspeed, fsdp2, torchtitan or internevo."""
+    text: str
+    """The file contents, ready to write."""
+    filename: str
+    """Suggested file name, e.g. ds_config.json."""
+    exact: bool
+    """True when the file expresses the plan's strategy itself."""
+    closest: Strategy
+    """The strategy the file expresses (the plan's own when exact)."""
+    differences: tuple[str, ...] = ()
+    """One line per changed knob, then one with the predicted cost; empty when exact."""
+    notes: tuple[str, ...] = ()
+    """Caveats that hold even when exact (what the target does that the cost model abstracts)."""
+    plan_eval: Evaluation | None = field(default=None, compare=False, repr=False)
+    """The cost model's evaluation of the plan's strategy."""
+    closest_eval: Evaluation | None = field(default=None, compare=False, repr=False)
+    """The cost model's evaluation of ``closest``."""
+
+
+def try_evaluate(job: Job, s: Strategy, memory_limit: float | None) -> Evaluation | None:
+    """evaluate(), or None when `s` is not valid for this job (a candidate to skip)."""
+    try:
+        return evaluate(job, s, memory_limit)
+    except AmspUserError:
+        return None
+
+
+def rank_key(e: Evaluation) -> tuple:
+    """Fits first, then lowest step time, then least memory; the string breaks exact ties."""
+    return (not e.fits, e.step_s if e.fits else e.memory.total, e.memory.total, str(e.strategy))
+
+
+def closest_expressible(job: Job, plan: Strategy, candidates: Iterable[Strategy],
+                        memory_limit: float | None, target: str
+                        ) -> tuple[Strategy, bool, Evaluation, Evaluation]:
+    """(closest, exact, plan evaluation, closest evaluation) among `candidates`."""
+    plan_eval = evaluate(job, plan, memory_limit)
+    cands = list(dict.fromkeys(candidates))
+    if plan in cands:
+        return plan, True, plan_eval, plan_eval
+    evals = [e for e in (try_evaluate(job, c, memory_limit) for c in cands) if e is not None]
+    if not evals:
+        raise AmspUserError(
+            f"--to {target}: none of the strategies {target} can express is valid for "
+            f"{job.num_gpus} GPUs ({job.gpus_per_node} per node): use another target"
+        )
+    best = min(evals, key=rank_key)
+    return best.strategy, False, plan_eval, best
+
+
+def knob_differences(plan: Strategy, closest: Strategy) -> list[tuple[str, str, bool]]:
+    """(knob, line, lost) per sharding knob that differs; lost: the plan's setting is given up
+    (a factor changed, or a feature the plan uses is off), as opposed to a feature added."""
+    out = []
+    for name, attr in (("s_P", "s_p"), ("s_G", "s_g"), ("s_OS", "s_os"), ("hpZ", "hpz")):
+        a, b = getattr(plan, attr), getattr(closest, attr)
+        if a != b:
+            out.append((name, f"{name} {a} -> {b}", attr != "hpz" or a > 1))
+    for name in ("qwz", "qgz"):
+        a, b = getattr(plan, name), getattr(closest, name)
+        if a != b:
+            out.append((name, f"{name} {'on' if a else 'off'} -> {'on' if b else 'off'}", a))
+    quantized = (plan.qwz or plan.qgz) and (closest.qwz or closest.qgz)
+    if quantized and plan.quant_block != closest.quant_block:
+        out.append(("quantization", f"quantization block {plan.quant_block} -> "
+                    f"{closest.quant_block}", True))
+    return out
+
+
+def cost_difference(plan_eval: Evaluation, closest_eval: Evaluation) -> str:
+    """The predicted price of the change: step time and memory per GPU, before -> after."""
+    a, b = plan_eval.step_s, closest_eval.step_s
+    ma, mb = plan_eval.memory.total, closest_eval.memory.total
+    limit = closest_eval.memory_limit
+    fits = "fits" if closest_eval.fits else "does NOT fit"
+    return (f"cost model: step time {a:.4f} s -> {b:.4f} s ({(b - a) * 1e3:+.1f} ms, "
+            f"{(b - a) / a:+.2%}), memory per GPU {ma / GIB:.2f} -> {mb / GIB:.2f} GiB ({fits} in "
+            f"{limit / GIB:.2f} GiB)")
+
+
+def finish(target: str, job: Job, plan: Strategy, candidates: Iterable[Strategy],
+           memory_limit: float | None, render, filename: str, why: dict[str, str] | None = None,
+           notes=None) -> ExportResult:
+    """Pick the closest expressible strategy, render it, and state the differences.
+
+    `render(job, strategy) -> text`; `why` maps a knob name (s_P, hpZ, qwz, ...) to the reason
+    the target cannot keep it, appended to that knob's difference line; `notes(closest)` lists
+    the caveats of the exported strategy.
+    """
+    closest, exact, pe, ce = closest_expressible(job, plan, candidates, memory_limit, target)
+    diffs: list[str] = []
+    if not exact:
+        why = why or {}
+        for knob, line, lost in knob_differences(plan, closest):
+            reason = why.get(knob) if lost else None
+            diffs.append(f"{line}: {reason}" if reason else line)
+        diffs.append(cost_difference(pe, ce))
+    return ExportResult(target=target, text=render(job, closest), filename=filename, exact=exact,
+                        closest=closest, differences=tuple(diffs),
+                        notes=tuple(notes(closest)) if notes else (),
+                        plan_eval=pe, closest_eval=ce)
+
+
+def factor_grid(job: Job) -> list[int]:
+    """Shard factors valid for this job (AMSP's divisibility and intra-node-first rules)."""
+    from amsp_planner.strategy import factor_options
+
+    return factor_options(job.num_gpus, job.gpus_per_node)
+
+
+def keep_non_sharding(plan: Strategy, **sharding) -> Strategy:
+    """A candidate: the plan's micro-batch, accumulation and checkpointing, new sharding knobs."""
+    base = Strategy(micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, ckpt=plan.ckpt)
+    return base.with_(**sharding)

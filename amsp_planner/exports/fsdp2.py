@@ -1,0 +1,257 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``): a plan as a small Python module.
+
+    amsp export plan.json --to fsdp2 -o amsp_fsdp2.py
+
+The generated module holds the settings as constants and ``apply(model, world_mesh=None)``,
+which calls ``fully_shard`` on each block, then on the root. What FSDP2 expresses:
+
+- a 2-D device mesh (replicate, shard) = (N/s, s) with s_P = s_G = s_OS = s: FSDP (s = N),
+  HSDP and MiCS (s < N) exactly, DDP-like at s = 1;
+- ``reshard_after_forward=h`` (an int, 1 < h < s, h | s): after forward the parameters stay
+  sharded h-way, so the backward all-gather runs over h GPUs inside the node: the planner's
+  hpZ (``hpz=h``). FSDP2 frees that copy after backward; ZeRO++ keeps it, but both hold it
+  for every unit at the forward/backward boundary, where memory peaks.
+
+Not expressed, so never chosen as "closest": s_P < s_G or s_G < s_OS (FSDP2 shards the three
+together), qwZ and qgZ (no quantized collectives). ``reshard_after_forward=False`` (gather once
+per micro-batch, keep full parameters until backward ends) is ZeRO-2-like in traffic but holds
+unsharded parameters, a point outside the cost model's space: we do not emit it.
+
+With gradient accumulation, HSDP's replica all-reduce runs on every micro-batch unless told
+otherwise; the plan's schedule all-reduces once per step, so the module provides
+``set_micro_batch(model, index)`` to call before each micro-batch's backward.
+"""
+
+from __future__ import annotations
+
+from amsp_planner.cost.job import Job
+from amsp_planner.exports.common import ExportResult, factor_grid, finish, keep_non_sharding
+from amsp_planner.strategy import Strategy
+
+TARGET = "fsdp2"
+FILENAME = "amsp_fsdp2.py"
+
+WHY = {
+    "s_P": "FSDP2 shards parameters, gradients and optimizer states over one group",
+    "s_G": "FSDP2 shards parameters, gradients and optimizer states over one group",
+    "s_OS": "FSDP2 shards parameters, gradients and optimizer states over one group",
+    "hpZ": "reshard_after_forward=int needs 1 < h < shard size",
+    "qwz": "FSDP2 has no quantized all-gather",
+    "qgz": "FSDP2 has no quantized gradient reduction",
+}
+
+
+def candidates(job: Job, plan: Strategy) -> list[Strategy]:
+    """Every (s, s, s) mesh, each with every reshard_after_forward int that is a node divisor."""
+    r = job.gpus_per_node
+    out = []
+    for s in factor_grid(job):
+        out.append(keep_non_sharding(plan, s_p=s, s_g=s, s_os=s))
+        for h in range(2, s):
+            if r % h == 0 and s % h == 0:
+                out.append(keep_non_sharding(plan, s_p=s, s_g=s, s_os=s, hpz=h))
+    return out
+
+
+def settings(job: Job, s: Strategy) -> dict:
+    """The constants of the generated module for strategy `s` (one of ``candidates``)."""
+    assert s.s_p == s.s_g == s.s_os and not (s.qwz or s.qgz), f"{s} is not an FSDP2 strategy"
+    t = job.training
+    n = job.num_gpus
+    param = "bfloat16" if t.precision == "bf16" else "float32"
+    reduce = "bfloat16" if t.grad_dtype_name == "bf16" else "float32"
+    return {
+        "STRATEGY": str(s),
+        "NUM_GPUS": n,
+        "GPUS_PER_NODE": job.gpus_per_node,
+        "SHARD_SIZE": s.s_p,
+        "REPLICATE_SIZE": n // s.s_p,
+        "MESH_SHAPE": (n // s.s_p, s.s_p),
+        "RESHARD_AFTER_FORWARD": s.hpz if s.hpz > 1 else True,
+        "PARAM_DTYPE": param,
+        "REDUCE_DTYPE": reduce,
+        "MICRO_BATCH": s.micro_batch,
+        "GRAD_ACCUM": job.n_micro(s),
+        "ACTIVATION_CHECKPOINTING": s.ckpt,
+    }
+
+
+_BODY = '''
+
+def mesh_shape(world_size: int = NUM_GPUS) -> tuple[int, int]:
+    """(replicate, shard) for `world_size` ranks: the shard group is SHARD_SIZE consecutive ranks."""
+    if world_size % SHARD_SIZE:
+        raise ValueError(f"world size {world_size} is not a multiple of SHARD_SIZE {SHARD_SIZE}")
+    return (world_size // SHARD_SIZE, SHARD_SIZE)
+
+
+def build_mesh(device_type: str = "cuda"):
+    """The (replicate, shard) device mesh of the plan; call after init_process_group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=("replicate", "shard"))
+
+
+def mp_policy():
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, PARAM_DTYPE),
+                                reduce_dtype=getattr(torch, REDUCE_DTYPE))
+
+
+def default_blocks(model):
+    """`model.layers` if it exists, else the direct children that hold parameters."""
+    layers = getattr(model, "layers", None)
+    if layers is not None:
+        return list(layers.values()) if hasattr(layers, "values") else list(layers)
+    return [m for m in model.children() if any(True for _ in m.parameters())]
+
+
+def checkpoint_blocks(model):
+    """Wrap each block (the children of model.layers, else of model) for full recomputation."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    container = getattr(model, "layers", model)
+    for name, child in list(container.named_children()):
+        setattr(container, name, checkpoint_wrapper(child))
+
+
+def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
+    """fully_shard each block, then the root, with the plan's settings; returns the model.
+
+    world_mesh: a 2-D (replicate, shard) or 1-D (shard) DeviceMesh, or None to build the
+    plan's. strict=False accepts another mesh (e.g. one process in a test) and falls back to
+    reshard_after_forward=True when the plan's int does not divide its shard size.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = build_mesh() if world_mesh is None else world_mesh
+    shape = tuple(mesh.shape) if mesh.ndim == 2 else (1, mesh.size())
+    if strict and shape != MESH_SHAPE:
+        raise ValueError(f"mesh {shape} is not the plan's (replicate, shard) {MESH_SHAPE}: "
+                         f"launch {NUM_GPUS} ranks or pass strict=False")
+    reshard = RESHARD_AFTER_FORWARD
+    if not isinstance(reshard, bool) and not (1 < reshard < shape[1] and shape[1] % reshard == 0):
+        reshard = True
+    if ACTIVATION_CHECKPOINTING and blocks is None:
+        checkpoint_blocks(model)
+    policy = mp_policy()
+    for block in (default_blocks(model) if blocks is None else blocks):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    return model
+
+
+def set_micro_batch(model, index: int) -> None:
+    """Before micro-batch `index`'s backward: all-reduce across replicas only on the last one.
+
+    Reduce-scatter inside the shard group still runs every micro-batch; this keeps HSDP's
+    replica all-reduce to once per step, as the plan's schedule prices it.
+    """
+    if REPLICATE_SIZE > 1:
+        model.set_requires_all_reduce(index == GRAD_ACCUM - 1)
+'''
+
+
+def render(job: Job, s: Strategy) -> str:
+    head = [
+        f'"""FSDP2 settings for {job.model.name} on {job.num_gpus} GPUs of {job.cluster.name}.',
+        "",
+        "Generated by `amsp export --to fsdp2`. Use:",
+        "",
+        "    import amsp_fsdp2",
+        "    mesh = amsp_fsdp2.build_mesh()          # after init_process_group",
+        "    amsp_fsdp2.apply(model, mesh)           # fully_shard each block, then the root",
+        "    for i, batch in enumerate(micro_batches):",
+        "        amsp_fsdp2.set_micro_batch(model, i)",
+        "        loss(model(batch)).backward()",
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+    ]
+    consts = [f"{k} = {v!r}" for k, v in settings(job, s).items()]
+    return "\n".join(head + consts) + "\n" + _BODY
+
+
+def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:
+    def notes(s: Strategy) -> list[str]:
+        out = []
+        if s.hpz > 1:
+            out.append("reshard_after_forward=int frees the in-node copy after backward (ZeRO++ "
+                       "keeps it); memory peaks at the same point")
+        return out
+
+    return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
+                  FILENAME, WHY, notes)
+
+
+def _Tiny():
+    import torch
+
+    class Tiny(torch.nn.Module):
+        """Two blocks in .layers, as apply() expects of a transformer."""
+
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)])
+            self.head = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return self.head(x)
+
+    return Tiny()
+
+
+def check_with_torch(text: str) -> dict:
+    """Import the generated module and apply it with FSDP2 on a tiny model, in this process.
+
+    One-rank gloo group on CPU (created here when none exists), mesh (1, 1), strict=False;
+    runs one forward and backward. Returns what FSDP2 built: the sharded parameters' mesh
+    shape and placements, and the module's own settings. Needs torch (the runtime extra).
+    """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    mod = load_module(text)
+    created = not dist.is_initialized()
+    if created:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    model = _Tiny()
+    mod.apply(model, mesh, strict=False)
+    mod.set_micro_batch(model, mod.GRAD_ACCUM - 1)
+    x = torch.randn(4, 16)
+    model(x).float().sum().backward()
+    params = list(model.parameters())
+    out = {
+        "all_dtensor": all(isinstance(p, DTensor) for p in params),
+        "mesh_shape": tuple(params[0].device_mesh.shape),
+        "placements": [str(pl) for pl in params[0].placements],
+        "grads": all(p.grad is not None for p in params),
+        "module_mesh_shape": tuple(mod.MESH_SHAPE),
+        "module_mesh_for_plan": mod.mesh_shape(mod.NUM_GPUS),
+        "reshard_after_forward": mod.RESHARD_AFTER_FORWARD,
+    }
+    if created:
+        dist.destroy_process_group()
+    return out
+
+
+def load_module(text: str, name: str = "amsp_fsdp2_generated"):
+    """Import generated module text (for checks and tests)."""
+    import types
+
+    mod = types.ModuleType(name)
+    exec(compile(text, f"<{name}>", "exec"), mod.__dict__)
+    return mod
