@@ -62,6 +62,8 @@ from amsp_planner.strategy import Strategy
 
 GIB = 1024**3
 TIME_RTOL = 1e-9
+PHASE2_RTOLS = (TIME_RTOL, 1e-7, 1e-6)
+"""Relative slack on the step time while phase 2 minimises memory, tried in turn."""
 
 
 @contextlib.contextmanager
@@ -385,13 +387,19 @@ class StrategyIlp:
         if self._run() == pulp.LpStatusInfeasible:
             return [], self.stats
         best_obj = pulp.value(self.step_expr)
-        tol = abs(best_obj) * TIME_RTOL + 1e-12
-        # phase 2: among (near-)equal objectives, least memory
-        self.prob += self.step_expr <= best_obj + tol, "objective_fixed"
+        first = IlpSolution(self._decode(), best_obj, self._memory(), self.stats.status)
+        # phase 2: among (near-)equal objectives, least memory. HiGHS does not always re-attain
+        # phase 1's optimum to 1e-9 (its feasibility tolerance is 1e-7), so the bound widens on
+        # an infeasible answer; if none holds, phase 1's solution stands.
         self.prob.setObjective(self.mem_expr)
-        self._run()
-        out = [IlpSolution(self._decode(), pulp.value(self.step_expr), self._memory(),
-                           self.stats.status)]
+        out = [first]
+        for rtol in PHASE2_RTOLS:
+            self.prob.constraints.pop("objective_fixed", None)
+            self.prob += self.step_expr <= best_obj + abs(best_obj) * rtol + 1e-12, "objective_fixed"
+            if self._run() != pulp.LpStatusInfeasible:
+                out = [IlpSolution(self._decode(), pulp.value(self.step_expr), self._memory(),
+                                   self.stats.status)]
+                break
         # runners-up: exclude each found decision, back to the first objective
         del self.prob.constraints["objective_fixed"]
         self.prob.setObjective(self.step_expr)
