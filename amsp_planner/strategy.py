@@ -252,7 +252,13 @@ def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> 
     key = head.strip().lower()
     key = _ALIASES.get(key, key)
     if key in BASELINE_NAMES or key.startswith("mics"):
-        extra = Strategy.parse("p=1," + rest) if rest.strip() else Strategy()
+        given = {t.partition("=")[0].strip().lower() for t in rest.split(",")} if rest else set()
+        if given - {"mb", "ga", "ckpt", "nockpt"}:
+            raise AmspUserError(
+                f"--strategy: '{text}': after a baseline name only mb=, ga= and ckpt/nockpt may "
+                "follow: write the whole strategy instead, e.g. 'p=8,g=8,os=64,qwz,mb=1'"
+            )
+        extra = Strategy.parse(rest) if rest.strip() else Strategy()
         s = baseline(key, num_gpus, gpus_per_node, extra.micro_batch, extra.ckpt)
         return s.with_(grad_accum=extra.grad_accum)
     return Strategy.parse(text)
