@@ -224,7 +224,12 @@ def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
         return base.with_(s_p=s, s_g=s, s_os=s)
     if key.startswith("mics"):
         _, _, size = key.partition("-")
-        p = int(size) if size.isdigit() else min(n, 2 * r)
+        if key != "mics" and not (key.startswith("mics-") and size.isdigit() and int(size) > 0):
+            raise AmspUserError(
+                f"unknown baseline '{name}': write mics (groups of 2 nodes) or mics-P with a "
+                "group size P >= 1, e.g. mics-16"
+            )
+        p = int(size) if size else min(n, 2 * r)
         return base.with_(s_p=p, s_g=p, s_os=p)
     if key == "zeropp":
         hz = min(n, r)
