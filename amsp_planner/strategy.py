@@ -226,7 +226,7 @@ def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
         _, _, size = key.partition("-")
         if key != "mics" and not (key.startswith("mics-") and size.isdigit() and int(size) > 0):
             raise AmspUserError(
-                f"unknown baseline '{name}': write mics (groups of 2 nodes) or mics-P with a "
+                f"--strategy: unknown baseline '{name}': write mics (groups of 2 nodes) or mics-P with a "
                 "group size P >= 1, e.g. mics-16"
             )
         p = int(size) if size else min(n, 2 * r)
@@ -235,7 +235,7 @@ def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
         hz = min(n, r)
         return base.with_(s_p=n, s_g=n, s_os=n, qwz=n > 1, hpz=hz if n > hz else 1, qgz=n > 1)
     raise AmspUserError(
-        f"unknown baseline '{name}': use one of {', '.join(BASELINE_NAMES)} (or fsdp, mics-P)"
+        f"--strategy: unknown baseline '{name}': use one of {', '.join(BASELINE_NAMES)} (or fsdp, mics-P)"
     )
 
 
