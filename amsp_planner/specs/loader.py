@@ -40,9 +40,12 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as e:
         raise AmspUserError(f"{path}: cannot read it ({e.strerror}): check the path") from None
+    except UnicodeDecodeError:
+        raise AmspUserError(f"{path}: not UTF-8 text: give a YAML or JSON spec file") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
+    except (yaml.YAMLError, ValueError, TypeError) as e:
+        # ValueError/TypeError: a YAML tag whose value does not convert, e.g. '!!int x'.
         mark = getattr(e, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
         if isinstance(e, json.JSONDecodeError):
@@ -141,7 +144,7 @@ def parse_value(text: str) -> Any:
     """A --set value: YAML scalar rules (numbers, booleans, strings)."""
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, TypeError):  # '!!int x' raises ValueError
         return text
 
 
