@@ -87,6 +87,8 @@ def config_dict(job: Job, s: Strategy) -> dict[str, Any]:
     t = job.training
     n_micro = job.n_micro(s)
     stage = stage_of(s, job.num_gpus)
+    if stage == 0 and not _stage0_allowed(job):
+        stage = 1  # only at N = 1, where stage 1 shards over one GPU: the same strategy
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     if stage == 3:
         zero.update(zero_hpz_partition_size=s.hpz, zero_quantized_weights=s.qwz,
