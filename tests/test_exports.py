@@ -366,3 +366,17 @@ def test_cli_compare_strategy_from(tmp_path, job):
     assert rows["ds_config"]["time"] == rows["zeropp"]["time"]
     code, out, err = run_cli(args[:-1] + ["--global-batch-seqs", "2048"])
     assert_user_error(code, out, err, "gradient_accumulation_steps 16", "--global-batch-seqs 1024")
+
+
+@pytest.mark.parametrize("target, needle", [
+    ("torchtitan", "check: tomllib parsed it"),
+    ("internevo", "check: exec'd it"),
+    ("deepspeed", "check: DeepSpeedConfig/DeepSpeedZeroConfig accepted it: {'stage': "),
+])
+def test_cli_export_check(plan_file, tmp_path, target, needle):
+    if target == "deepspeed":
+        pytest.importorskip("deepspeed")
+    code, out, err = run_cli(["export", str(plan_file), "--to", target, "-o",
+                              str(tmp_path / "out"), "--check"])
+    assert code == 0, err
+    assert needle in out
