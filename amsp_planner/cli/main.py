@@ -23,6 +23,7 @@ class LazyGroup(click.Group):
         "validate": ("amsp_planner.cli.plan_tools", "validate"),
         "schema": ("amsp_planner.cli.plan_tools", "schema"),
         "specs": ("amsp_planner.cli.specs_cmd", "specs"),
+        "whatif": ("amsp_planner.cli.whatif", "whatif"),
     }
 
     def list_commands(self, ctx):

@@ -1,0 +1,252 @@
+"""amsp whatif: sweep jobs and cluster edits, solve the optimal plan at every point.
+
+    amsp whatif --model llama-70b --gpus 256,512,1024,2048 --set nic_gbit_per_s=100,200,400 \
+        --plot out.png
+
+Comma lists sweep (their cartesian product). Each point is solved exactly as `amsp plan` would
+solve it; points that are not valid jobs or on which nothing fits are rows marked so.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from amsp_planner.errors import AmspUserError
+
+
+def split_list(text: str | None, conv, option: str) -> tuple:
+    """'64,128' -> (64, 128) with `conv` per item; one clear error naming the option."""
+    if text is None:
+        return (None,)
+    items = [t.strip() for t in str(text).split(",")]
+    if not all(items):
+        raise AmspUserError(f"{option} '{text}': an empty item: write values separated by commas")
+    out = []
+    for t in items:
+        try:
+            out.append(conv(t))
+        except (ValueError, TypeError):
+            raise AmspUserError(f"{option} '{t}': not a valid value: {conv.__doc__}") from None
+    if len(set(out)) != len(out):
+        raise AmspUserError(f"{option} '{text}': a value is given twice: give each once")
+    return tuple(out)
+
+
+def _pos_int(t: str) -> int:
+    """write positive integers, e.g. 64,128"""
+    v = int(t)
+    if v < 1:
+        raise ValueError
+    return v
+
+
+def _pos_float(t: str) -> float:
+    """write positive numbers, e.g. 40,80"""
+    v = float(t)
+    if not v > 0 or v == float("inf"):
+        raise ValueError
+    return v
+
+
+def _name(t: str) -> str:
+    """write names separated by commas"""
+    return t
+
+
+def _batch(t: str) -> str:
+    """write token counts with an optional K/M/G suffix, e.g. 4M,16M"""
+    from amsp_planner.specs import parse_batch
+
+    parse_batch(t)
+    return t
+
+
+def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
+    """('nic_gbit_per_s=100,200',) -> (('nic_gbit_per_s', (100, 200)),)."""
+    from amsp_planner.specs.loader import parse_value
+
+    out = []
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise AmspUserError(
+                f"--set '{item}': write KEY=VALUE[,VALUE...], e.g. --set nic_gbit_per_s=200,400")
+        vals = split_list(value, parse_value, f"--set {key.strip()}")
+        out.append((key.strip(), vals))
+    return tuple(out)
+
+
+@click.command()
+@click.option("--model", "-m", "models", required=True,
+              help="Model presets or spec files, comma-separated (each is a series).")
+@click.option("--gpus", "-n", required=True, help="GPU counts, comma-separated, e.g. 64,256,1024.")
+@click.option("--cluster", "-c", "clusters", default=None,
+              help="Cluster presets or spec files, comma-separated (default: dgx-a100-hdr).")
+@click.option("--compare-clusters", default=None, metavar="A,B",
+              help="Two or more clusters side by side for the same jobs (instead of --cluster).")
+@click.option("--gpu-type", "gpu_types", default=None,
+              help="GPU types to put in the cluster, comma-separated (a preset GPU name or a "
+                   "unique prefix: a100-sxm4-40gb, h100, h200, v100).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=V1,V2",
+              help="Edit a cluster field, sweeping its comma-separated values: gpus_per_node, "
+                   "intra_gbyte_per_s, nics_per_node, nic_gbit_per_s, oversubscription, "
+                   "gpu.memory_gib, ... Derived key node_gbit_per_s: NIC Gbit/s of a whole node, "
+                   "spread evenly over its NICs (nic_gbit_per_s = node_gbit_per_s / "
+                   "nics_per_node). Repeatable.")
+@click.option("--seq-len", "seq_lens", default="4096", show_default=True,
+              help="Tokens per sequence, comma-separated.")
+@click.option("--global-batch", "global_batches", default=None,
+              help="Global batch in tokens, comma-separated; K/M/G are powers of 2 (default 4M).")
+@click.option("--global-batch-seqs", "global_batch_seqs", default=None,
+              help="Global batch in sequences, comma-separated (instead of --global-batch).")
+@click.option("--memory-limit", "memory_limits", default=None,
+              help="Memory per GPU in GiB, comma-separated (default: the GPU's memory).")
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
+              help="Pin sequences per GPU per micro-batch (default: searched).")
+@click.option("--activation-checkpointing", type=click.Choice(["on", "off", "auto"]),
+              default="auto", show_default=True)
+@click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations.")
+@click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
+@click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
+              show_default=True)
+@click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
+@click.option("--objective", type=click.Choice(["time", "comm"]), default="time",
+              show_default=True)
+@click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True)
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Solver time limit per point, seconds.")
+@click.option("--gpu-hour-price", default=None, metavar="USD[,USD...]",
+              help="Price of one GPU-hour: one for all clusters, or one per cluster; adds "
+                   "cost per billion tokens.")
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the rows as CSV.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the sweep and rows as JSON ('-': print it instead of the table).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Write a PNG: MFU and tokens/s against the swept axis, strategy changes marked.")
+@click.option("--x-axis", default=None,
+              help="Axis of the plot (default: gpus if swept, else the first swept number).")
+@click.option("--workers", "-j", type=click.IntRange(min=1), default=None,
+              help="Processes (default: the cores this process may use).")
+def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, global_batches,
+           global_batch_seqs, memory_limits, micro_batch, activation_checkpointing,
+           no_flash_attention, precision, grad_accum_dtype, no_zeropp, objective, solver,
+           time_limit, gpu_hour_price, csv_path, json_path, plot_path, x_axis, workers):
+    """Sweep GPU counts, models, clusters and cluster edits; the optimal plan at every point."""
+    from amsp_planner import whatif as w
+
+    if compare_clusters and clusters:
+        raise AmspUserError("give --cluster or --compare-clusters, not both")
+    cl = split_list(compare_clusters or clusters, _name, "--compare-clusters"
+                    if compare_clusters else "--cluster")
+    if compare_clusters and len(cl) < 2:
+        raise AmspUserError("--compare-clusters: give at least two clusters, e.g. A,B")
+    if global_batches and global_batch_seqs:
+        raise AmspUserError("give --global-batch or --global-batch-seqs, not both")
+    batches = (split_list(global_batch_seqs, _pos_int, "--global-batch-seqs") if global_batch_seqs
+               else split_list(global_batches, _batch, "--global-batch"))
+    prices = ()
+    if gpu_hour_price is not None:
+        pv = split_list(gpu_hour_price, _pos_float, "--gpu-hour-price")
+        if len(pv) == 1:
+            prices = ((None, pv[0]),)
+        elif len(pv) == len(cl):
+            prices = tuple(zip(cl, pv, strict=True))
+        else:
+            raise AmspUserError(f"--gpu-hour-price: give one price, or one per cluster "
+                                f"({len(cl)}), got {len(pv)}")
+    ckpt = {"on": True, "off": False, "auto": None}[activation_checkpointing]
+    opts = w.SolveOptions(micro_batch=micro_batch, activation_checkpointing=ckpt,
+                          flash_attention=not no_flash_attention, precision=precision,
+                          grad_accum_dtype=grad_accum_dtype, zeropp=not no_zeropp,
+                          objective=objective, solver=solver, time_limit_s=time_limit,
+                          gpu_hour_price=prices)
+    sweep = w.Sweep(
+        models=split_list(models, _name, "--model"),
+        gpus=split_list(gpus, _pos_int, "--gpus"),
+        clusters=cl,
+        gpu_types=split_list(gpu_types, _name, "--gpu-type"),
+        sets=parse_set_lists(sets),
+        seq_lens=split_list(seq_lens, _pos_int, "--seq-len"),
+        global_batches=batches,
+        memory_limits_gib=split_list(memory_limits, _pos_float, "--memory-limit"),
+        options=opts,
+    )
+    for path, opt in ((csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")):
+        if path and path != "-":
+            _check_out(path, opt)
+    w.validate(sweep)
+    x = pick_x_axis(sweep, x_axis)
+    rows = _run_with_progress(w, sweep, workers)
+
+    from amsp_planner.report import whatif_report as rep
+
+    if csv_path:
+        rep.write_csv(rows, csv_path)
+    if json_path:
+        doc = rep.to_json(sweep, rows)
+        if json_path == "-":
+            click.echo(doc, nl=False)
+        else:
+            rep.write_text(json_path, doc)
+    if plot_path:
+        from amsp_planner.report.plots import save_sweep_plot
+
+        series_axes = [a for a in sweep.varying() if a != x]
+        save_sweep_plot(rows, plot_path, x, series_axes, rep.title(sweep))
+    if json_path == "-":
+        return
+    from amsp_planner.report.fmt import console
+
+    con = console()
+    if compare_clusters:
+        con.print(rep.compare_table(sweep, rows))
+    else:
+        con.print(rep.sweep_table(sweep, rows))
+    for line in rep.footnotes(rows):
+        con.print(line)
+    for path in (csv_path, json_path, plot_path):
+        if path:
+            con.print(f"wrote {path}")
+
+
+def _check_out(path: str, option: str) -> None:
+    from pathlib import Path
+
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise AmspUserError(f"{option} {path}: folder {parent} does not exist: create it first")
+
+
+def pick_x_axis(sweep, x_axis: str | None) -> str:
+    numeric = ["gpus"] + [a for a in sweep.varying() if a not in ("model", "cluster", "gpu_type")]
+    if x_axis is not None:
+        want = x_axis if x_axis in ("gpus", "seq_len", "global_batch", "memory_limit_gib") \
+            else f"set:{x_axis}"
+        if want not in [a for a, _ in sweep.axes()]:
+            names = ", ".join(dict.fromkeys(a.removeprefix("set:") for a in numeric))
+            raise AmspUserError(f"--x-axis {x_axis}: not an axis of this sweep: use one of {names}")
+        return want
+    varying = sweep.varying()
+    if "gpus" in varying:
+        return "gpus"
+    for a in varying:
+        if a not in ("model", "cluster", "gpu_type"):
+            return a
+    return "gpus"
+
+
+def _run_with_progress(w, sweep, workers):
+    n = len(sweep)
+    if n < 8 or not sys.stderr.isatty():
+        return w.run(sweep, workers)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=Console(file=sys.stderr),
+                  transient=True) as prog:
+        task = prog.add_task("solving", total=n)
+        return w.run(sweep, workers, progress=lambda k: prog.advance(task, k))

@@ -1,0 +1,403 @@
+"""What-if sweeps: the optimal plan at every point of a grid of jobs and clusters.
+
+    amsp whatif --model llama-13b,llama2-70b --gpus 64,256,1024,4096 --global-batch 16M \
+        --set node_gbit_per_s=100,200,400,800 --plot scaling.png
+
+A ``Sweep`` holds one list of values per axis; its points are their cartesian product, in a
+fixed order (``AXES`` outermost first, the ``--set`` keys in the order given, GPU count
+innermost), so rows come back in the same order however many processes solve them.
+
+Every point is solved by ``solver.solve`` on a Job built exactly as ``amsp plan`` builds it
+(same loaders, same TrainingSpec, same memory limit), so a row equals ``amsp plan``'s decision and
+predictions for the same inputs. What is shared between points is computed once per process:
+parsed specs (``load_model``'s cache, ``_cluster`` here), and each (cluster, GPU count)'s
+topology, whose max-flow bandwidths are the costliest part of building a job.
+
+A point that is not a valid job (a global batch the GPUs do not divide, a cluster edit the spec
+rejects) or on which nothing fits becomes a row with ``status`` 'invalid' or 'infeasible' and the
+one-line reason, never an exception.
+
+Derived cluster key: ``node_gbit_per_s`` is the NIC bandwidth of a whole node, spread evenly
+over its NICs (``nic_gbit_per_s = node_gbit_per_s / nics_per_node``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from amsp_planner.errors import AmspUserError, InfeasibleError
+
+GIB = 1024**3
+NODE_KEY = "node_gbit_per_s"
+"""Derived --set key: Gbit/s of all NICs of a node together."""
+
+# Axes in product order, outermost first; the --set keys go between "gpu_type" and "seq_len".
+AXES = ("model", "cluster", "gpu_type", "seq_len", "global_batch", "memory_limit_gib", "gpus")
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Everything of a point that is not swept (the `amsp plan` options)."""
+
+    micro_batch: int | None = None
+    activation_checkpointing: bool | None = None
+    flash_attention: bool = True
+    precision: str = "bf16"
+    grad_accum_dtype: str = "bf16"
+    zeropp: bool = True
+    objective: str = "time"
+    solver: str = "highs"
+    time_limit_s: float = 30.0
+    gpu_hour_price: tuple[tuple[str | None, float], ...] = ()
+    """(cluster, price of one GPU-hour); cluster None prices every cluster."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One job of the sweep: (axis, value) pairs in axis order."""
+
+    index: int
+    values: tuple[tuple[str, Any], ...]
+
+    def get(self, axis: str, default=None):
+        for k, v in self.values:
+            if k == axis:
+                return v
+        return default
+
+    @property
+    def sets(self) -> dict[str, Any]:
+        return {k[4:]: v for k, v in self.values if k.startswith("set:")}
+
+
+@dataclass
+class Row:
+    """What a point gives. Figures are None unless status is 'ok'."""
+
+    point: Point
+    status: str
+    """'ok', 'infeasible' (nothing fits in memory) or 'invalid' (not a valid job)."""
+    reason: str = ""
+    cluster_name: str = ""
+    nodes: int | None = None
+    batch_tokens: int | None = None
+    strategy: str | None = None
+    sharding: str | None = None
+    """The strategy without micro-batch and checkpointing: what a 'strategy change' means."""
+    memory_gib: float | None = None
+    step_s: float | None = None
+    compute_s: float | None = None
+    exposed_comm_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    inter_gib_per_gpu: float | None = None
+    baseline: str | None = None
+    baseline_strategy: str | None = None
+    baseline_memory_gib: float | None = None
+    baseline_step_s: float | None = None
+    baseline_tokens_per_s: float | None = None
+    baseline_mfu: float | None = None
+    usd_per_btok: float | None = None
+    baseline_usd_per_btok: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def gain(self) -> float | None:
+        """Tokens/s of the optimum over the best named baseline's, minus one."""
+        if not self.ok or not self.baseline_tokens_per_s:
+            return None
+        return self.tokens_per_s / self.baseline_tokens_per_s - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"index": self.point.index}
+        d.update((k.removeprefix("set:"), v) for k, v in self.point.values)
+        for f in dataclasses.fields(self):
+            if f.name != "point":
+                d[f.name] = getattr(self, f.name)
+        d["gain_vs_baseline"] = self.gain
+        return d
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The values of each axis; `points()` is their cartesian product."""
+
+    models: tuple[str, ...]
+    gpus: tuple[int, ...]
+    clusters: tuple[str | None, ...] = (None,)
+    gpu_types: tuple[str | None, ...] = (None,)
+    sets: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    """(cluster key, its values) in the order given; dotted keys reach nested fields."""
+    seq_lens: tuple[int, ...] = (4096,)
+    global_batches: tuple[str | int | None, ...] = (None,)
+    """Global batch per point: tokens as text ('4M', '16384'), sequences as int, None = default."""
+    memory_limits_gib: tuple[float | None, ...] = (None,)
+    options: SolveOptions = field(default_factory=SolveOptions)
+
+    def axes(self) -> list[tuple[str, tuple]]:
+        ax = [("model", self.models), ("cluster", self.clusters), ("gpu_type", self.gpu_types)]
+        ax += [(f"set:{k}", vals) for k, vals in self.sets]
+        ax += [("seq_len", self.seq_lens), ("global_batch", self.global_batches),
+               ("memory_limit_gib", self.memory_limits_gib), ("gpus", self.gpus)]
+        return ax
+
+    def varying(self) -> list[str]:
+        """Axes with more than one value (set keys as 'set:key')."""
+        return [name for name, vals in self.axes() if len(vals) > 1]
+
+    def points(self) -> list[Point]:
+        ax = self.axes()
+        names = [n for n, _ in ax]
+        return [Point(i, tuple(zip(names, combo, strict=True)))
+                for i, combo in enumerate(itertools.product(*(v for _, v in ax)))]
+
+    def __len__(self) -> int:
+        return math.prod(len(v) for _, v in self.axes())
+
+
+# ----- specs, shared between points of one process -------------------------------------------
+def gpu_presets() -> dict[str, Any]:
+    """GPU types of the cluster presets, by their lower-case name (e.g. 'h100-sxm5-80gb')."""
+    from amsp_planner.specs.loader import list_presets
+
+    out = {}
+    for name in list_presets("cluster"):
+        gpu = _cluster(name, ()).gpu
+        out.setdefault(gpu.name.lower(), gpu)
+    return out
+
+
+def resolve_gpu_type(name: str):
+    """The GpuSpec of a GPU name, or of a unique prefix of one ('h100', 'v100')."""
+    types = gpu_presets()
+    key = name.lower()
+    if key in types:
+        return types[key]
+    hits = [k for k in types if k.startswith(key)]
+    if len(hits) == 1:
+        return types[hits[0]]
+    names = ", ".join(g.name for g in types.values())
+    what = "matches several GPU types" if hits else "is not a known GPU type"
+    raise AmspUserError(f"--gpu-type '{name}' {what}: use one of {names}")
+
+
+@lru_cache(maxsize=256)
+def _cluster(name: str | None, overrides: tuple[tuple[str, Any], ...]):
+    from amsp_planner.specs import load_cluster
+
+    return load_cluster(name, dict(overrides) if overrides else None)
+
+
+def cluster_overrides(cluster: str | None, gpu_type: str | None, sets: dict[str, Any]
+                      ) -> tuple[tuple[str, Any], ...]:
+    """The load_cluster overrides of a point: GPU type first, then the --set keys, with
+    node_gbit_per_s turned into nic_gbit_per_s over the node's NICs."""
+    out: dict[str, Any] = {}
+    if gpu_type is not None:
+        out["gpu"] = resolve_gpu_type(gpu_type).model_dump()
+    for key, value in sets.items():
+        if key == NODE_KEY:
+            nics = sets.get("nics_per_node", _cluster(cluster, ()).nics_per_node)
+            if not isinstance(nics, int) or nics < 1:
+                nics = _cluster(cluster, ()).nics_per_node  # the spec check reports it
+            out["nic_gbit_per_s"] = value / nics
+        else:
+            out[key] = value
+    return tuple(out.items())
+
+
+def check_set_key(key: str) -> None:
+    """Raise AmspUserError unless `key` names a cluster field (or node_gbit_per_s)."""
+    from amsp_planner.specs.cluster import ClusterSpec, GpuSpec
+
+    top = sorted(k for k in ClusterSpec.model_fields if k not in ("measured", "name"))
+    parts = key.split(".")
+    if parts == [NODE_KEY]:
+        return
+    if len(parts) == 2 and parts[0] == "gpu":
+        if parts[1] in GpuSpec.model_fields:
+            return
+        raise AmspUserError(f"--set {key}: no such GPU field: use one of "
+                            + ", ".join(f"gpu.{k}" for k in GpuSpec.model_fields))
+    if len(parts) == 1 and parts[0] in top:
+        return
+    raise AmspUserError(f"--set {key}: no such cluster field: use one of {', '.join(top)}, "
+                        f"gpu.<field>, or {NODE_KEY} (NIC Gbit/s per node)")
+
+
+def validate(sweep: Sweep) -> None:
+    """Check every axis value on its own (specs load, --set values pass the spec's checks);
+    raise AmspUserError with one line for the first bad one. Combinations are checked per point."""
+    from amsp_planner.specs import load_model
+
+    if len(sweep) == 0:
+        raise AmspUserError("the sweep has no points: give at least one value per option")
+    for m in sweep.models:
+        load_model(m)
+    for c in sweep.clusters:
+        _cluster(c, ())
+    for g in sweep.gpu_types:
+        if g is not None:
+            resolve_gpu_type(g)
+    keys = [k for k, _ in sweep.sets]
+    if len(set(keys)) != len(keys):
+        raise AmspUserError("--set: a key is given twice: give each key once, with a comma list")
+    if NODE_KEY in keys and "nic_gbit_per_s" in keys:
+        raise AmspUserError(f"--set: give {NODE_KEY} or nic_gbit_per_s, not both")
+    for key, values in sweep.sets:
+        check_set_key(key)
+        for v in values:
+            if key == NODE_KEY and (isinstance(v, bool) or not isinstance(v, int | float)
+                                    or v <= 0):
+                raise AmspUserError(f"--set {key}={v}: must be a positive number of Gbit/s")
+            for c in sweep.clusters:
+                _cluster(c, cluster_overrides(c, None, {key: v}))
+
+
+# ----- one point ------------------------------------------------------------------------------
+@lru_cache(maxsize=256)
+def _topology(cluster_key: tuple, num_gpus: int):
+    from amsp_planner.topology import Topology
+
+    return Topology(_cluster(*cluster_key), num_gpus)
+
+
+def build_point_job(p: Point, opt: SolveOptions):
+    """(Job, memory limit in bytes) of a point, as `amsp plan` builds them."""
+    from pydantic import ValidationError
+
+    from amsp_planner.cost.job import Job
+    from amsp_planner.errors import format_validation_error
+    from amsp_planner.specs import TrainingSpec, load_model, parse_batch
+
+    model = load_model(p.get("model"))
+    key = (p.get("cluster"), cluster_overrides(p.get("cluster"), p.get("gpu_type"), p.sets))
+    cluster = _cluster(*key)
+    gb = p.get("global_batch")
+    tokens = parse_batch(gb) if isinstance(gb, str) else None
+    seqs = gb if isinstance(gb, int) else None
+    try:
+        t = TrainingSpec(seq_len=p.get("seq_len"), global_batch_tokens=tokens,
+                         global_batch_seqs=seqs, micro_batch=opt.micro_batch,
+                         activation_checkpointing=opt.activation_checkpointing,
+                         flash_attention=opt.flash_attention, precision=opt.precision,
+                         grad_accum_dtype=opt.grad_accum_dtype)
+    except ValidationError as e:
+        raise AmspUserError(format_validation_error(e, "training options")) from None
+    job = Job.create(model, cluster, t, p.get("gpus"))
+    job = dataclasses.replace(job, topology=_topology(key, job.num_gpus))
+    lim = p.get("memory_limit_gib")
+    return job, (lim * GIB if lim is not None else cluster.memory_bytes)
+
+
+def _price(opt: SolveOptions, cluster: str | None) -> float | None:
+    for name, price in opt.gpu_hour_price:
+        if name is None or name == cluster:
+            return price
+    return None
+
+
+def _usd_per_btok(price: float | None, gpus: int, tokens_per_s: float) -> float | None:
+    if price is None:
+        return None
+    return price * gpus / 3600 / tokens_per_s * 1e9
+
+
+def solve_point(p: Point, opt: SolveOptions) -> Row:
+    """Solve one point; user errors and infeasibility become the row's status."""
+    from amsp_planner.solver import solve
+
+    try:
+        job, limit = build_point_job(p, opt)
+    except AmspUserError as e:
+        return Row(p, "invalid", str(e))
+    base = dict(cluster_name=job.cluster.name, nodes=job.num_nodes,
+                batch_tokens=job.training.batch_tokens)
+    try:
+        r = solve(job, limit, objective=opt.objective, solver=opt.solver, zeropp=opt.zeropp,
+                  runners_up=0, time_limit_s=opt.time_limit_s)
+    except InfeasibleError as e:
+        return Row(p, "infeasible", str(e), **base)
+    except AmspUserError as e:
+        return Row(p, "invalid", str(e), **base)
+    b = r.best
+    s = b.strategy
+    price = _price(opt, p.get("cluster"))
+    row = Row(
+        p, "ok", **base, strategy=str(s),
+        sharding=",".join(t for t in str(s).split(",")
+                          if t != "ckpt" and not t.startswith(("mb=", "ga="))),
+        memory_gib=b.memory.total / GIB, step_s=b.step_s, compute_s=b.time.compute_s,
+        exposed_comm_s=b.time.exposed_comm_s, tokens_per_s=b.tokens_per_s, mfu=b.mfu,
+        inter_gib_per_gpu=b.bytes_per_rank("inter") / GIB,
+        usd_per_btok=_usd_per_btok(price, job.num_gpus, b.tokens_per_s),
+    )
+    bb = r.best_baseline
+    if bb is not None:
+        name, e = bb
+        row.baseline, row.baseline_strategy = name, str(e.strategy)
+        row.baseline_memory_gib, row.baseline_step_s = e.memory.total / GIB, e.step_s
+        row.baseline_tokens_per_s, row.baseline_mfu = e.tokens_per_s, e.mfu
+        row.baseline_usd_per_btok = _usd_per_btok(price, job.num_gpus, e.tokens_per_s)
+    return row
+
+
+def _solve_chunk(opt: SolveOptions, points: list[Point]) -> list[Row]:
+    return [solve_point(p, opt) for p in points]
+
+
+# ----- the sweep ------------------------------------------------------------------------------
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _chunks(points: list[Point], size: int) -> Iterator[list[Point]]:
+    for i in range(0, len(points), size):
+        yield points[i:i + size]
+
+
+def run(sweep: Sweep, workers: int | None = None,
+        progress: Callable[[int], None] | None = None) -> list[Row]:
+    """Solve every point, in point order; `progress(k)` is called as k more points finish.
+
+    Runs in this process when one worker suffices, else in a pool of min(points, workers)
+    processes fed consecutive chunks of points (neighbours share specs and topologies).
+    """
+    points = sweep.points()
+    n = len(points)
+    workers = max(1, min(n, workers or default_workers()))
+    rows: list[Row] = []
+    if workers == 1:
+        for p in points:
+            rows.append(solve_point(p, sweep.options))
+            if progress:
+                progress(1)
+        return rows
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    import amsp_planner.solver  # noqa: F401  (imported once, before the fork)
+
+    size = max(1, min(16, n // (workers * 4)))
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
+        futures = [ex.submit(_solve_chunk, sweep.options, c) for c in _chunks(points, size)]
+        for fut in futures:
+            chunk = fut.result()
+            rows.extend(chunk)
+            if progress:
+                progress(len(chunk))
+    return rows
