@@ -16,6 +16,11 @@ Buffers (U = largest padded unit, in elements), exactly what the runtime allocat
               that is idle after backward (a gather buffer when s_P > 1, else a gradient
               buffer, which exists since s_G > 1 there);
   step        U/s_OS * g_b when s_OS > s_G (the OS-shard slice of the step reduce-scatter).
+  tied        with tied embeddings, one more gather buffer (s_P > 1) and one more gradient
+              buffer (s_G > 1) of the embedding unit's E elements: the embedding stays gathered
+              from the lookup to the LM head, and its gradient collects the head's part at the
+              start of backward and the lookup's at the end (runtime/engine.py, [Note: tied
+              embeddings]).
 
 Activations per micro-batch (after Korthikanti et al. 2022, arXiv 2205.05198, section 4.1,
 adapted: no dropout, GQA, SwiGLU, bytes a_b = p_b per element). Per token and block, the
@@ -112,14 +117,15 @@ def activation_bytes(job: Job, micro_batch: int, ckpt: bool) -> float:
 def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
     t = job.training
     u, pb, gb = job.max_unit, t.param_bytes, t.grad_bytes
+    e = job.units[0] if job.model.tied_embeddings else 0
     gather = 0.0
     if s.s_p > 1:
-        gather = 2 * u * pb
+        gather = (2 * u + e) * pb
         if s.qwz:
             gather += 2 * quantized_bytes(u, 8, s.quant_block)
     grad = 0.0
     if s.s_g > 1:
-        grad = 2 * u * gb
+        grad = (2 * u + e) * gb
         if s.qgz:
             grad += 2 * quantized_bytes(u, 4, s.quant_block)
     staging = u * gb if s.s_g > 1 and (1 < s.s_p < s.s_g or s.qgz) else 0.0

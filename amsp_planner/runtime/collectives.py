@@ -1,0 +1,174 @@
+"""The one collective wrapper: every byte the runtime sends passes through ``Comm`` and is counted.
+
+    python -m pytest tests/runtime -q -k accounting
+
+Counting is per (phase, op, group): calls, the full tensor bytes of every call (the gathered
+tensor of an all-gather, the input of a reduce-scatter, the tensor of an all-reduce, the send
+buffer of an all-to-all) and the ring-convention bytes derived from them. The group's size,
+stride and members per node come from the real rank lists, never from a plan: this module
+imports no cost model on purpose, so that comparing its counts with the plan's schedule is a
+real test (DESIGN.md section 3).
+
+Ring convention per rank: all-gather, reduce-scatter, all-to-all (m-1)/m * full; all-reduce
+2(m-1)/m * full. Split in- and cross-node like a hierarchical algorithm: k members per node,
+g nodes: all-gather / reduce-scatter intra (k-1)/k * full, inter (g-1)/g * full/k (all-reduce
+twice that); all-to-all intra (k-1)/m * full, inter (g-1)/g * full.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Group:
+    """A rank group as this rank sees it: its kind name, members and process group."""
+
+    name: str
+    ranks: tuple[int, ...]
+    index: int
+    """This rank's position in ``ranks`` (its shard index in the group)."""
+    pg: object = field(compare=False, repr=False)
+    """The torch ProcessGroup (None for a group of one)."""
+    members_per_node: int = 1
+    nodes: int = 1
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def stride(self) -> int:
+        return self.ranks[1] - self.ranks[0] if len(self.ranks) > 1 else 1
+
+
+class Counter(NamedTuple):
+    calls: int
+    full_bytes: int
+    call_sizes: frozenset
+
+
+class Work(NamedTuple):
+    """A pending collective; ``wait()`` blocks until its output is ready."""
+
+    handle: object
+
+    def wait(self) -> None:
+        if self.handle is not None:
+            self.handle.wait()
+
+
+_DONE = Work(None)
+
+
+def ring_bytes(op: str, full: float, size: int, members_per_node: int, nodes: int
+               ) -> tuple[float, float]:
+    """(intra, inter) ring-convention bytes per rank of one collective of `full` bytes."""
+    m, k, g = size, members_per_node, nodes
+    if m <= 1:
+        return 0.0, 0.0
+    if op == "all_to_all":
+        return (k - 1) / m * full, (g - 1) / g * full
+    intra, inter = (k - 1) / k * full, (g - 1) / g * full / k
+    if op == "all_reduce":
+        return 2 * intra, 2 * inter
+    return intra, inter
+
+
+class Comm:
+    """Issues collectives on ``Group``s and counts them under the current phase."""
+
+    def __init__(self) -> None:
+        self.phase = "setup"
+        self._calls: dict[tuple, int] = defaultdict(int)
+        self._bytes: dict[tuple, int] = defaultdict(int)
+        self._sizes: dict[tuple, set] = defaultdict(set)
+        self._groups: dict[tuple, Group] = {}
+
+    # ----- counting ---------------------------------------------------------------------
+    def _count(self, op: str, group: Group, full_bytes: int) -> None:
+        key = (self.phase, op, group.name)
+        self._calls[key] += 1
+        self._bytes[key] += int(full_bytes)
+        self._sizes[key].add(int(full_bytes))
+        self._groups[key] = group
+
+    def reset(self) -> None:
+        self._calls.clear()
+        self._bytes.clear()
+        self._sizes.clear()
+        self._groups.clear()
+
+    def counters(self) -> dict[tuple, Counter]:
+        return {k: Counter(self._calls[k], self._bytes[k], frozenset(self._sizes[k]))
+                for k in self._calls}
+
+    def report(self, steps: int = 1, phases: tuple[str, ...] | None = None) -> list[dict]:
+        """Per (phase, op, group): calls and bytes per step (divided by `steps`)."""
+        rows = []
+        for (phase, op, name), calls in sorted(self._calls.items()):
+            if phases is not None and phase not in phases:
+                continue
+            g = self._groups[(phase, op, name)]
+            full = self._bytes[(phase, op, name)]
+            intra, inter = ring_bytes(op, full, g.size, g.members_per_node, g.nodes)
+            rows.append({
+                "phase": phase, "op": op, "group": name, "group_size": g.size,
+                "stride": g.stride, "members_per_node": g.members_per_node,
+                "calls_per_step": calls / steps, "full_bytes_per_step": full / steps,
+                "intra_bytes_per_rank_per_step": intra / steps,
+                "inter_bytes_per_rank_per_step": inter / steps,
+            })
+        return rows
+
+    # ----- collectives ------------------------------------------------------------------
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
+                   async_op: bool = False) -> Work:
+        """Concatenate every member's `inp` into `out`, in member order."""
+        assert out.numel() == inp.numel() * group.size and out.dtype == inp.dtype
+        if group.size == 1:
+            out.copy_(inp)
+            return _DONE
+        self._count("all_gather", group, out.nbytes)
+        return Work(dist.all_gather_single(out, inp, group=group.pg, async_op=async_op))
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
+                       async_op: bool = False) -> Work:
+        """Sum `inp` over the members; member i gets chunk i in `out`."""
+        assert inp.numel() == out.numel() * group.size and out.dtype == inp.dtype
+        if group.size == 1:
+            out.copy_(inp)
+            return _DONE
+        self._count("reduce_scatter", group, inp.nbytes)
+        return Work(dist.reduce_scatter_single(out, inp, group=group.pg, async_op=async_op))
+
+    def all_reduce(self, t: torch.Tensor, group: Group, async_op: bool = False) -> Work:
+        if group.size == 1:
+            return _DONE
+        self._count("all_reduce", group, t.nbytes)
+        return Work(dist.all_reduce(t, group=group.pg, async_op=async_op))
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
+                   async_op: bool = False) -> Work:
+        """Equal chunks: chunk j of `inp` goes to member j; chunk i of `out` came from member i."""
+        assert out.numel() == inp.numel() and inp.numel() % group.size == 0
+        if group.size == 1:
+            out.copy_(inp)
+            return _DONE
+        self._count("all_to_all", group, inp.nbytes)
+        return Work(dist.all_to_all_single(out, inp, group=group.pg, async_op=async_op))
+
+    def broadcast(self, t: torch.Tensor, src_index: int, group: Group) -> Work:
+        if group.size == 1:
+            return _DONE
+        self._count("broadcast", group, t.nbytes)
+        return Work(dist.broadcast(t, group.ranks[src_index], group=group.pg))
+
+    def barrier(self, group: Group) -> None:
+        """A barrier as a counted 4-byte all-reduce (so nothing escapes the count)."""
+        self.all_reduce(torch.zeros(1, dtype=torch.float32), group)

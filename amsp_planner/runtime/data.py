@@ -1,0 +1,78 @@
+"""Token sources: synthetic, a nanoGPT-style token file, or a small real corpus from the
+Python standard library (byte-level, vocabulary 256).
+
+Every batch is a pure function of (seed, step), so a resumed run sees the same data and every
+plan sees the same global batch: rank r takes sequences [r*b, (r+1)*b) of it (b per rank), cut
+into micro-batches in order.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from amsp_planner.errors import AmspUserError
+
+STDLIB = "stdlib"
+STDLIB_BYTES = 4 * 2**20
+
+
+def stdlib_corpus(max_bytes: int = STDLIB_BYTES) -> np.ndarray:
+    """The first `max_bytes` of the standard library's .py files (sorted), as uint8 tokens."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    return np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
+
+
+class TokenSource:
+    """Global batches of `batch_seqs` sequences of `seq_len + 1` tokens."""
+
+    def __init__(self, spec: str | None, vocab_size: int, seq_len: int, batch_seqs: int,
+                 seed: int = 0):
+        self.vocab, self.seq_len, self.batch_seqs, self.seed = vocab_size, seq_len, batch_seqs, seed
+        self.tokens: np.ndarray | None = None
+        self.name = spec or "synthetic"
+        if spec is None or spec == "synthetic":
+            return
+        if spec == STDLIB:
+            self.tokens = stdlib_corpus()
+        else:
+            path = Path(spec)
+            if not path.exists():
+                raise AmspUserError(f"--data: {spec} does not exist: give a token file "
+                                    "(uint16/uint32 .bin), 'stdlib' or 'synthetic'")
+            dtype = np.uint32 if path.suffix in (".u32", ".uint32") else np.uint16
+            if path.stat().st_size % np.dtype(dtype).itemsize:
+                raise AmspUserError(f"--data: {spec} is not a whole number of "
+                                    f"{np.dtype(dtype).name} tokens: check the file")
+            self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        n = len(self.tokens)
+        if n < seq_len + 2:
+            raise AmspUserError(f"--data: {spec} holds {n} tokens, fewer than one sequence of "
+                                f"{seq_len + 1}: use a longer file or a shorter --seq-len")
+        top = int(self.tokens[: min(n, 2**22)].max())
+        if top >= vocab_size:
+            raise AmspUserError(f"--data: token id {top} in {spec} is not below the model's "
+                                f"vocab_size {vocab_size}: use a matching tokenizer or model")
+
+    def batch(self, step: int, rows: slice | None = None) -> torch.Tensor:
+        """int64 tokens [rows, seq_len + 1] of global batch `step`."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        shape = (self.batch_seqs, self.seq_len + 1)
+        if self.tokens is None:
+            out = torch.randint(self.vocab, shape, generator=g)
+            return out if rows is None else out[rows]
+        starts = torch.randint(len(self.tokens) - self.seq_len - 1, (self.batch_seqs,), generator=g)
+        idx = range(self.batch_seqs)[rows] if rows is not None else range(self.batch_seqs)
+        seqs = [np.asarray(self.tokens[int(starts[i]):int(starts[i]) + self.seq_len + 1],
+                           dtype=np.int64) for i in idx]
+        return torch.from_numpy(np.stack(seqs))

@@ -1,0 +1,91 @@
+"""Rank groups of a plan, built from its meshes with ranks node-major (DESIGN.md 3a).
+
+A group kind is (size m, stride d): the group of rank r is the m ranks r0 + j*d, j < m, with
+r0 = (r // (m*d)) * m*d + r % d. So the P-, G- and OS-groups (stride 1) are s_x consecutive
+ranks; the OS_shard group holds the ranks of one OS-group with the same G shard; the OS_replica
+group the ranks with the same OS shard; P_update the ranks of one OS-group sharing a P shard.
+
+=========== ================ ==========
+name        size             stride
+=========== ================ ==========
+P           s_P              1
+hpZ         h_z              1
+G           s_G              1
+G_intra     s0_G             1
+G_inter     s1_G             R
+OS_shard    s_OS/s_G         s_G
+OS_replica  N/s_OS           s_OS
+P_update    s_OS/s_P         s_P
+world       N                1
+=========== ================ ==========
+"""
+
+from __future__ import annotations
+
+from amsp_planner.runtime.collectives import Group
+
+_PG_CACHE: dict[tuple[int, ...], object] = {}
+
+
+def members(rank: int, size: int, stride: int) -> tuple[int, ...]:
+    """The ranks of the (size, stride) group containing `rank`."""
+    span = size * stride
+    r0 = (rank // span) * span + rank % stride
+    return tuple(r0 + j * stride for j in range(size))
+
+
+def partition(world: int, size: int, stride: int) -> list[tuple[int, ...]]:
+    """All groups of one kind, in a deterministic order (every rank creates them alike)."""
+    seen, out = set(), []
+    for r in range(world):
+        g = members(r, size, stride)
+        if g not in seen:
+            seen.add(g)
+            out.append(g)
+    return out
+
+
+def group_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int, int]]:
+    """name -> (size, stride) for a Strategy on `world` ranks with R per node."""
+    s, R = strategy, gpus_per_node
+    s0_g, s1_g = s.mesh("g", R)
+    return {
+        "P": (s.s_p, 1),
+        "hpZ": (s.hpz, 1),
+        "G": (s.s_g, 1),
+        "G_intra": (s0_g, 1),
+        "G_inter": (s1_g, R),
+        "OS_shard": (s.s_os // s.s_g, s.s_g),
+        "OS_replica": (world // s.s_os, s.s_os),
+        "P_update": (s.s_os // s.s_p, s.s_p),
+        "world": (world, 1),
+    }
+
+
+def _process_group(ranks: tuple[int, ...], world: int):
+    """One torch ProcessGroup per distinct rank list; every rank must call this alike."""
+    import torch.distributed as dist
+
+    if len(ranks) == 1:
+        return None
+    if len(ranks) == world:
+        return dist.group.WORLD
+    if ranks not in _PG_CACHE:
+        for g in partition(world, len(ranks), ranks[1] - ranks[0]):
+            if g not in _PG_CACHE:
+                _PG_CACHE[g] = dist.new_group(list(g))
+    return _PG_CACHE[ranks]
+
+
+def build_groups(strategy, rank: int, world: int, gpus_per_node: int,
+                 node_of: list[int]) -> dict[str, Group]:
+    """This rank's Group of every kind; `node_of[r]` is the node rank r runs on (measured)."""
+    out = {}
+    for name, (size, stride) in group_kinds(strategy, world, gpus_per_node).items():
+        ranks = members(rank, size, stride)
+        pg = _process_group(ranks, world)
+        my_node = node_of[rank]
+        nodes = len({node_of[r] for r in ranks})
+        k = sum(1 for r in ranks if node_of[r] == my_node)
+        out[name] = Group(name, ranks, ranks.index(rank), pg, k, nodes)
+    return out

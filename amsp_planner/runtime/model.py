@@ -1,0 +1,160 @@
+"""A LLaMA-style decoder built from a ModelSpec: RMSNorm, RoPE, GQA, SwiGLU, SDPA.
+
+The model is a list of units (DESIGN.md 3a): the token embedding (tied LM head weights live
+here), each block, and the final norm + LM head. Each unit's parameters are views into one flat
+buffer, in the order of ``unit_param_specs``; the functions below take those views as a dict,
+so the sharded runtime and the single-process reference (``ReferenceModel``) run the same code.
+
+Parameter counts per unit equal ``ModelSpec.unit_params()`` exactly (checked at build time).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from amsp_planner.errors import AmspUserError
+
+NORM_EPS = 1e-5
+INIT_STD = 0.02
+
+
+def check_supported(model) -> None:
+    """The runtime trains LLaMA-style models; anything else is refused with one line."""
+    bad = []
+    if model.norm_type != "rmsnorm":
+        bad.append("norm_type: rmsnorm")
+    if model.position_embedding != "rope":
+        bad.append("position_embedding: rope")
+    if model.ffn_type != "swiglu":
+        bad.append("ffn_type: swiglu")
+    if model.attention_bias != "none" or model.mlp_bias:
+        bad.append("attention_bias: none, mlp_bias: false")
+    if bad:
+        raise AmspUserError(
+            f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "
+            f"set {', '.join(bad)} (or export the plan to another framework)"
+        )
+
+
+def unit_param_specs(model) -> list[list[tuple[str, tuple[int, ...]]]]:
+    """(name, shape) of every parameter of every unit, in flat-buffer order."""
+    h, f, kv, V = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.vocab_size
+    emb = [("tok_emb", (V, h))]
+    block = [("attn_norm", (h,)), ("wqkv", (h + 2 * kv, h)), ("wo", (h, h)),
+             ("mlp_norm", (h,)), ("w13", (2 * f, h)), ("w2", (h, f))]
+    head = [("norm", (h,))] + ([] if model.tied_embeddings else [("lm_head", (V, h))])
+    specs = [emb] + [block] * model.num_layers + [head]
+    counts = [sum(math.prod(s) for _, s in u) for u in specs]
+    assert counts == model.unit_params(), (counts, model.unit_params())
+    return specs
+
+
+def unit_kind(index: int, num_units: int) -> str:
+    return "embedding" if index == 0 else "head" if index == num_units - 1 else "block"
+
+
+def views(flat: torch.Tensor, specs: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """Named views of one unit's flat buffer."""
+    out, off = {}, 0
+    for name, shape in specs:
+        n = math.prod(shape)
+        out[name] = flat[off:off + n].view(shape)
+        off += n
+    return out
+
+
+def offsets(specs: list[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, int]]:
+    out, off = {}, 0
+    for name, shape in specs:
+        n = math.prod(shape)
+        out[name] = (off, n)
+        off += n
+    return out
+
+
+def init_unit(model, index: int, seed: int) -> torch.Tensor:
+    """The unpadded fp32 initial values of unit `index` (same on every rank and plan)."""
+    specs = unit_param_specs(model)[index]
+    g = torch.Generator().manual_seed(seed * 100003 + index)
+    parts = []
+    for name, shape in specs:
+        if len(shape) == 1:
+            parts.append(torch.ones(shape))
+            continue
+        std = INIT_STD / math.sqrt(2 * model.num_layers) if name in ("wo", "w2") else INIT_STD
+        parts.append(torch.randn(shape, generator=g) * std)
+    return torch.cat([p.reshape(-1) for p in parts])
+
+
+# ----- the compute -------------------------------------------------------------------------
+_ROPE: dict = {}
+
+
+def _rope(seq_len: int, head_dim: int, theta: float, dtype, device):
+    key = (seq_len, head_dim, theta, dtype, str(device))
+    if key not in _ROPE:
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+        _ROPE[key] = (ang.cos().to(dtype=dtype, device=device),
+                      ang.sin().to(dtype=dtype, device=device))
+    return _ROPE[key]
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def embed(tokens: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    return F.embedding(tokens, p["tok_emb"])
+
+
+def block(x: torch.Tensor, p: dict[str, torch.Tensor], model) -> torch.Tensor:
+    b, s, h = x.shape
+    a, kvh, hd = model.num_heads, model.kv_heads, model.head_dim
+    y = F.rms_norm(x, (h,), p["attn_norm"], NORM_EPS)
+    q, k, v = F.linear(y, p["wqkv"]).split([h, kvh * hd, kvh * hd], dim=-1)
+    q = q.view(b, s, a, hd).transpose(1, 2)
+    k = k.view(b, s, kvh, hd).transpose(1, 2)
+    v = v.view(b, s, kvh, hd).transpose(1, 2)
+    cos, sin = _rope(s, hd, model.rope_theta, x.dtype, x.device)
+    q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kvh != a)
+    x = x + F.linear(o.transpose(1, 2).reshape(b, s, h), p["wo"])
+    y = F.rms_norm(x, (h,), p["mlp_norm"], NORM_EPS)
+    gate, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, p["w2"])
+
+
+def head_loss(x: torch.Tensor, p: dict[str, torch.Tensor], lm_weight: torch.Tensor,
+              targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (fp32 logits) of one micro-batch."""
+    y = F.rms_norm(x, (x.shape[-1],), p["norm"], NORM_EPS)
+    logits = F.linear(y, lm_weight).float()
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class ReferenceModel(torch.nn.Module):
+    """The unsharded model in one process: the parity oracle (same init, same compute)."""
+
+    def __init__(self, model, seed: int, dtype=torch.float32):
+        super().__init__()
+        check_supported(model)
+        self.spec = model
+        self.specs = unit_param_specs(model)
+        self.flats = torch.nn.ParameterList(
+            [torch.nn.Parameter(init_unit(model, i, seed).to(dtype)) for i in range(len(self.specs))]
+        )
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        units = [views(f, s) for f, s in zip(self.flats, self.specs, strict=True)]
+        x = embed(tokens, units[0])
+        for p in units[1:-1]:
+            x = block(x, p, self.spec)
+        head = units[-1]
+        lm = units[0]["tok_emb"] if self.spec.tied_embeddings else head["lm_head"]
+        return head_loss(x, head, lm, targets)

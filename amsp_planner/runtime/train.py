@@ -1,0 +1,220 @@
+"""Train a plan's model under its strategy, inside an initialised torch.distributed job.
+
+    torchrun --nproc-per-node=4 -m amsp_planner.runtime.launch plan.json --steps 20
+
+``train(job, strategy, cfg)`` is the core entry (plan files and tests both use it): it checks
+the world against the plan, builds the rank groups, runs the steps, and returns a run report
+(JSON-ready): measured bytes per schedule entry next to the plan's, step times, the runtime's
+model-state bytes next to the memory model's, loss per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from amsp_planner.errors import AmspUserError
+from amsp_planner.runtime.collectives import Comm, Group
+from amsp_planner.runtime.data import TokenSource
+from amsp_planner.runtime.engine import OptimConfig, ShardedEngine
+from amsp_planner.runtime.groups import build_groups
+
+STEP_PHASES = ("forward", "backward", "grad_sync", "update")
+
+
+@dataclass
+class RunConfig:
+    steps: int = 10
+    """Optimizer steps to run (in total, counting resumed ones)."""
+    seed: int = 0
+    """Seed of the initial weights and of the data order."""
+    data: str | None = None
+    """None/'synthetic', 'stdlib', or a nanoGPT-style token file."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    """Save every K steps (0: only at the end when a directory is given)."""
+    resume: bool = False
+    log_every: int = 1
+    """Print progress every K steps on rank 0 (0: quiet)."""
+    report_path: str | None = None
+    fail_at_step: int | None = None
+    """Testing aid: this rank (``fail_rank``) dies hard at the start of that step."""
+    fail_rank: int = -1
+
+
+def world_info() -> tuple[int, int, int, int]:
+    """(rank, world size, local world size, node index) from the launcher's environment."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    node = int(os.environ.get("GROUP_RANK", os.environ.get("SLURM_NODEID", rank // local)))
+    return rank, world, local, node
+
+
+def fingerprint(job, strategy) -> int:
+    """A 62-bit hash of what every rank must agree on: model, world, strategy, precision."""
+    doc = json.dumps([job.model.model_dump(), job.training.model_dump(), job.num_gpus,
+                      job.gpus_per_node, str(strategy)], sort_keys=True, default=str)
+    return int(hashlib.sha256(doc.encode()).hexdigest()[:15], 16)
+
+
+def check_world(job, world: int, local: int) -> None:
+    """Refuse a plan launched on a world of the wrong shape (one line, before any work)."""
+    n, r = job.num_gpus, job.gpus_per_node
+    if world != n:
+        raise AmspUserError(f"plan is for {n} GPUs but the job has {world} processes: "
+                            f"launch {n} (e.g. torchrun --nproc-per-node={r} --nnodes={n // r}) "
+                            "or re-plan with --gpus {world}")
+    if local != r:
+        raise AmspUserError(f"plan expects {r} processes per node but this node runs {local}: "
+                            f"launch --nproc-per-node={r}, or re-plan for this cluster")
+
+
+def setup(job, strategy, comm: Comm) -> tuple[dict[str, Group], int]:
+    """Check the world, agree on the plan, build the groups (all counted in phase 'setup')."""
+    rank, world, local, node = world_info()
+    check_world(job, world, local)
+    comm.phase = "setup"
+    wg = Group("world", tuple(range(world)), rank, dist.group.WORLD, local, world // local)
+    mine = torch.tensor([node, rank % local, fingerprint(job, strategy)], dtype=torch.int64)
+    every = torch.empty(3 * world, dtype=torch.int64)
+    comm.all_gather(every, mine, wg)
+    every = every.view(world, 3).tolist()
+    for r, (nd, lr, fp) in enumerate(every):
+        if fp != every[0][2]:
+            raise AmspUserError(f"rank {r} runs a different plan (model, world or strategy) "
+                                "than rank 0: launch every node with the same plan file")
+        if r != nd * local + lr:
+            raise AmspUserError(f"rank {r} is local rank {lr} of node {nd}: ranks must be "
+                                "node-major (rank = node * per-node + local); launch with "
+                                "torchrun's default rank assignment")
+    node_of = [nd for nd, _, _ in every]
+    return build_groups(strategy, rank, world, job.gpus_per_node, node_of), rank
+
+
+def _log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(msg, flush=True)
+
+
+def train(job, strategy, cfg: RunConfig, evaluation=None) -> dict:
+    """Run `cfg.steps` steps of `job` under `strategy`; returns the run report (every rank)."""
+    from amsp_planner.cost.evaluate import evaluate
+
+    evaluation = evaluation or evaluate(job, strategy)
+    comm = Comm()
+    groups, rank = setup(job, strategy, comm)
+    engine = ShardedEngine(job, strategy, comm, groups, rank, cfg.optim)
+    N, n_micro, mb = job.num_gpus, evaluation.n_micro, strategy.micro_batch
+    seq = job.training.seq_len
+    source = TokenSource(cfg.data, job.model.vocab_size, seq, job.training.batch_seqs, cfg.seed)
+    start = 0
+    if cfg.resume and cfg.checkpoint_dir:
+        from amsp_planner.runtime.checkpoint import latest_step, load
+
+        if latest_step(cfg.checkpoint_dir) is not None:
+            start = load(engine, cfg.checkpoint_dir)
+            _log(rank, f"resumed from step {start} in {cfg.checkpoint_dir}")
+    if start == 0 and not (cfg.resume and engine.step_count):
+        engine.init_params(cfg.seed)
+    setup_rows = comm.report(1, ("setup",))
+    comm.reset()
+    per_rank = job.training.batch_seqs // N
+    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    losses, times, norms = [], [], []
+    predicted = evaluation.step_s
+    tokens_per_step = job.training.batch_tokens
+    _log(rank, f"training {job.model.name} on {N} ranks ({job.num_nodes} node(s)), strategy "
+               f"{strategy}, {n_micro} micro-batch(es)/step, {tokens_per_step} tokens/step, "
+               f"data {source.name}")
+    ckpt_rows: list[dict] = []
+    for step in range(start, cfg.steps):
+        if cfg.fail_at_step == step + 1 and cfg.fail_rank == rank:
+            print(f"rank {rank}: dying at step {step + 1} (fault injection)", file=sys.stderr,
+                  flush=True)
+            os._exit(9)
+        t0 = time.perf_counter()
+        batch = source.batch(step, rows)
+        loss_sum = 0.0
+        for m in range(n_micro):
+            chunk = batch[m * mb:(m + 1) * mb]
+            loss_sum += engine.forward_backward(chunk[:, :-1], chunk[:, 1:], m,
+                                                1.0 / (N * n_micro)) / (N * n_micro)
+        loss, gnorm = engine.optimizer_step(loss_sum)
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        norms.append(gnorm)
+        times.append(dt)
+        if cfg.log_every and (step + 1) % cfg.log_every == 0:
+            _log(rank, f"step {step + 1:>5}/{cfg.steps}  loss {loss:.4f}  grad-norm {gnorm:.3f}  "
+                       f"{tokens_per_step / dt:,.0f} tok/s  step {dt * 1e3:.1f} ms "
+                       f"(predicted {predicted * 1e3:.1f} ms)")
+        if cfg.checkpoint_dir and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            from amsp_planner.runtime.checkpoint import save
+
+            phase_before = comm.phase
+            save(engine, cfg.checkpoint_dir, step + 1)
+            comm.phase = phase_before
+    steps_run = max(1, len(times))
+    step_rows = comm.report(steps_run, STEP_PHASES)
+    ckpt_rows = comm.report(1, ("checkpoint",))
+    report = _report(job, strategy, evaluation, engine, step_rows, setup_rows, ckpt_rows,
+                     losses, norms, times, start)
+    if times:
+        med = sorted(times)[len(times) // 2]
+        _log(rank, f"done: {len(times)} steps, final loss {losses[-1]:.4f}, median step "
+                   f"{med * 1e3:.1f} ms (predicted {predicted * 1e3:.1f} ms), "
+                   f"{tokens_per_step / med:,.0f} tok/s, model states "
+                   f"{sum(report['memory']['measured'].values()) / 2**20:.2f} MiB/rank "
+                   f"(plan {report['memory']['predicted_total'] / 2**20:.2f} MiB)")
+    if cfg.report_path and rank == 0:
+        with open(cfg.report_path, "w") as f:
+            json.dump(report, f, indent=1)
+    report["_engine"] = engine
+    return report
+
+
+def _report(job, strategy, ev, engine, step_rows, setup_rows, ckpt_rows, losses, norms, times,
+            start) -> dict:
+    from amsp_planner.cost.memory import buffer_bytes, model_state_bytes
+
+    t = job.training
+    predicted_mem = {**model_state_bytes(job.phi, strategy, t.param_bytes, t.grad_bytes),
+                     **buffer_bytes(job, strategy)}
+    measured = engine.state_bytes()
+    sched = {(e.phase, e.op, e.group): e for e in ev.schedule}
+    meas = {(r["phase"], r["op"], r["group"]): r for r in step_rows}
+    entries = []
+    for key in sorted(set(sched) | set(meas)):
+        e, r = sched.get(key), meas.get(key)
+        entries.append({
+            "phase": key[0], "op": key[1], "group": key[2],
+            "planned": None if e is None else {
+                "calls_per_step": e.calls_per_step, "full_bytes_per_step": e.full_bytes_per_step,
+                "group_size": e.group_size, "stride": e.stride,
+                "members_per_node": e.members_per_node,
+                "intra_bytes_per_rank_per_step": e.intra_bytes_per_rank_per_step,
+                "inter_bytes_per_rank_per_step": e.inter_bytes_per_rank_per_step},
+            "measured": r,
+        })
+    peak = None
+    if torch.cuda.is_available() and engine.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(engine.device)
+    return {
+        "model": job.model.name, "num_gpus": job.num_gpus, "gpus_per_node": job.gpus_per_node,
+        "strategy": str(strategy), "precision": t.precision, "n_micro": ev.n_micro,
+        "start_step": start, "loss": losses, "grad_norm": norms, "step_s": times,
+        "predicted_step_s": ev.step_s,
+        "schedule": entries, "setup": setup_rows, "checkpoint": ckpt_rows,
+        "memory": {"measured": measured, "predicted": predicted_mem,
+                   "predicted_total": sum(predicted_mem.values()),
+                   "device_peak_allocated": peak},
+        "optim": asdict(engine.optim),
+    }

@@ -1,0 +1,69 @@
+"""Launching torchrun from the tests: one node, or several node agents on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "_mp_worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+             PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR")
+    return e
+
+
+def torchrun_cmd(nproc: int, nnodes: int, node_rank: int, port: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--master-addr=127.0.0.1",
+            f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5"]
+
+
+def launch(args: list[str], nproc: int, nnodes: int = 1, timeout: float = 240,
+           script: Path | str = WORKER) -> list[subprocess.CompletedProcess]:
+    """Run `script args` on nnodes x nproc processes; returns one result per node agent."""
+    port = free_port()
+    procs = [subprocess.Popen(torchrun_cmd(nproc, nnodes, n, port) + [str(script), *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env()) for n in range(nnodes)]
+    out = []
+    for p in procs:
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
+    return out
+
+
+def run_worker(tmp: Path, runs: list[dict], nproc: int, nnodes: int = 1,
+               timeout: float = 240) -> dict[str, dict]:
+    """Run the worker on `runs`; returns name -> run report (params under '_pt')."""
+    cfg = tmp / "cfg.json"
+    cfg.write_text(json.dumps({"out": str(tmp), "runs": runs}))
+    results = launch([str(cfg)], nproc, nnodes, timeout)
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    import torch
+
+    out = {}
+    for run in runs:
+        rep = json.loads((tmp / f"{run['name']}.json").read_text())
+        rep["_pt"] = torch.load(tmp / f"{run['name']}.pt")
+        out[run["name"]] = rep
+    return out
