@@ -139,6 +139,8 @@ class _Tables:
     perm: float
     step_buf: dict
     act: dict
+    time_unit: float = 1.0
+    """Seconds per model time unit."""
 
 
 def _tables(job: Job, sp: SearchSpace) -> _Tables:
@@ -195,8 +197,16 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
             tf[j], tb[j] = compute_times(job, mb, ck)
             nn[j] = job.seqs_per_gpu // mb
             act[j] = activation_bytes(job, mb, ck) / GIB
-    return _Tables(ag, agq, hpz, rs, qg, osrs, ar, upd, metrics, tf, tb, nn, mem_p, mem_g, mem_o,
-                   mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf, act)
+    # Times enter the model in units of one step's compute (objective about 1), so that solver
+    # tolerances are relative to the job's scale.
+    unit = max(nn[j] * (tf[j] + tb[j]) for j in tf)
+    for d in (ag, agq, hpz, rs, qg, osrs, ar, upd, tf, tb):
+        for k in d:
+            d[k] /= unit
+    tables = _Tables(ag, agq, hpz, rs, qg, osrs, ar, upd, metrics / unit, tf, tb, nn, mem_p,
+                     mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf, act)
+    tables.time_unit = unit
+    return tables
 
 
 class StrategyIlp:
@@ -289,8 +299,8 @@ class StrategyIlp:
             max_t = max(T.tf.values())
             for j in J:
                 nj = T.n[j]
-                mf = nj * (big_ag + max_t + big_ag / U) + 1.0
-                mb_ = max(0, nj - 1) * (max_c + max_t + max_c / U) + 1.0
+                mf = nj * (big_ag + max_t + big_ag / U)
+                mb_ = max(0, nj - 1) * (max_c + max_t + max_c / U)
                 prob += EF >= nj * (ef + Cf * (1.0 / U)) - mf * (1 - self.y[j]), f"fwd_x_n_{j[0]}_{int(j[1])}"
                 if nj > 1:
                     prob += EB >= (nj - 1) * (eb + Cb * (1.0 / U)) - mb_ * (1 - self.y[j]), f"bwd_x_n_{j[0]}_{int(j[1])}"
@@ -330,7 +340,8 @@ class StrategyIlp:
         pulp = self.pulp
         if self.solver_name == "highs":
             return pulp.HiGHS(msg=False, timeLimit=self.time_limit_s, gapRel=0.0, gapAbs=0.0,
-                              threads=1)
+                              threads=1, mip_feasibility_tolerance=1e-9,
+                              primal_feasibility_tolerance=1e-9)
         if self.solver_name == "cbc":
             return pulp.PULP_CBC_CMD(msg=False, timeLimit=self.time_limit_s, gapRel=0.0,
                                      gapAbs=0.0)
@@ -369,6 +380,10 @@ class StrategyIlp:
                         hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None,
                         micro_batch=mb, ckpt=ck)
 
+    def _objective(self) -> float:
+        """Objective of the current solution in seconds."""
+        return self.pulp.value(self.step_expr) * self.T.time_unit
+
     def _memory(self) -> float:
         """Memory (GiB) of the current solution, with the staging term at its true value
         (the variable is only bounded below, so it may float up when memory is not minimised)."""
@@ -387,7 +402,7 @@ class StrategyIlp:
         if self._run() == pulp.LpStatusInfeasible:
             return [], self.stats
         best_obj = pulp.value(self.step_expr)
-        first = IlpSolution(self._decode(), best_obj, self._memory(), self.stats.status)
+        first = IlpSolution(self._decode(), self._objective(), self._memory(), self.stats.status)
         # phase 2: among (near-)equal objectives, least memory. HiGHS does not always re-attain
         # phase 1's optimum to 1e-9 (its feasibility tolerance is 1e-7), so the bound widens on
         # an infeasible answer; if none holds, phase 1's solution stands.
@@ -397,7 +412,7 @@ class StrategyIlp:
             self.prob.constraints.pop("objective_fixed", None)
             self.prob += self.step_expr <= best_obj + abs(best_obj) * rtol + 1e-12, "objective_fixed"
             if self._run() != pulp.LpStatusInfeasible:
-                out = [IlpSolution(self._decode(), pulp.value(self.step_expr), self._memory(),
+                out = [IlpSolution(self._decode(), self._objective(), self._memory(),
                                    self.stats.status)]
                 break
         # runners-up: exclude each found decision, back to the first objective
@@ -409,6 +424,6 @@ class StrategyIlp:
             self.prob += pulp.lpSum(1 - v for v in ones) + pulp.lpSum(zeros) >= 1, f"exclude_{k}"
             if self._run() == pulp.LpStatusInfeasible:
                 break
-            out.append(IlpSolution(self._decode(), pulp.value(self.step_expr), self._memory(),
+            out.append(IlpSolution(self._decode(), self._objective(), self._memory(),
                                    self.stats.status))
         return out, self.stats

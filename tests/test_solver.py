@@ -1,0 +1,142 @@
+"""The ILP against a brute-force oracle, and the planner's choices in known regimes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amsp_planner.cost.evaluate import evaluate
+from amsp_planner.cost.job import Job
+from amsp_planner.errors import InfeasibleError
+from amsp_planner.solver import SearchSpace, solve
+from amsp_planner.solver.brute import brute_force
+from amsp_planner.specs import TrainingSpec, load_cluster, load_model
+from amsp_planner.strategy import Strategy
+
+GIB = 1024**3
+
+
+def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=None, **train):
+    overrides = {"gpus_per_node": gpus_per_node} if gpus_per_node else None
+    c = load_cluster(cluster, overrides)
+    t = TrainingSpec(seq_len=seq_len, global_batch_seqs=gpus * seqs_per_gpu, **train)
+    return Job.create(load_model(model), c, t, gpus)
+
+
+def check_against_brute_force(job, limit, zeropp=True, objective="time"):
+    space = SearchSpace.for_job(job, zeropp=zeropp)
+    oracle = brute_force(job, space, limit, objective)
+    if not oracle:
+        with pytest.raises(InfeasibleError):
+            solve(job, limit, zeropp=zeropp, objective=objective, runners_up=0)
+        return None
+    got = solve(job, limit, zeropp=zeropp, objective=objective, runners_up=0).best
+    want = oracle[0]
+    key = (lambda e: e.time.step_s) if objective == "time" else (lambda e: e.time.comm_total_s)
+    assert got.fits
+    assert math.isclose(key(got), key(want), rel_tol=1e-6), (got.strategy, want.strategy)
+    if math.isclose(key(got), key(want), rel_tol=1e-9):
+        assert got.memory.total <= want.memory.total * (1 + 1e-6), (got.strategy, want.strategy)
+    return got
+
+
+instances = st.fixed_dictionaries({
+    "model": st.sampled_from(["llama-7b", "llama-13b", "mistral-7b", "tiny", "llama3-8b"]),
+    "cluster": st.sampled_from(["dgx-a100-hdr", "a800-hdr", "eth-100g", "aws-p4d", "v100-ib"]),
+    "gpus_per_node": st.sampled_from([2, 4, 8]),
+    "nodes": st.sampled_from([1, 2, 4, 8]),
+    "seqs_per_gpu": st.sampled_from([1, 2, 4]),
+    "seq_len": st.sampled_from([512, 2048, 4096]),
+    "limit_frac": st.floats(min_value=0.02, max_value=1.2),
+    "zeropp": st.booleans(),
+    "objective": st.sampled_from(["time", "time", "comm"]),
+})
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(instances)
+def test_ilp_equals_brute_force(p):
+    gpus = p["gpus_per_node"] * p["nodes"]
+    job = make_job(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
+                   gpus_per_node=p["gpus_per_node"])
+    # memory limits from "nothing fits" to "everything fits" relative to DDP's need
+    ddp = evaluate(job, Strategy(), float("inf")).memory.total
+    check_against_brute_force(job, ddp * p["limit_frac"], p["zeropp"], p["objective"])
+
+
+def test_tight_memory_rediscovers_zero3():
+    # 13B on 64 GPUs with 10 GiB: only sharding everything over all GPUs (ZeRO-3) with
+    # checkpointing fits; the brute force confirms no other point does.
+    job = make_job("llama-13b", "dgx-a100-hdr", 64, seqs_per_gpu=1)
+    got = solve(job, 10 * GIB, zeropp=False).best
+    s = got.strategy
+    assert (s.s_p, s.s_g, s.s_os, s.ckpt) == (64, 64, 64, True)
+    space = SearchSpace.for_job(job, zeropp=False)
+    fitting = brute_force(job, space, 10 * GIB, top=10**6)
+    assert {(e.strategy.s_p, e.strategy.s_g, e.strategy.s_os) for e in fitting} == {(64, 64, 64)}
+
+
+def test_plentiful_memory_keeps_parameters_replicated():
+    # LLaMA-7B on 16 nodes of the AMSP paper's A800 cluster (4x HDR), short sequences so that
+    # communication cannot hide behind compute, one micro-batch per step, memory for more than
+    # sharded OS but not for DDP (16 B/param = 108 GB): parameters stay replicated (no
+    # per-micro-batch gathers) and optimizer states are sharded, as in AMSP's 7B point.
+    job = make_job("llama-7b", "a800-hdr", 128, seqs_per_gpu=1, seq_len=512)
+    best = solve(job, 70 * GIB, zeropp=False).best
+    s = best.strategy
+    assert best.n_micro == 1
+    assert s.s_p == 1 and s.s_os > 1
+    assert not evaluate(job, Strategy(), 70 * GIB).fits  # DDP does not fit
+    # ZeRO-3 and HSDP, which gather parameters every micro-batch, are slower here
+    for name in ("zero3", "hsdp"):
+        assert solve(job, 70 * GIB, zeropp=False).baselines[name].step_s > best.step_s
+
+
+def test_unlimited_memory_takes_the_fastest_point():
+    # with no memory limit the planner's step time is the brute-force minimum over the space
+    job = make_job("llama-7b", "eth-100g", 32, seqs_per_gpu=2, seq_len=1024)
+    best = solve(job, float("inf"), zeropp=False, runners_up=0).best
+    oracle = brute_force(job, SearchSpace.for_job(job, zeropp=False), float("inf"))[0]
+    assert math.isclose(best.step_s, oracle.step_s, rel_tol=1e-6)
+
+
+def test_binding_and_non_binding_limits():
+    job = make_job("llama-7b", "dgx-a100-hdr", 64, seqs_per_gpu=2)
+    free = solve(job, float("inf")).best
+    loose = solve(job, free.memory.total * 1.01).best
+    assert math.isclose(loose.step_s, free.step_s, rel_tol=1e-9)   # not binding
+    tight = solve(job, free.memory.total * 0.5).best
+    assert tight.memory.total <= free.memory.total * 0.5
+    assert tight.step_s >= free.step_s * (1 - 1e-12)                 # binding: no faster
+
+
+def test_infeasible_says_what_fits():
+    job = make_job("llama-65b", "dgx-a100-hdr", 8)
+    with pytest.raises(InfeasibleError) as exc:
+        solve(job)
+    msg = str(exc.value)
+    assert "least memory any strategy needs is" in msg and "GPUs" in msg
+    need = float(msg.split("needs is ")[1].split(" GiB")[0])
+    # 65B x 16 B/param over 8 GPUs alone is > 120 GiB
+    assert need > 65.2e9 * 16 / 8 / GIB
+
+
+def test_highs_and_cbc_agree():
+    job = make_job("llama-7b", "a800-hdr", 32, seqs_per_gpu=2)
+    a = solve(job, 40 * GIB, solver="highs", runners_up=0).best
+    b = solve(job, 40 * GIB, solver="cbc", runners_up=0).best
+    assert math.isclose(a.step_s, b.step_s, rel_tol=1e-6)
+
+
+def test_runners_up_are_ordered_and_distinct():
+    job = make_job("llama-7b", "a800-hdr", 64, seqs_per_gpu=2)
+    r = solve(job, 60 * GIB, runners_up=3)
+    steps = [r.best.step_s] + [e.step_s for e in r.runners_up]
+    assert len(r.runners_up) == 3
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(steps, steps[1:], strict=False))
+    names = [str(r.best.strategy)] + [str(e.strategy) for e in r.runners_up]
+    assert len(set(names)) == len(names)
