@@ -204,7 +204,7 @@ def cluster_overrides(cluster: str | None, gpu_type: str | None, sets: dict[str,
     node_gbit_per_s turned into nic_gbit_per_s over the node's NICs."""
     out: dict[str, Any] = {}
     if gpu_type is not None:
-        out["gpu"] = resolve_gpu_type(gpu_type).model_dump()
+        out.update((f"gpu.{k}", v) for k, v in resolve_gpu_type(gpu_type).model_dump().items())
     for key, value in sets.items():
         if key == NODE_KEY:
             nics = sets.get("nics_per_node", _cluster(cluster, ()).nics_per_node)

@@ -221,21 +221,19 @@ def _check_out(path: str, option: str) -> None:
 
 
 def pick_x_axis(sweep, x_axis: str | None) -> str:
-    numeric = ["gpus"] + [a for a in sweep.varying() if a not in ("model", "cluster", "gpu_type")]
+    """The plot's x axis: the one asked for (it must be swept), else gpus if swept, else the
+    first swept number, else gpus."""
+    varying = sweep.varying()
+    numeric = [a for a in varying if a not in ("model", "cluster", "gpu_type")]
     if x_axis is not None:
         want = x_axis if x_axis in ("gpus", "seq_len", "global_batch", "memory_limit_gib") \
             else f"set:{x_axis}"
-        if want not in [a for a, _ in sweep.axes()]:
-            names = ", ".join(dict.fromkeys(a.removeprefix("set:") for a in numeric))
-            raise AmspUserError(f"--x-axis {x_axis}: not an axis of this sweep: use one of {names}")
+        if want not in numeric:
+            names = ", ".join(a.removeprefix("set:") for a in numeric) or "none"
+            raise AmspUserError(f"--x-axis {x_axis}: not a swept axis with numbers: use one of "
+                                f"{names} (give it a comma list)")
         return want
-    varying = sweep.varying()
-    if "gpus" in varying:
-        return "gpus"
-    for a in varying:
-        if a not in ("model", "cluster", "gpu_type"):
-            return a
-    return "gpus"
+    return "gpus" if "gpus" in numeric or not numeric else numeric[0]
 
 
 def _run_with_progress(w, sweep, workers):

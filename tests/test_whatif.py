@@ -1,0 +1,213 @@
+"""amsp whatif: sweep points equal `amsp plan`, monotone in bandwidth and memory, plots, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+from amsp_testlib import assert_user_error, run_cli
+
+from amsp_planner import whatif as w
+
+GIB = 1024**3
+RTOL = 1e-6
+"""The ILP's optimum is exact to this (tests/test_solver.py compares it with brute force)."""
+
+
+def sweep(**kw) -> w.Sweep:
+    kw.setdefault("models", ("llama-7b",))
+    kw.setdefault("gpus", (64,))
+    kw.setdefault("global_batches", ("4M",))
+    return w.Sweep(**kw)
+
+
+def plan_json(argv: list[str], tmp_path) -> dict:
+    code, out, err = run_cli(["plan", *argv, "--json", "-o", str(tmp_path / "plan.json")])
+    assert code == 0, err
+    return json.loads(out)
+
+
+def assert_row_equals_plan(row: w.Row, doc: dict) -> None:
+    pred = doc["predictions"]
+    assert row.status == "ok", row.reason
+    assert row.strategy == pred["strategy"]
+    assert row.step_s == pred["time"]["step_s"]
+    assert row.compute_s == pred["time"]["compute_s"]
+    assert row.exposed_comm_s == pred["time"]["exposed_comm_s"]
+    assert row.tokens_per_s == pred["tokens_per_s"]
+    assert row.mfu == pred["mfu"]
+    assert row.memory_gib * GIB == pytest.approx(pred["memory"]["total"], rel=1e-12)
+    fitting = {n: b for n, b in doc["baselines"].items() if b["fits"]}
+    best = min(fitting, key=lambda n: (fitting[n]["step_s"], fitting[n]["memory_bytes"]))
+    assert row.baseline == best
+    assert row.baseline_tokens_per_s == fitting[best]["tokens_per_s"]
+    assert row.baseline_mfu == fitting[best]["mfu"]
+
+
+# ----- a point is `amsp plan` -----------------------------------------------------------------
+def test_sweep_points_equal_amsp_plan(tmp_path):
+    s = sweep(models=("llama-13b",), gpus=(64, 256), clusters=("a800-hdr",),
+              sets=(("node_gbit_per_s", (200, 1600)), ("gpu.memory_gib", (40,))),
+              global_batches=("8M",), memory_limits_gib=(36.0,))
+    rows = w.run(s, workers=2)  # through the process pool
+    assert [r.point.index for r in rows] == list(range(4))
+    # a800-hdr has 4 NICs per node: 1600 Gb/s per node is 400 Gb/s per NIC
+    for r in rows:
+        nic = r.point.get("set:node_gbit_per_s") / 4
+        doc = plan_json(["--model", "llama-13b", "--gpus", str(r.point.get("gpus")),
+                         "--cluster", "a800-hdr", "--set", f"nic_gbit_per_s={nic}",
+                         "--set", "gpu.memory_gib=40", "--global-batch", "8M",
+                         "--memory-limit", "36"], tmp_path)
+        assert_row_equals_plan(r, doc)
+        assert doc["inputs"]["cluster"]["nic_gbit_per_s"] == nic
+
+
+def test_cli_json_rows_equal_amsp_plan(tmp_path):
+    code, out, err = run_cli(["whatif", "--model", "llama-7b", "--gpus", "32,128",
+                              "--gpu-type", "h100", "--seq-len", "2048",
+                              "--global-batch-seqs", "1024", "--json", "-"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["format"] == "amsp-whatif" and doc["varying"] == ["gpus"]
+    assert [r["gpus"] for r in doc["rows"]] == [32, 128]
+    for r in doc["rows"]:
+        p = plan_json(["--model", "llama-7b", "--gpus", str(r["gpus"]), "--set",
+                       "gpu.name=H100-SXM5-80GB", "--set", "gpu.peak_bf16_tflop_per_s=989",
+                       "--seq-len", "2048", "--global-batch-seqs", "1024"], tmp_path)
+        assert r["strategy"] == p["predictions"]["strategy"]
+        assert r["tokens_per_s"] == p["predictions"]["tokens_per_s"]
+        assert r["mfu"] == p["predictions"]["mfu"]
+
+
+# ----- monotonicity -----------------------------------------------------------------------------
+def _along(rows, axis):
+    """{other axes: [(value of axis, row), ...]} sorted by the axis value."""
+    out = {}
+    for r in rows:
+        key = tuple((k, v) for k, v in r.point.values if k != axis)
+        out.setdefault(key, []).append((r.point.get(axis), r))
+    return {k: sorted(v, key=lambda t: t[0]) for k, v in out.items()}
+
+
+def test_more_inter_node_bandwidth_never_lowers_tokens_per_s():
+    s = sweep(models=("llama-7b", "llama-30b"), gpus=(32, 256, 2048), global_batches=("8M",),
+              sets=(("node_gbit_per_s", (50, 100, 200, 400, 800, 3200)),))
+    rows = w.run(s, workers=2)
+    assert all(r.ok for r in rows), [r.reason for r in rows if not r.ok]
+    lines = _along(rows, "set:node_gbit_per_s")
+    assert len(lines) == 6
+    for line in lines.values():
+        tps = [r.tokens_per_s for _, r in line]
+        for a, b in zip(tps, tps[1:], strict=False):
+            assert b >= a * (1 - RTOL), tps
+        # and the network matters somewhere: the sweep is not flat
+    assert any(line[-1][1].tokens_per_s > line[0][1].tokens_per_s * 1.001
+               for line in lines.values())
+
+
+def test_more_oversubscription_never_raises_tokens_per_s():
+    s = sweep(models=("llama-13b",), gpus=(512,), sets=(("oversubscription", (1, 2, 4, 8)),
+                                                         ("nodes_per_leaf", (4,))))
+    rows = w.run(s, workers=1)
+    tps = [r.tokens_per_s for r in rows]
+    assert all(b <= a * (1 + RTOL) for a, b in zip(tps, tps[1:], strict=False)), tps
+
+
+def test_more_memory_never_makes_a_point_infeasible():
+    limits = (8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 80.0)
+    s = sweep(models=("llama-13b", "llama-30b"), gpus=(16, 64), memory_limits_gib=limits)
+    rows = w.run(s, workers=2)
+    lines = _along(rows, "memory_limit_gib")
+    seen_infeasible = False
+    for line in lines.values():
+        status = [r.status for _, r in line]
+        assert set(status) <= {"ok", "infeasible"}
+        seen_infeasible |= "infeasible" in status
+        first_ok = status.index("ok") if "ok" in status else len(status)
+        assert all(st == "ok" for st in status[first_ok:]), status
+        ok = [r for _, r in line if r.ok]
+        for a, b in zip(ok, ok[1:], strict=False):
+            assert b.tokens_per_s >= a.tokens_per_s * (1 - RTOL)
+        for lim, r in line:
+            if r.ok:
+                assert r.memory_gib <= lim * (1 + 1e-9)
+    assert seen_infeasible  # the sweep crosses the feasibility boundary
+
+
+# ----- rows that are not plans ------------------------------------------------------------------
+def test_bad_points_are_rows_not_crashes():
+    s = sweep(models=("llama-65b",), gpus=(8, 64, 4096), global_batches=("4M",))
+    rows = w.run(s, workers=1)
+    by_gpus = {r.point.get("gpus"): r for r in rows}
+    assert by_gpus[8].status == "infeasible"
+    assert "least memory any strategy needs" in by_gpus[8].reason
+    assert by_gpus[4096].status == "invalid"
+    assert "not a multiple of 4096 GPUs" in by_gpus[4096].reason
+    assert by_gpus[64].status == "ok"
+    code, out, err = run_cli(["whatif", "-m", "llama-65b", "-n", "8,4096", "--global-batch", "4M"])
+    assert code == 0, err
+    assert "infeasible [1]" in out and "invalid [2]" in out
+    assert "[1] nothing fits" in out and "[2] global batch" in out
+
+
+def test_cost_and_cluster_side_by_side(tmp_path):
+    path = tmp_path / "cmp.csv"
+    code, out, err = run_cli(["whatif", "-m", "llama-7b", "-n", "64,512",
+                              "--compare-clusters", "dgx-a100-hdr,aws-p4d",
+                              "--gpu-hour-price", "2.0,1.5", "--csv", str(path)])
+    assert code == 0, err
+    assert "clusters side by side" in out and "vs dgx-a100-hdr" in out
+    rows = list(csv.DictReader(path.open()))
+    assert [(r["cluster"], r["gpus"]) for r in rows] == [
+        ("dgx-a100-hdr", "64"), ("dgx-a100-hdr", "512"), ("aws-p4d", "64"), ("aws-p4d", "512")]
+    for r in rows:
+        price = 2.0 if r["cluster"] == "dgx-a100-hdr" else 1.5
+        want = price * int(r["gpus"]) / 3600 / float(r["tokens_per_s"]) * 1e9
+        assert math.isclose(float(r["usd_per_btok"]), want, rel_tol=1e-12)
+        assert f"${want:,.2f}" in out
+
+
+# ----- the plot ---------------------------------------------------------------------------------
+def test_plot_is_a_real_png(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "scaling.png"
+    code, out, err = run_cli(["whatif", "-m", "llama-7b,llama-13b", "-n", "64,256,1024",
+                              "--global-batch", "8M", "--set", "node_gbit_per_s=100,800",
+                              "--plot", str(path)])
+    assert code == 0, err
+    assert f"wrote {path}" in out
+    img = Image.open(path)
+    assert img.format == "PNG" and img.size == (1100, 800)
+    px = img.convert("RGB")
+    colors = px.getcolors(maxcolors=1 << 20)
+    non_white = sum(n for n, c in colors if c != (255, 255, 255))
+    assert non_white > 0.03 * img.size[0] * img.size[1]       # not blank
+    assert len(colors) > 50                                   # lines, text, markers
+    # line colours of four series (C0..C3) are drawn
+    tab = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40)]
+    present = {c for n, c in colors if n > 50}
+    assert all(c in present for c in tab), tab
+
+
+# ----- bad input: one line, exit code 2 ---------------------------------------------------------
+@pytest.mark.parametrize("argv, needles", [
+    (["--set", "nic_gbit=100"], ["--set nic_gbit", "no such cluster field", "node_gbit_per_s"]),
+    (["--set", "nic_gbit_per_s=100,-5"], ["nic_gbit_per_s", "greater than 0"]),
+    (["--set", "gpu.memory=40"], ["--set gpu.memory", "no such GPU field"]),
+    (["--set", "node_gbit_per_s=fast"], ["node_gbit_per_s=fast", "positive number"]),
+    (["--set", "gpus_per_node=8,8"], ["given twice"]),
+    (["--set", "oversubscription"], ["KEY=VALUE"]),
+    (["--gpus", "64,x"], ["--gpus 'x'", "positive integers"]),
+    (["--gpu-type", "b200"], ["--gpu-type 'b200'", "H100"]),
+    (["--x-axis", "seq_len"], ["--x-axis seq_len", "not a swept axis"]),
+    (["--plot", "/nonexistent/dir/x.png"], ["--plot", "does not exist"]),
+])
+def test_bad_input_is_one_line_exit_2(argv, needles):
+    base = ["whatif", "--model", "llama-7b", "--gpus", "64"]
+    if "--gpus" in argv:
+        base = base[:3]
+    code, out, err = run_cli(base + argv)
+    assert_user_error(code, out, err, *needles)
