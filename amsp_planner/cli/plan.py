@@ -16,6 +16,8 @@ from amsp_planner.cli.options import build_job, job_options
 @job_options
 @click.option("--strategy", "-s", default=None,
               help="Evaluate this strategy instead of searching (string form or baseline name).")
+@click.option("--strategy-from", "strategy_from", default=None, type=click.Path(dir_okay=False),
+              help="Evaluate the strategy of a DeepSpeed ds_config.json instead of searching.")
 @click.option("--objective", type=click.Choice(["time", "comm"]), default="time",
               show_default=True, help="Minimise step time, or total communication time.")
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True)
@@ -26,7 +28,7 @@ from amsp_planner.cli.options import build_job, job_options
 @click.option("-o", "--output", default="plan.json", show_default=True,
               help="Plan file to write ('-' for none).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON instead of tables.")
-def plan(strategy, objective, solver, time_limit, no_zeropp, runners_up, output, as_json, **opts):
+def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output, as_json, **opts):
     """Find the best strategy for a job and write the plan file."""
     from amsp_planner.cost.evaluate import evaluate
     from amsp_planner.plan import build_doc, canonical_text, write_plan
@@ -34,8 +36,18 @@ def plan(strategy, objective, solver, time_limit, no_zeropp, runners_up, output,
 
     t0 = time.perf_counter()
     job, limit = build_job(**opts)
-    if strategy is not None:
-        s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
+    if strategy is not None and strategy_from is not None:
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError("give --strategy or --strategy-from, not both")
+    if strategy is not None or strategy_from is not None:
+        if strategy_from is not None:
+            from amsp_planner.exports.deepspeed import strategy_for_job
+
+            s = strategy_for_job(strategy_from, job)
+            strategy = str(s)
+        else:
+            s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
         best = evaluate(job, s, limit)
         bl = named_baselines(job.num_gpus, job.gpus_per_node, s.micro_batch, s.ckpt)
         baselines = {n: evaluate(job, b, limit) for n, b in bl.items()}

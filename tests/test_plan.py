@@ -1,0 +1,157 @@
+"""Plan files: round trip, golden files, schema, and every way a plan file can be bad."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amsp_planner.plan import json_schema, load_plan
+
+GOLDEN = Path(__file__).parent / "golden"
+
+# (file, arguments of `amsp plan`): regenerate with the command printed by a failing test.
+GOLDEN_CASES = [
+    ("llama-7b_dgx-a100-hdr_1024.json", "--model llama-7b --gpus 1024"),
+    ("llama2-70b_dgx-h100-ndr_512.json",
+     "--model llama2-70b --gpus 512 --cluster dgx-h100-ndr --global-batch-seqs 1024"),
+    ("tiny_cpu-local_8.json",
+     "--model tiny --gpus 8 --cluster cpu-local --seq-len 128 --global-batch-seqs 32"),
+    ("llama-13b_a800-hdr_64_zero3.json",
+     "--model llama-13b --gpus 64 --cluster a800-hdr --strategy zero3"),
+]
+
+
+def amsp(*args, check=False):
+    return subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", *args],
+                          capture_output=True, text=True, timeout=120, check=check)
+
+
+def stable(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if k != "volatile"}
+
+
+@pytest.mark.parametrize(("name", "args"), GOLDEN_CASES)
+def test_golden_plans(tmp_path, name, args):
+    out = tmp_path / name
+    r = amsp("plan", *shlex.split(args), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    regen = f"amsp plan {args} -o tests/golden/{name}"
+    golden = GOLDEN / name
+    assert golden.exists(), f"missing golden file; create it with: {regen}"
+    want = stable(json.loads(golden.read_text()))
+    got = stable(json.loads(out.read_text()))
+    assert got == want, f"plan differs from the golden file; if intended, regenerate: {regen}"
+
+
+def test_round_trip_is_exact(tmp_path):
+    out = tmp_path / "p.json"
+    assert amsp("plan", "--model", "llama-7b", "--gpus", "64", "-o", str(out)).returncode == 0
+    text = out.read_text()
+    p = load_plan(out)
+    assert json.dumps(p.doc, indent=2) + "\n" == text
+    # the loaded decision re-derives the stored schedule byte for byte
+    assert [e.full_bytes_per_step for e in p.evaluation.schedule] == [
+        e["full_bytes_per_step"] for e in p.schedule]
+
+
+def test_schema_accepts_plans_and_rejects_bad_ones(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json_schema()
+    doc = json.loads((GOLDEN / GOLDEN_CASES[0][0]).read_text())
+    jsonschema.validate(doc, schema)
+    bad = dict(doc, decision=dict(doc["decision"], micro_batch="one"))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    r = amsp("schema")
+    assert r.returncode == 0 and json.loads(r.stdout)["title"] == "PlanDoc"
+
+
+def _edit(doc, path, value):
+    d = doc
+    for k in path[:-1]:
+        d = d[k]
+    d[path[-1]] = value
+    return doc
+
+
+BAD_PLANS = {
+    "truncated": lambda text: text[: len(text) // 2],
+    "not json": lambda text: "plan: yes\n",
+    "wrong version": lambda text: json.dumps(_edit(json.loads(text), ["version"], 99)),
+    "wrong format": lambda text: json.dumps(_edit(json.loads(text), ["format"], "other")),
+    "hand-edited decision": lambda text: json.dumps(
+        _edit(json.loads(text), ["decision", "strategy"], "p=8,g=8,os=8,mb=1")),
+    "edited spec": lambda text: json.dumps(
+        _edit(json.loads(text), ["inputs", "model", "num_layers"], 31)),
+    "edited prediction": lambda text: json.dumps(
+        _edit(json.loads(text), ["predictions", "mfu"], 0.99)),
+    "missing field": lambda text: json.dumps(
+        {k: v for k, v in json.loads(text).items() if k != "decision"}),
+    "wrong type": lambda text: json.dumps(_edit(json.loads(text), ["inputs", "num_gpus"], "many")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_PLANS))
+@pytest.mark.parametrize("command", ["validate", "explain"])
+def test_bad_plan_files_get_one_line_and_exit_2(tmp_path, kind, command):
+    text = (GOLDEN / GOLDEN_CASES[2][0]).read_text()
+    path = tmp_path / "bad.json"
+    path.write_text(BAD_PLANS[kind](text))
+    r = amsp(command, str(path))
+    assert r.returncode == 2, (kind, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_validate_and_explain_accept_a_good_plan():
+    path = GOLDEN / GOLDEN_CASES[0][0]
+    r = amsp("validate", str(path))
+    assert r.returncode == 0 and "valid amsp plan" in r.stdout
+    r = amsp("explain", str(path))
+    assert r.returncode == 0
+    assert "binding constraint" in r.stdout and "most exposed" in r.stdout
+
+
+def test_plan_refuses_to_overwrite_other_files_and_keeps_them(tmp_path):
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": true}\n')
+    r = amsp("plan", "--model", "tiny", "--gpus", "4", "--cluster", "cpu-local", "-o", str(other))
+    assert r.returncode == 2 and "refusing to overwrite" in r.stderr
+    assert other.read_text() == '{"mine": true}\n'
+    # an earlier plan is replaced
+    plan = tmp_path / "plan.json"
+    assert amsp("plan", "--model", "tiny", "--gpus", "4", "--cluster", "cpu-local",
+                "-o", str(plan)).returncode == 0
+    assert amsp("plan", "--model", "tiny", "--gpus", "8", "--cluster", "cpu-local",
+                "--global-batch-seqs", "64", "-o", str(plan)).returncode == 0
+    assert json.loads(plan.read_text())["inputs"]["num_gpus"] == 8
+
+
+def test_infeasible_plan_exits_3_and_writes_nothing(tmp_path):
+    out = tmp_path / "p.json"
+    r = amsp("plan", "--model", "llama-65b", "--gpus", "8", "-o", str(out))
+    assert r.returncode == 3
+    assert "least memory any strategy needs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_batch_too_small_for_gpus_is_exit_2():
+    r = amsp("plan", "--model", "llama-7b", "--gpus", "2048", "-o", "-")
+    assert r.returncode == 2
+    assert "global batch" in r.stderr and "multiple of 2048" in r.stderr
+
+
+def test_plan_picks_no_worse_than_every_baseline():
+    r = amsp("plan", "--model", "llama-13b", "--gpus", "256", "--cluster", "a800-hdr",
+             "--json", "-o", "-", check=True)
+    doc = json.loads(r.stdout)
+    step = doc["predictions"]["time"]["step_s"]
+    for name, b in doc["baselines"].items():
+        if b["fits"]:
+            assert step <= b["step_s"] * (1 + 1e-9), name
