@@ -7,7 +7,9 @@ members on each node it touches and touches g = m / k nodes (DESIGN.md 3a).
 The graph (networkx) has GPUs joined to their node's switch (NVSwitch/NVLink/PCIe, capacity =
 per-GPU bus bandwidth), the node switch joined to the node's NICs, NICs to their leaf switch,
 and leaves to one spine with capacity (nodes per leaf x node NIC bandwidth) / oversubscription.
-The bandwidths the cost model uses are max-flows on that graph:
+The bandwidths the cost model uses are max-flows on that graph (computed in closed form on the
+planner's path, so that it needs no graph library at start-up; ``graph_bandwidths`` computes them
+with networkx and tests check both agree):
 
 - ``intra_bw``: one GPU to the others of its node;
 - ``node_bw``: one node to another under the same leaf (all its NICs);
@@ -131,37 +133,45 @@ class Topology:
             g.add_edge(t, "SNK", capacity=math.inf)
         return nx.maximum_flow_value(g, "SRC", "SNK")
 
+    def graph_bandwidths(self) -> dict[str, float]:
+        """The three bandwidths as max-flows on the networkx graph (slow; tests and `specs show`
+        check that they equal the closed forms the planner uses)."""
+        r, c = self.gpus_per_node, self.cluster
+        out = {"intra_bw": self._flow(["n0/gpu0"], [f"n0/gpu{i}" for i in range(1, r)])
+               if r > 1 else self.intra_bw}
+        if self.num_nodes > 1 and c.nodes_per_leaf > 1:
+            out["node_bw"] = self._flow([f"n0/gpu{i}" for i in range(r)],
+                                        [f"n1/gpu{i}" for i in range(r)])
+        if self.num_nodes >= 2 * c.nodes_per_leaf:  # two full leaves in the graph
+            per = c.nodes_per_leaf
+            src = [f"n{i}/gpu{j}" for i in range(per) for j in range(r)]
+            dst = [f"n{per + i}/gpu{j}" for i in range(per) for j in range(r)]
+            out["node_bw_cross_leaf"] = self._flow(src, dst) / per
+        return out
+
+    # Closed forms of the max-flows above (equal by construction of the graph; tested):
     @cached_property
     def intra_bw(self) -> float:
-        """Bytes/s one GPU sends to the rest of its node."""
-        if self.gpus_per_node == 1:
-            return self.cluster.intra_bytes_per_s
-        others = [f"n0/gpu{i}" for i in range(1, self.gpus_per_node)]
-        return self._flow(["n0/gpu0"], others)
+        """Bytes/s one GPU sends to the rest of its node (its link to the node switch)."""
+        return self.cluster.intra_bytes_per_s
 
     @cached_property
     def node_bw(self) -> float:
-        """Bytes/s one node sends to another under the same leaf (all its NICs)."""
-        if self.num_nodes == 1:
-            return self.cluster.node_nic_bytes_per_s
+        """Bytes/s one node sends to another under the same leaf: min(its NICs, its GPUs' links)."""
         c = self.cluster
-        peer = 1 if c.nodes_per_leaf > 1 else None
-        if peer is None:  # one node per leaf: the only peer is across the spine
+        bw = min(c.node_nic_bytes_per_s, self.gpus_per_node * c.intra_bytes_per_s)
+        if self.num_nodes > 1 and c.nodes_per_leaf == 1:
             return self.node_bw_cross_leaf
-        src = [f"n0/gpu{i}" for i in range(self.gpus_per_node)]
-        dst = [f"n1/gpu{i}" for i in range(self.gpus_per_node)]
-        return self._flow(src, dst)
+        return bw
 
     @cached_property
     def node_bw_cross_leaf(self) -> float:
-        """A node's share of the spine when every node of its leaf sends to the other leaf."""
+        """A node's share of the spine when every node of its leaf sends to another leaf:
+        min(its NICs, uplink / nodes per leaf) = NICs / oversubscription."""
         c = self.cluster
-        if self.num_nodes <= c.nodes_per_leaf:
-            return self.node_bw
-        per_leaf = c.nodes_per_leaf
-        src = [f"n{i}/gpu{j}" for i in range(per_leaf) for j in range(self.gpus_per_node)]
-        dst = [f"n{per_leaf + i}/gpu{j}" for i in range(per_leaf) for j in range(self.gpus_per_node)]
-        return self._flow(src, dst) / per_leaf
+        nic = min(c.node_nic_bytes_per_s, self.gpus_per_node * c.intra_bytes_per_s)
+        uplink = c.nodes_per_leaf * c.node_nic_bytes_per_s / c.oversubscription
+        return min(nic, uplink / c.nodes_per_leaf)
 
     # ----- groups ---------------------------------------------------------------------------
     def layout(self, size: int, stride: int) -> GroupLayout:

@@ -1,0 +1,94 @@
+"""Planner benchmark: cold `amsp plan` wall time, solve time, and ILP vs brute force.
+
+    python bench/planner.py [--runs 5]
+
+Prints a markdown table; every figure is the median of --runs runs, all measured in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CASES = [
+    ("llama-7b, 1024 GPUs", ["--model", "llama-7b", "--gpus", "1024"]),
+    ("llama2-70b, 4096 GPUs", ["--model", "llama2-70b", "--gpus", "4096",
+                               "--global-batch-seqs", "4096"]),
+    ("llama3-405b, 16384 GPUs", ["--model", "llama3-405b", "--gpus", "16384",
+                                 "--global-batch-seqs", "16384"]),
+]
+
+
+def cold_plan(args: list[str], runs: int) -> tuple[float, float]:
+    walls, solves = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan.json"
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            subprocess.run(["amsp", "plan", *args, "-o", str(out)], check=True,
+                           capture_output=True)
+            walls.append(time.perf_counter() - t0)
+            solves.append(json.loads(out.read_text())["volatile"]["solve_time_s"])
+    return statistics.median(walls), statistics.median(solves)
+
+
+def python_startup(runs: int) -> float:
+    walls = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls)
+
+
+def ilp_vs_brute(runs: int) -> list[tuple[str, int, float, float]]:
+    from amsp_planner.cost.job import Job
+    from amsp_planner.solver import SearchSpace, solve
+    from amsp_planner.solver.brute import brute_force
+    from amsp_planner.specs import TrainingSpec, load_cluster, load_model
+
+    rows = []
+    for model, gpus, seqs in (("llama-7b", 64, 256), ("llama-13b", 256, 1024),
+                              ("llama-7b", 1024, 1024)):
+        job = Job.create(load_model(model), load_cluster(None), TrainingSpec(global_batch_seqs=seqs),
+                         gpus)
+        space = SearchSpace.for_job(job)
+        t_ilp, t_bf = [], []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            a = solve(job, runners_up=0).best
+            t_ilp.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            b = brute_force(job, space, job.cluster.memory_bytes)[0]
+            t_bf.append(time.perf_counter() - t0)
+            assert abs(a.step_s - b.step_s) <= 1e-6 * b.step_s
+        rows.append((f"{model}, {gpus} GPUs", space.size(job), statistics.median(t_ilp),
+                     statistics.median(t_bf)))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    a = ap.parse_args()
+    py = python_startup(a.runs)
+    print(f"python -c pass: {py:.3f} s (median of {a.runs})\n")
+    print("| case | cold `amsp plan` wall (s) | solve (s) |")
+    print("| --- | ---: | ---: |")
+    for name, args in CASES:
+        wall, solve_s = cold_plan(args, a.runs)
+        print(f"| {name} | {wall:.3f} | {solve_s:.3f} |")
+    print("\n| instance | candidates | ILP solve (s) | brute force (s) | brute / ILP |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, n, ti, tb in ilp_vs_brute(max(1, a.runs // 2)):
+        print(f"| {name} | {n:,} | {ti:.3f} | {tb:.3f} | {tb / ti:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
