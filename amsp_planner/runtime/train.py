@@ -124,8 +124,6 @@ def train(job, strategy, cfg: RunConfig, evaluation=None) -> dict:
             _log(rank, f"resumed from step {start} in {cfg.checkpoint_dir}")
     if start == 0 and not (cfg.resume and engine.step_count):
         engine.init_params(cfg.seed)
-    setup_rows = comm.report(1, ("setup",))
-    comm.reset()
     per_rank = job.training.batch_seqs // N
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
     losses, times, norms = [], [], []
@@ -134,7 +132,6 @@ def train(job, strategy, cfg: RunConfig, evaluation=None) -> dict:
     _log(rank, f"training {job.model.name} on {N} ranks ({job.num_nodes} node(s)), strategy "
                f"{strategy}, {n_micro} micro-batch(es)/step, {tokens_per_step} tokens/step, "
                f"data {source.name}")
-    ckpt_rows: list[dict] = []
     for step in range(start, cfg.steps):
         if cfg.fail_at_step == step + 1 and cfg.fail_rank == rank:
             print(f"rank {rank}: dying at step {step + 1} (fault injection)", file=sys.stderr,
@@ -164,6 +161,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None) -> dict:
             comm.phase = phase_before
     steps_run = max(1, len(times))
     step_rows = comm.report(steps_run, STEP_PHASES)
+    setup_rows = comm.report(1, ("setup",))
     ckpt_rows = comm.report(1, ("checkpoint",))
     report = _report(job, strategy, evaluation, engine, step_rows, setup_rows, ckpt_rows,
                      losses, norms, times, start)

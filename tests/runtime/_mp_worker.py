@@ -48,7 +48,12 @@ def main() -> None:
             with open(out + ".json", "w") as f:
                 json.dump(rep, f)
             torch.save(states, out + ".pt")
-    dist.destroy_process_group()
+    dist.barrier()
+    # gloo's worker threads may abort at interpreter teardown ("terminate called without an
+    # active exception"); every result is written, so leave without running destructors
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

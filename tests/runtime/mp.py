@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
 WORKER = HERE / "_mp_worker.py"
 
 
@@ -22,7 +23,8 @@ def free_port() -> int:
 def env() -> dict:
     e = dict(os.environ)
     e.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-             PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR")
+             PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR",
+             PYTHONPATH=os.pathsep.join([str(REPO), e.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     return e
 
 
