@@ -16,6 +16,7 @@ class LazyGroup(click.Group):
     """Imports a command's module only when that command runs (keeps `amsp` fast)."""
 
     COMMANDS = {
+        "calibrate": ("amsp_planner.cli.calibrate", "calibrate"),
         "compare": ("amsp_planner.cli.compare", "compare"),
         "plan": ("amsp_planner.cli.plan", "plan"),
         "explain": ("amsp_planner.cli.explain", "explain"),
@@ -23,6 +24,7 @@ class LazyGroup(click.Group):
         "validate": ("amsp_planner.cli.plan_tools", "validate"),
         "schema": ("amsp_planner.cli.plan_tools", "schema"),
         "specs": ("amsp_planner.cli.specs_cmd", "specs"),
+        "train": ("amsp_planner.cli.train", "train"),
         "whatif": ("amsp_planner.cli.whatif", "whatif"),
     }
 

@@ -1,0 +1,342 @@
+"""Measure a cluster: collective bus bandwidths by message size, and matmul throughput.
+
+    torchrun --nproc-per-node=8 --nnodes=4 ... -m amsp_planner.cli.main calibrate --out c.yaml
+    amsp calibrate --nproc 4 --out cpu.yaml        # not under torchrun: launches it on this host
+
+``run(cfg)`` runs inside every rank of an initialised-or-not torch.distributed job (torch is
+imported inside the functions, so the planner path never pays for it) and returns, on rank 0, a
+``ClusterSpec`` with measured tables; ``write_spec`` then writes it atomically.
+
+What is measured (nccl-tests conventions: bus bandwidth = factor(m) * size / time, factor
+(m-1)/m for all-gather, reduce-scatter and all-to-all, 2(m-1)/m for all-reduce; ``size`` is the
+full tensor of one call: the gathered output, the reduce-scatter input, the all-reduce tensor,
+the all-to-all send buffer):
+
+- scope ``intra``: each node's ranks (LOCAL_WORLD_SIZE of them) form one group; every node
+  measures at once, as every node does during training. Rank 0 keeps the mean over nodes.
+- scope ``inter``: one rank per node (local rank 0 of each), the other ranks idle. The table is
+  the bandwidth one node gets to the others; ``Topology`` shares it among the ranks of a node
+  that cross nodes at the same time. With a single node there is no inter table.
+- matmul: every rank multiplies square matrices at the same time (on a CPU "cluster" they share
+  the cores, as the runtime's ranks do); the mean per-rank FLOP/s becomes the GPU's
+  ``peak_bf16_tflop_per_s`` (the base preset's ``achievable_fraction`` still applies on top).
+
+Each point: one untimed warm-up call, one timed probe that fixes how many calls fit in the
+point's time budget (every member agrees: the probe time is max-reduced), a barrier, then the
+timed calls; the time of a point is the slowest member's. A lost rank makes the others fail at
+the process-group timeout, so a partial run never reaches the write (see ``write_spec``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+_BUS = {"all_gather": lambda m: (m - 1) / m, "reduce_scatter": lambda m: (m - 1) / m,
+        "all_to_all": lambda m: (m - 1) / m, "all_reduce": lambda m: 2 * (m - 1) / m}
+
+
+@dataclass
+class CalibrationConfig:
+    min_bytes: int = 4096
+    """Smallest full tensor of one call; sizes go up by 4x (rounded down to the group)."""
+    max_bytes: int | None = None
+    """Largest (None: 256 MiB on GPU, 4 MiB on CPU)."""
+    ops: tuple[str, ...] = OPS
+    dtype: str = "bf16"
+    """Element type of the measured tensors (bf16 or fp32)."""
+    seconds_per_point: float = 0.25
+    """Time budget of the timed calls of one (op, scope, size) point."""
+    min_iters: int = 2
+    max_iters: int = 50
+    matmul_size: int | None = None
+    """Side of the square matmul (None: 4096 on GPU, 512 on CPU)."""
+    matmul_seconds: float = 1.0
+    backend: str = "auto"
+    """'auto' (nccl on CUDA, else gloo), 'gloo' or 'nccl'."""
+    timeout_s: float = 60.0
+    """Process-group timeout: how long ranks wait for a lost rank before failing."""
+    fail_rank: int | None = None
+    """Testing aid: this rank dies hard after the first point (a lost rank)."""
+    progress: Callable[[str], None] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    local_size: int
+    node: int
+
+    @property
+    def nodes(self) -> int:
+        return self.size // self.local_size
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def default_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """Powers of 4 times min_bytes up to max_bytes (max_bytes included)."""
+    out, s = [], min_bytes
+    while s < max_bytes:
+        out.append(s)
+        s *= 4
+    out.append(max_bytes)
+    return sorted(set(out))
+
+
+# ----- process groups ---------------------------------------------------------------------
+def init(cfg: CalibrationConfig) -> tuple[World, str]:
+    """Initialise torch.distributed (if not yet) and return (world, device)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available() and cfg.backend != "gloo"
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
+    device = "cpu"
+    if cuda and backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+    if size % local:
+        raise RuntimeError(f"world of {size} ranks is not a whole number of {local}-rank nodes")
+    node = int(os.environ.get("GROUP_RANK", rank // local))
+    return World(rank, size, local, node), device
+
+
+def _groups(world: World):
+    """(intra group of this rank or None, inter group of this rank or None); all ranks create
+    every group in the same order, as torch requires."""
+    import torch.distributed as dist
+
+    r, n = world.local_size, world.nodes
+    intra = inter = None
+    if r > 1:
+        for node in range(n):
+            ranks = list(range(node * r, (node + 1) * r))
+            pg = dist.group.WORLD if n == 1 else dist.new_group(ranks)
+            if world.rank in ranks:
+                intra = pg
+    if n > 1:
+        ranks = [node * r for node in range(n)]
+        pg = dist.group.WORLD if r == 1 else dist.new_group(ranks)
+        if world.rank in ranks:
+            inter = pg
+    return intra, inter
+
+
+# ----- one point --------------------------------------------------------------------------
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _call(op: str, bufs, group) -> None:
+    import torch.distributed as dist
+
+    inp, out = bufs
+    if op == "all_gather":
+        dist.all_gather_single(out, inp, group=group)
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_single(out, inp, group=group)
+    elif op == "all_reduce":
+        dist.all_reduce(inp, group=group)
+    elif op == "all_to_all":
+        dist.all_to_all_single(out, inp, group=group)
+    else:  # pragma: no cover - OPS is closed
+        raise AssertionError(op)
+
+
+def _buffers(op: str, elems: int, m: int, dtype, device: str):
+    import torch
+
+    full = torch.ones(elems, dtype=dtype, device=device)
+    if op == "all_gather":
+        return torch.ones(elems // m, dtype=dtype, device=device), full
+    if op == "reduce_scatter":
+        return full, torch.empty(elems // m, dtype=dtype, device=device)
+    if op == "all_reduce":
+        return full, None
+    return full, torch.empty_like(full)
+
+
+def _max_over(group, value: float, device: str) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+def measure_point(op: str, size_bytes: int, group, cfg: CalibrationConfig, device: str
+                  ) -> tuple[int, float]:
+    """(size actually used, bus bandwidth in bytes/s) of `op` on `group` at `size_bytes`."""
+    import torch
+    import torch.distributed as dist
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+    esize = torch.finfo(dtype).bits // 8
+    m = dist.get_world_size(group)
+    elems = max(m, size_bytes // esize // m * m)
+    bufs = _buffers(op, elems, m, dtype, device)
+    _call(op, bufs, group)  # warm-up: connections, allocator
+    _sync(device)
+    t0 = time.perf_counter()
+    _call(op, bufs, group)
+    _sync(device)
+    probe = _max_over(group, time.perf_counter() - t0, device)
+    iters = int(min(cfg.max_iters, max(cfg.min_iters, cfg.seconds_per_point / max(probe, 1e-9))))
+    dist.barrier(group=group)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        _call(op, bufs, group)
+    _sync(device)
+    per_call = _max_over(group, (time.perf_counter() - t0) / iters, device)
+    return elems * esize, _BUS[op](m) * elems * esize / per_call
+
+
+def measure_matmul(cfg: CalibrationConfig, device: str) -> float:
+    """FLOP/s of this rank on square matmuls (all ranks measure at the same time)."""
+    import torch
+
+    n = cfg.matmul_size or (4096 if device.startswith("cuda") else 512)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.mm(a, b)
+    _sync(device)
+    t0, calls = time.perf_counter(), 0
+    while True:
+        torch.mm(a, b)
+        calls += 1
+        _sync(device)
+        if time.perf_counter() - t0 >= cfg.matmul_seconds and calls >= 3:
+            break
+    return 2 * n**3 * calls / (time.perf_counter() - t0)
+
+
+# ----- the whole run ----------------------------------------------------------------------
+def run(cfg: CalibrationConfig, base, name: str | None = None):
+    """Measure; returns the calibrated ClusterSpec on rank 0 (None elsewhere) after a world
+    barrier, so that rank 0 only writes once every rank has finished."""
+    import torch
+    import torch.distributed as dist
+
+    world, device = init(cfg)
+    top = cfg.max_bytes or (256 * 2**20 if device.startswith("cuda") else 4 * 2**20)
+    sizes = default_sizes(cfg.min_bytes, max(top, cfg.min_bytes))
+    say = cfg.progress if world.rank == 0 and cfg.progress else (lambda msg: None)
+    intra, inter = _groups(world)
+    scopes = [("intra", intra, world.local_size > 1)]
+    if world.nodes > 1:
+        scopes.append(("inter", inter, True))
+    else:
+        say("single node: measuring intra-node groups only (no inter-node tables; cross-node "
+            "groups keep the alpha-beta model)")
+    total = sum(1 for _, _, on in scopes if on) * len(cfg.ops) * len(sizes)
+    done = 0
+    results: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    say(f"calibrating {world.size} ranks ({world.nodes} node(s) x {world.local_size}), "
+        f"backend {dist.get_backend()}, {cfg.dtype}, {len(sizes)} sizes "
+        f"{_fmt_bytes(sizes[0])}..{_fmt_bytes(sizes[-1])}")
+    for scope, group, on in scopes:
+        if not on:
+            continue
+        for op in cfg.ops:
+            for size in sizes:
+                point = (size, 0.0)
+                if group is not None:
+                    point = measure_point(op, size, group, cfg, device)
+                # Share the point with the world: rank 0 needs every node's intra figure.
+                row = torch.tensor([point[0], point[1], 1.0 if group is not None else 0.0],
+                                   dtype=torch.float64, device=device)
+                rows = [torch.zeros_like(row) for _ in range(world.size)]
+                dist.all_gather(rows, row)
+                lead = [rows[nd * world.local_size].cpu() for nd in range(world.nodes)]
+                lead = [r for r in lead if r[2] > 0]
+                bw = statistics.fmean(float(r[1]) for r in lead)
+                results.setdefault((op, scope), []).append((int(lead[0][0]), bw))
+                done += 1
+                if cfg.fail_rank == world.rank:
+                    print(f"rank {world.rank}: dying after point {done} (fault injection)",
+                          file=sys.stderr, flush=True)
+                    os._exit(9)
+                say(f"[{done}/{total}] {op:<14} {scope:<5} {_fmt_bytes(int(lead[0][0])):>9}  "
+                    f"busbw {bw / 1e9:8.3f} GB/s")
+    flops = measure_matmul(cfg, device)
+    t = torch.tensor([flops], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    flops = float(t.item()) / world.size
+    say(f"matmul ({cfg.dtype}, every rank at once): {flops / 1e12:.4f} TFLOP/s per rank")
+    dist.barrier()  # every rank finished: only now may rank 0 write
+    if world.rank != 0:
+        return None
+    return build_spec(base, world.local_size, results, flops, name)
+
+
+def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: str | None = None):
+    """The base ClusterSpec with R = local_size, measured tables and the measured matmul rate."""
+    from amsp_planner.specs.cluster import ClusterSpec
+
+    tables = []
+    for (op, scope), pts in results.items():
+        pts = sorted({s: bw for s, bw in pts}.items())  # rounded sizes may repeat: keep last
+        tables.append({"op": op, "scope": scope, "points": [
+            {"size_bytes": s, "busbw_gbyte_per_s": round(bw / 1e9, 6)} for s, bw in pts]})
+    data = base.model_dump(mode="json")
+    data.update(name=name or f"{base.name}-calibrated", gpus_per_node=local_size,
+                measured=tables)
+    data["gpu"]["peak_bf16_tflop_per_s"] = max(flop_per_s / 1e12, 1e-9)
+    return ClusterSpec.model_validate(data)
+
+
+def write_spec(spec, path: str, header: str = "") -> None:
+    """Write `spec` as YAML to `path` atomically: a temporary file next to it, then a rename,
+    so a reader (or a killed run) never sees half a file."""
+    import tempfile
+
+    import yaml
+
+    path = os.path.abspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=".amsp-calibrate-", suffix=".yaml.tmp",
+                               dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            if header:
+                f.write("".join(f"# {line}\n" for line in header.splitlines()))
+            yaml.safe_dump(spec.model_dump(mode="json"), f, sort_keys=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div:
+            return f"{n / div:.4g} {unit}"
+    return f"{n} B"
+
+
+def stderr_progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

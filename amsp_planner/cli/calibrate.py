@@ -1,0 +1,161 @@
+"""amsp calibrate: measure the cluster's collectives and matmuls, write a ClusterSpec.
+
+    torchrun --nproc-per-node=8 --nnodes=2 --rdzv-endpoint=HOST:29500 \\
+        -m amsp_planner.cli.main calibrate --cluster dgx-h100-ndr --out my-cluster.yaml
+    amsp calibrate --nproc 4 --out cpu.yaml            # launches torchrun on this host
+    amsp plan --model tiny --gpus 4 --cluster cpu.yaml
+
+Under torchrun every rank runs the measurement (amsp_planner/calibrate.py); rank 0 writes the
+spec only after every rank has finished, atomically, so a killed run or a lost rank leaves no
+file. Outside torchrun, ``--nproc`` (and ``--nnodes`` node agents on loopback) launches it here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from amsp_planner.errors import AmspUserError
+
+
+@click.command()
+@click.option("--out", "-o", default="cluster.yaml", show_default=True,
+              help="Where to write the calibrated cluster spec (YAML).")
+@click.option("--cluster", "-c", default="cpu-local", show_default=True,
+              help="Preset or spec file the output is based on (GPU memory, latencies...).")
+@click.option("--name", default=None, help="Name of the written cluster (default: <base>-calibrated).")
+@click.option("--min-size", default="4K", show_default=True,
+              help="Smallest message (full tensor of one call), K/M/G suffixes are powers of 2.")
+@click.option("--max-size", default=None,
+              help="Largest message (default: 256M on GPUs, 4M on CPUs).")
+@click.option("--ops", default="all_gather,reduce_scatter,all_reduce,all_to_all",
+              show_default=True, help="Collectives to measure, comma-separated.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
+              help="Element type of the measured tensors and matmuls.")
+@click.option("--seconds-per-point", type=click.FloatRange(min=0.0), default=0.25,
+              show_default=True, help="Time budget of the timed calls of one message size.")
+@click.option("--matmul-size", type=click.IntRange(min=16), default=None,
+              help="Side of the square matmul (default: 4096 on GPUs, 512 on CPUs).")
+@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
+              show_default=True, help="auto: nccl on CUDA, gloo otherwise.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1.0), default=60.0,
+              show_default=True, help="Seconds the ranks wait for a lost rank before failing.")
+@click.option("--nproc", type=click.IntRange(min=1), default=None,
+              help="Not under torchrun: launch torchrun on this host with this many ranks per node.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --nproc: node agents to launch on this host (loopback).")
+@click.option("--fail-rank", type=int, default=None, hidden=True)
+def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_point, matmul_size,
+              backend, timeout_s, nproc, nnodes, fail_rank):
+    """Measure collective bus bandwidth and matmul throughput; write a ClusterSpec."""
+    from amsp_planner.calibrate import OPS, under_torchrun
+    from amsp_planner.specs import load_cluster, parse_batch
+
+    base = load_cluster(cluster)
+    lo = parse_batch(min_size, "--min-size")
+    hi = parse_batch(max_size, "--max-size") if max_size is not None else None
+    if hi is not None and hi < lo:
+        raise AmspUserError(f"--max-size {max_size} is below --min-size {min_size}: raise it")
+    op_list = tuple(o.strip() for o in ops.split(",") if o.strip())
+    bad = [o for o in op_list if o not in OPS]
+    if bad or not op_list:
+        raise AmspUserError(f"--ops: unknown collective '{bad[0] if bad else ops}': use some of "
+                            f"{','.join(OPS)}")
+    out_dir = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(out_dir):
+        raise AmspUserError(f"--out {out}: directory {out_dir} does not exist: create it or "
+                            "write elsewhere")
+    if not under_torchrun():
+        if nproc is None:
+            raise AmspUserError(
+                "not under torchrun (no RANK/WORLD_SIZE): run it with torchrun "
+                "--nproc-per-node=R -m amsp_planner.cli.main calibrate ..., or give --nproc N "
+                "to launch N ranks on this host")
+        passthrough = ["--out", os.path.abspath(out), "--cluster", cluster, "--min-size", min_size,
+                       "--ops", ",".join(op_list), "--dtype", dtype, "--seconds-per-point",
+                       str(seconds_per_point), "--backend", backend, "--timeout", str(timeout_s)]
+        for flag, value in (("--name", name), ("--max-size", max_size),
+                            ("--matmul-size", matmul_size), ("--fail-rank", fail_rank)):
+            if value is not None:
+                passthrough += [flag, str(value)]
+        rc = launch_local(nproc, nnodes, passthrough)
+        if rc != 0:
+            click.echo(f"error: calibration failed (torchrun exit code {rc}); nothing written "
+                       f"to {out}", err=True)
+            sys.exit(1)
+        return
+    if nproc is not None:
+        raise AmspUserError("--nproc: already under torchrun: drop --nproc/--nnodes (torchrun "
+                            "sets the world)")
+    _run_rank(base, out, name, lo, hi, op_list, dtype, seconds_per_point, matmul_size, backend,
+              timeout_s, fail_rank)
+
+
+def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, matmul_size, backend,
+              timeout_s, fail_rank):
+    import datetime
+
+    from amsp_planner.calibrate import CalibrationConfig, run, stderr_progress, write_spec
+
+    cfg = CalibrationConfig(min_bytes=lo, max_bytes=hi, ops=ops, dtype=dtype,
+                            seconds_per_point=seconds_per_point, matmul_size=matmul_size,
+                            backend=backend, timeout_s=timeout_s, fail_rank=fail_rank,
+                            progress=stderr_progress)
+    try:
+        spec = run(cfg, base, name)
+    except RuntimeError as e:  # a lost rank: the collectives fail at the timeout
+        rank = os.environ.get("RANK", "?")
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        click.echo(f"error: rank {rank}: calibration failed ({first}); nothing written to {out}",
+                   err=True)
+        sys.exit(1)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if spec is None:
+        return
+    world = int(os.environ["WORLD_SIZE"])
+    r = spec.gpus_per_node
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    header = (f"written by amsp calibrate on {when}: {world} ranks ({world // r} node(s) x {r}), "
+              f"{dtype}, based on {base.name}\n"
+              f"measured tables override the alpha-beta model for the (op, scope) they cover")
+    write_spec(spec, out, header)
+    click.echo(f"wrote {out}: {spec.name}, {len(spec.measured)} measured tables, matmul "
+               f"{spec.gpu.peak_bf16_tflop_per_s:.4g} TFLOP/s per rank", err=True)
+
+
+def launch_local(nproc: int, nnodes: int, args: list[str]) -> int:
+    """Run `amsp calibrate args` under torchrun on this host: `nnodes` node agents on loopback,
+    `nproc` ranks each. Returns the first non-zero agent exit code (0 when all succeed)."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    if nnodes > 1:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    procs = []
+    for node in range(nnodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+               f"--nnodes={nnodes}", f"--node-rank={node}", "--master-addr=127.0.0.1",
+               f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5",
+               "-m", "amsp_planner.cli.main", "calibrate", *args]
+        procs.append(subprocess.Popen(cmd, env=env))
+    try:
+        codes = [p.wait() for p in procs]
+    except BaseException:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+        raise
+    return next((c for c in codes if c != 0), 0)
