@@ -220,7 +220,7 @@ def check_set_key(key: str) -> None:
     """Raise AmspUserError unless `key` names a cluster field (or node_gbit_per_s)."""
     from amsp_planner.specs.cluster import ClusterSpec, GpuSpec
 
-    top = sorted(k for k in ClusterSpec.model_fields if k not in ("measured", "name"))
+    top = sorted(k for k in ClusterSpec.model_fields if k not in ("measured", "name", "gpu"))
     parts = key.split(".")
     if parts == [NODE_KEY]:
         return

@@ -180,7 +180,7 @@ def test_plot_is_a_real_png(tmp_path):
     assert code == 0, err
     assert f"wrote {path}" in out
     img = Image.open(path)
-    assert img.format == "PNG" and img.size == (1100, 800)
+    assert img.format == "PNG" and img.size == (1200, 900)
     px = img.convert("RGB")
     colors = px.getcolors(maxcolors=1 << 20)
     non_white = sum(n for n, c in colors if c != (255, 255, 255))

@@ -2,7 +2,7 @@
 
 `sweep_figure` draws MFU and tokens/s against the swept axis, one line per series (cluster,
 model, --set value, ...), and marks every point where the optimal sharding changes along a line
-with a ringed marker and the new strategy's text.
+with a ringed marker and a letter that the key under the plot spells out.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ LABELS = {
     "nic_gbit_per_s": "Gbit/s per NIC",
 }
 
+SERIES_UNITS = {"node_gbit_per_s": "Gb/s per node", "nic_gbit_per_s": "Gb/s per NIC",
+                "memory_limit_gib": "GiB limit", "intra_gbyte_per_s": "GB/s in-node"}
+
 
 def axis_label(axis: str) -> str:
     key = axis.removeprefix("set:")
@@ -30,6 +33,8 @@ def _series_name(row: Row, series_axes: Sequence[str]) -> str:
         key = a.removeprefix("set:")
         if a in ("model", "cluster", "gpu_type"):
             parts.append(str(v if v is not None else row.cluster_name))
+        elif key in SERIES_UNITS:
+            parts.append(f"{v:g} {SERIES_UNITS[key]}")
         else:
             parts.append(f"{key}={v}")
     return ", ".join(parts) or "sweep"
@@ -53,20 +58,39 @@ def _x(row: Row, x_axis: str) -> float:
     return float(v) if v is not None else 0.0
 
 
+def strategy_codes(lines: dict[str, list[Row]]) -> dict[str, str]:
+    """A letter for each sharding that appears, in order of first appearance along the lines."""
+    codes: dict[str, str] = {}
+    for rs in lines.values():
+        for r in rs:
+            if r.ok and r.sharding not in codes:
+                n = len(codes)
+                codes[r.sharding] = chr(65 + n % 26) + ("" if n < 26 else str(n // 26))
+    return codes
+
+
 def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], title: str = "",
-                 width_in: float = 11.0, height_in: float = 8.0, dpi: int = 100):
-    """A Figure with MFU (top) and tokens/s (bottom) against `x_axis`."""
+                 width_in: float = 12.0, height_in: float = 9.0, dpi: int = 100):
+    """A Figure with MFU (top) and tokens/s (bottom) against `x_axis`.
+
+    Along each line, every point where the optimal sharding differs from the previous point's
+    (and the first point) is ringed and lettered; the key under the plot spells the letters out.
+    Invalid and infeasible points are gaps in the line, crosses at the bottom of the MFU panel.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(width_in, height_in), dpi=dpi)
     FigureCanvasAgg(fig)
-    ax_mfu, ax_tps = fig.subplots(2, 1, sharex=True)
     lines = series(rows, x_axis, series_axes)
+    codes = strategy_codes(lines)
+    key_rows = -(-len(codes) // 3)
+    key_h = min(0.4, 0.03 + 0.022 * key_rows)
+    ax_mfu, ax_tps = fig.subplots(2, 1, sharex=True)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.94, bottom=0.07 + key_h, hspace=0.08)
     xs_all = sorted({_x(r, x_axis) for r in rows})
     log_x = x_axis in ("gpus", "seq_len", "global_batch") and len(xs_all) > 1 and xs_all[0] > 0
-    changed_any = False
     for i, (name, rs) in enumerate(lines.items()):
         color = f"C{i % 10}"
         xs = [_x(r, x_axis) for r in rs]
@@ -76,19 +100,17 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
         ax_tps.plot(xs, tps, "o-", color=color, label=name, markersize=4)
         bad = [x for x, r in zip(xs, rs, strict=True) if not r.ok]
         if bad:
-            ax_mfu.plot(bad, [0] * len(bad), "x", color=color, markersize=7)
+            ax_mfu.plot(bad, [0] * len(bad), "x", color=color, markersize=7, clip_on=False)
         prev = None
         for k, r in enumerate(rs):
             if not r.ok:
                 continue
             if r.sharding != prev:
-                changed_any = True
-                for ax, y in ((ax_mfu, r.mfu * 100), (ax_tps, r.tokens_per_s)):
-                    ax.plot([xs[k]], [y], "o", markersize=11, markerfacecolor="none",
+                ax_mfu.plot([xs[k]], [r.mfu * 100], "o", markersize=11, markerfacecolor="none",
                             markeredgecolor=color, markeredgewidth=1.5)
-                ax_mfu.annotate(r.sharding, (xs[k], r.mfu * 100), textcoords="offset points",
-                                xytext=(4, 6 + 9 * (i % 3)), fontsize=6.5, color=color,
-                                rotation=20)
+                ax_mfu.annotate(codes[r.sharding], (xs[k], r.mfu * 100),
+                                textcoords="offset points", xytext=(-3 + 8 * (i % 4), 7),
+                                fontsize=8, fontweight="bold", color=color)
             prev = r.sharding
     for ax in (ax_mfu, ax_tps):
         ax.grid(True, alpha=0.3)
@@ -96,20 +118,23 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs_all)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax_mfu.margins(y=0.2)
+    ax_mfu.margins(y=0.15)
     ax_mfu.set_ylabel("MFU (%)")
     ax_tps.set_ylabel("tokens/s")
     if log_x:
         ax_tps.set_yscale("log")
     ax_tps.set_xlabel(axis_label(x_axis))
     ax_mfu.legend(fontsize=7, loc="lower left", ncol=2)
-    note = "ringed points: the optimal sharding changes (text: the new strategy)"
-    if changed_any:
-        ax_tps.text(0.99, 0.02, note, transform=ax_tps.transAxes, ha="right", fontsize=7,
-                    color="0.35")
+    if codes:
+        fig.text(0.08, key_h + 0.005, "ringed, lettered points: the optimal sharding changes "
+                 "there; letters:", fontsize=7.5, color="0.3", va="top")
+        items = list(codes.items())
+        for n, (sh, code) in enumerate(items):
+            col, row = n // key_rows, n % key_rows
+            fig.text(0.08 + 0.31 * col, key_h - 0.02 - 0.022 * row, f"{code}  {sh}",
+                     fontsize=7.5, family="monospace", va="top")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return fig
 
 
