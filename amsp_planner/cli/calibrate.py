@@ -101,6 +101,7 @@ def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, matmul_siz
 
     cfg = CalibrationConfig(min_bytes=lo, max_bytes=hi, ops=ops, dtype=dtype,
                             seconds_per_point=seconds_per_point, matmul_size=matmul_size,
+                            matmul_seconds=min(1.0, max(0.2, 4 * seconds_per_point)),
                             backend=backend, timeout_s=timeout_s, fail_rank=fail_rank,
                             progress=stderr_progress)
     try:

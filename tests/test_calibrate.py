@@ -1,0 +1,138 @@
+"""amsp calibrate on the local CPU "cluster" (gloo over loopback), run as the user runs it.
+
+    python -m pytest tests/test_calibrate.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+QUICK = ["--min-size", "4K", "--max-size", "256K", "--seconds-per-point", "0.02",
+         "--matmul-size", "128", "--timeout", "20"]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(k, None)
+    return env
+
+
+def amsp(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", *args],
+                          capture_output=True, text=True, timeout=timeout, env=_env(), **kw)
+
+
+def _leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith(".amsp-calibrate-"))
+
+
+needs_torch = pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("torch") is None,
+    reason="torch (the runtime extra) is not installed")
+
+
+@needs_torch
+@pytest.mark.multiprocess
+def test_two_nodes_of_two_ranks_give_a_valid_spec_that_plan_accepts(tmp_path):
+    from amsp_planner.specs import load_cluster
+
+    out = tmp_path / "cpu.yaml"
+    r = amsp("calibrate", "--nproc", "2", "--nnodes", "2", "--out", str(out), *QUICK)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # Progress: one line per point, numbered out of the total (2 scopes x 4 ops x 4 sizes).
+    assert "[1/32] all_gather" in r.stderr and "[32/32] all_to_all     inter" in r.stderr
+    spec = load_cluster(str(out))
+    assert spec.gpus_per_node == 2 and spec.name == "cpu-local-calibrated"
+    assert {(t.op, t.scope) for t in spec.measured} == {
+        (op, scope) for op in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+        for scope in ("intra", "inter")}
+    for t in spec.measured:
+        sizes = [p.size_bytes for p in t.points]
+        assert sizes[0] <= 4096 and 128 * 1024 <= sizes[-1] <= 256 * 1024
+        bws = [p.busbw_gbyte_per_s for p in t.points]
+        # Loopback TCP on a shared CPU: well above a modem, well below memory bandwidth.
+        assert all(1e-5 < b < 200 for b in bws), (t.op, t.scope, bws)
+        assert max(bws) > bws[0], (t.op, t.scope, bws)  # latency dominates the small sizes
+    assert 1e-6 < spec.gpu.peak_bf16_tflop_per_s < 100
+    assert out.read_text().startswith("# written by amsp calibrate on ")
+    assert _leftovers(tmp_path) == []
+    plan = amsp("plan", "--model", "tiny", "--gpus", "4", "--cluster", str(out), "--seq-len",
+                "32", "--global-batch-seqs", "8", "-o", str(tmp_path / "plan.json"))
+    assert plan.returncode == 0, plan.stderr
+    assert (tmp_path / "plan.json").exists()
+
+
+@needs_torch
+@pytest.mark.multiprocess
+def test_single_node_writes_intra_tables_only_and_says_so(tmp_path):
+    from amsp_planner.specs import load_cluster
+
+    out = tmp_path / "one.yaml"
+    r = amsp("calibrate", "--nproc", "2", "--out", str(out), "--ops", "all_reduce", "--name",
+             "laptop", *QUICK)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "single node: measuring intra-node groups only" in r.stderr
+    spec = load_cluster(str(out))
+    assert spec.name == "laptop"
+    assert [(t.op, t.scope) for t in spec.measured] == [("all_reduce", "intra")]
+
+
+@needs_torch
+@pytest.mark.multiprocess
+def test_killed_run_leaves_nothing(tmp_path):
+    out = tmp_path / "killed.yaml"
+    p = subprocess.Popen([sys.executable, "-m", "amsp_planner.cli.main", "calibrate", "--nproc",
+                          "2", "--out", str(out), *QUICK, "--seconds-per-point", "0.2"],
+                         stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        for line in p.stderr:  # wait until measuring is under way
+            if line.startswith("[2/") or time.monotonic() > deadline:
+                break
+        os.killpg(p.pid, signal.SIGKILL)
+    finally:
+        p.wait(timeout=30)
+        time.sleep(0.5)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not out.exists()
+    assert _leftovers(tmp_path) == []
+
+
+@needs_torch
+@pytest.mark.multiprocess
+def test_lost_rank_fails_and_writes_nothing(tmp_path):
+    out = tmp_path / "lost.yaml"
+    r = amsp("calibrate", "--nproc", "2", "--out", str(out), "--fail-rank", "1", *QUICK)
+    assert r.returncode == 1
+    assert "nothing written to" in r.stderr.splitlines()[-1]
+    assert not out.exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--out", "x.yaml"], "error: not under torchrun (no RANK/WORLD_SIZE): run it with torchrun"),
+    (["--nproc", "2", "--ops", "all_gather,bcast"], "error: --ops: unknown collective 'bcast'"),
+    (["--nproc", "2", "--max-size", "1K"], "error: --max-size 1K is below --min-size 4K: raise it"),
+    (["--nproc", "2", "--min-size", "lots"], "error: --min-size: 'lots' is not a count"),
+    (["--nproc", "2", "--cluster", "no-such-cluster"], "error: "),
+    (["--nproc", "2", "--out", "/no/such/dir/c.yaml"],
+     "error: --out /no/such/dir/c.yaml: directory /no/such/dir does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    r = amsp("calibrate", *args, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(message) and r.stderr.count("\n") == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
