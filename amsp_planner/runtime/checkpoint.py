@@ -140,11 +140,19 @@ def save(engine, directory: str | os.PathLike, step: int) -> Path:
         pointer = root / "latest.tmp"
         pointer.write_text(f"step_{step}\n")
         os.replace(pointer, root / "latest")
-        done = sorted((int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit()))
+        done = sorted(int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit())
         for old in done[:-KEEP]:
             shutil.rmtree(root / f"step_{old}", ignore_errors=True)
     engine.comm.barrier(world)
     return final
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """The step, model and precision a checkpoint was saved with (any process, no group)."""
+    head = {"meta": ""}
+    dcp.load(head, checkpoint_id=str(path), planner=_LoadPlanner(),
+             no_dist=not dist.is_initialized())
+    return json.loads(head["meta"])
 
 
 def load(engine, directory: str | os.PathLike, step: int | None = None) -> int:
@@ -157,9 +165,7 @@ def load(engine, directory: str | os.PathLike, step: int | None = None) -> int:
     if not (path / ".metadata").exists():
         raise AmspUserError(f"--resume: {path} is not a complete checkpoint: point --checkpoint-dir "
                             "at a directory written by amsp train")
-    head = {"meta": ""}
-    dcp.load(head, checkpoint_id=str(path), planner=_LoadPlanner())
-    meta = json.loads(head["meta"])
+    meta = read_meta(path)
     if meta.get("model") != json.loads(json.dumps(engine.job.model.model_dump())):
         raise AmspUserError(f"--resume: {path} was written for model "
                             f"'{meta.get('model', {}).get('name')}', the plan trains "

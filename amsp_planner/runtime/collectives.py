@@ -83,7 +83,8 @@ def ring_bytes(op: str, full: float, size: int, members_per_node: int, nodes: in
 class Comm:
     """Issues collectives on ``Group``s and counts them under the current phase."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
         self.phase = "setup"
         self._calls: dict[tuple, int] = defaultdict(int)
         self._bytes: dict[tuple, int] = defaultdict(int)
@@ -171,4 +172,4 @@ class Comm:
 
     def barrier(self, group: Group) -> None:
         """A barrier as a counted 4-byte all-reduce (so nothing escapes the count)."""
-        self.all_reduce(torch.zeros(1, dtype=torch.float32), group)
+        self.all_reduce(torch.zeros(1, dtype=torch.float32, device=self.device), group)

@@ -145,8 +145,8 @@ class ShardedEngine:
         moments are zeroed."""
         for i, full in enumerate(units):
             lay = self.layouts[i]
-            flat = torch.zeros(lay.size, dtype=torch.float32)
-            flat[:full.numel()] = full.float()
+            flat = torch.zeros(lay.size, dtype=torch.float32, device=self.device)
+            flat[:full.numel()] = full.to(self.device, torch.float32)
             po = lay.p_off(self.i_p)
             self.p_shard[i].copy_(flat[po:po + lay.p_len])
             oo = lay.os_off(self.i_os)
@@ -389,7 +389,7 @@ class ShardedEngine:
         self.step_count += 1
         t = self.step_count
         bc1, bc2 = 1 - o.beta1 ** t, 1 - o.beta2 ** t
-        norm2 = torch.zeros((), dtype=torch.float32)
+        norm2 = torch.zeros((), dtype=torch.float32, device=self.device)
         for i, lay in enumerate(self.layouts):
             self.comm.phase = "grad_sync"
             g = self.g_shard[i]
@@ -410,7 +410,8 @@ class ShardedEngine:
             g.zero_()
             self.comm.phase = "update"
             self._update_params(i, lay)
-        stats = torch.stack([torch.tensor(loss_sum, dtype=torch.float32), norm2])
+        stats = torch.stack([torch.tensor(loss_sum, dtype=torch.float32, device=self.device),
+                             norm2])
         self.comm.phase = "update"
         self.comm.all_reduce(stats, self.groups["world"])
         replicas = self.groups["OS_replica"].size

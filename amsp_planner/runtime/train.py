@@ -83,8 +83,9 @@ def setup(job, strategy, comm: Comm) -> tuple[dict[str, Group], int]:
     check_world(job, world, local)
     comm.phase = "setup"
     wg = Group("world", tuple(range(world)), rank, dist.group.WORLD, local, world // local)
-    mine = torch.tensor([node, rank % local, fingerprint(job, strategy)], dtype=torch.int64)
-    every = torch.empty(3 * world, dtype=torch.int64)
+    mine = torch.tensor([node, rank % local, fingerprint(job, strategy)], dtype=torch.int64,
+                        device=comm.device)
+    every = torch.empty(3 * world, dtype=torch.int64, device=comm.device)
     comm.all_gather(every, mine, wg)
     every = every.view(world, 3).tolist()
     for r, (nd, lr, fp) in enumerate(every):
@@ -104,14 +105,14 @@ def _log(rank: int, msg: str) -> None:
         print(msg, flush=True)
 
 
-def train(job, strategy, cfg: RunConfig, evaluation=None) -> dict:
+def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -> dict:
     """Run `cfg.steps` steps of `job` under `strategy`; returns the run report (every rank)."""
     from amsp_planner.cost.evaluate import evaluate
 
     evaluation = evaluation or evaluate(job, strategy)
-    comm = Comm()
+    comm = Comm(device)
     groups, rank = setup(job, strategy, comm)
-    engine = ShardedEngine(job, strategy, comm, groups, rank, cfg.optim)
+    engine = ShardedEngine(job, strategy, comm, groups, rank, cfg.optim, device)
     N, n_micro, mb = job.num_gpus, evaluation.n_micro, strategy.micro_batch
     seq = job.training.seq_len
     source = TokenSource(cfg.data, job.model.vocab_size, seq, job.training.batch_seqs, cfg.seed)
@@ -142,6 +143,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None) -> dict:
         loss_sum = 0.0
         for m in range(n_micro):
             chunk = batch[m * mb:(m + 1) * mb]
+            chunk = chunk.to(engine.device, non_blocking=True)
             loss_sum += engine.forward_backward(chunk[:, :-1], chunk[:, 1:], m,
                                                 1.0 / (N * n_micro)) / (N * n_micro)
         loss, gnorm = engine.optimizer_step(loss_sum)

@@ -1,0 +1,70 @@
+"""amsp train: execute a plan with the bundled torch runtime and prove it.
+
+    amsp train plan.json --steps 20 --data stdlib --report run.json
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Optimizer steps to run (in total, counting resumed ones).")
+@click.option("--data", default=None,
+              help="Token file (nanoGPT-style uint16 .bin; .u32 for uint32), 'stdlib' (a "
+                   "byte-level corpus of Python's standard library) or 'synthetic' (default).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for torch.distributed.checkpoint checkpoints.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Save every K steps (0: never).")
+@click.option("--resume", is_flag=True, help="Continue from the latest checkpoint (any plan of "
+                                             "the same model).")
+@click.option("--report", "report", type=click.Path(dir_okay=False), default=None,
+              help="Write the run report (JSON): measured vs planned bytes, times, memory, loss.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--local-nodes", is_flag=True,
+              help="Run every node of a multi-node plan on this host (loopback).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=None,
+              help="This node's index, when running one node of a multi-node plan.")
+@click.option("--master-addr", default=None, help="Host of node 0 (multi-node).")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=None)
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Processes per node (must match the plan; checked before launching).")
+@click.option("--timeout", "timeout_s", type=click.IntRange(min=5), default=300, show_default=True,
+              help="Process-group timeout in seconds: the longest a rank waits for a dead peer.")
+@click.option("--cpu", is_flag=True, help="Use gloo on CPU even when CUDA is available.")
+@click.option("--fail-at-step", type=int, default=None, hidden=True)
+@click.option("--fail-rank", type=int, default=-1, hidden=True)
+def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, report, lr, seed,
+          local_nodes, node_rank, master_addr, master_port, nproc_per_node, timeout_s, cpu,
+          fail_at_step, fail_rank):
+    """Train the plan's model under the plan's sharding (torchrun; gloo on CPU, NCCL on GPU)."""
+    import os
+
+    from amsp_planner.errors import AmspUserError
+    from amsp_planner.plan import load_plan
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise AmspUserError("amsp train needs the runtime extra: pip install -e '.[runtime]'"
+                            ) from None
+    from amsp_planner.runtime import launch as L
+
+    if resume and not checkpoint_dir:
+        raise AmspUserError("--resume needs --checkpoint-dir DIR: the directory to resume from")
+    opts = {"steps": steps, "data": data, "checkpoint_dir": checkpoint_dir,
+            "checkpoint_every": checkpoint_every, "resume": resume,
+            "report": os.path.abspath(report) if report else None, "seed": seed,
+            "optim": {"lr": lr}, "timeout_s": timeout_s, "cpu": cpu,
+            "fail_at_step": fail_at_step, "fail_rank": fail_rank}
+    plan_path = os.path.abspath(plan_file)
+    if L.inside_launch():
+        return L.worker(plan_path, opts)
+    plan = load_plan(plan_path)
+    return L.launch(plan_path, plan, opts, local_nodes=local_nodes, node_rank=node_rank,
+                    master_addr=master_addr, master_port=master_port,
+                    nproc_per_node=nproc_per_node)

@@ -1,0 +1,122 @@
+"""amsp train end to end: launching, refusing mismatched worlds with one line, and a killed
+rank ending the job within a bounded time with the last good checkpoint intact."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from .mp import env, free_port  # noqa: E402
+
+AMSP = [sys.executable, "-m", "amsp_planner.cli.main"]
+
+
+def amsp(*args, cwd, timeout=180) -> subprocess.CompletedProcess:
+    return subprocess.run([*AMSP, *map(str, args)], cwd=cwd, env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def make_plan(tmp, name, gpus, model="tiny", strategy="zero3"):
+    r = amsp("plan", "--model", model, "--gpus", gpus, "--cluster", "cpu-local", "--strategy",
+             strategy, "--seq-len", 32, "--global-batch-seqs", 2 * gpus, "-o", name, cwd=tmp)
+    assert r.returncode == 0, r.stderr
+    return tmp / name
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plans")
+    other = tmp / "tiny1.yaml"
+    other.write_text("num_layers: 1\nhidden_size: 64\nnum_heads: 4\nnum_kv_heads: 2\n"
+                     "ffn_hidden_size: 176\nvocab_size: 256\ntied_embeddings: true\n"
+                     "max_seq_len: 256\n")
+    return {"dir": tmp, "p4": make_plan(tmp, "p4.json", 4),
+            "p8": make_plan(tmp, "p8.json", 8, strategy="p=2,g=4,os=8"),
+            "other": make_plan(tmp, "other.json", 4, model=str(other))}
+
+
+def one_error_line(r: subprocess.CompletedProcess, starts: str) -> None:
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), r.stderr[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_train_runs_and_reports(plans):
+    tmp = plans["dir"]
+    r = amsp("train", plans["p4"], "--steps", 3, "--data", "stdlib", "--report", "r.json", cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step     3/3" in r.stdout and "done: 3 steps" in r.stdout
+    rep = json.loads((tmp / "r.json").read_text())
+    assert len(rep["loss"]) == 3 and rep["strategy"].startswith("p=4,g=4,os=4")
+    for e in rep["schedule"]:
+        assert e["planned"]["full_bytes_per_step"] == e["measured"]["full_bytes_per_step"]
+
+
+@pytest.mark.multiprocess
+def test_refuses_wrong_processes_per_node_before_launching(plans):
+    r = amsp("train", plans["p4"], "--nproc-per-node", 2, cwd=plans["dir"])
+    one_error_line(r, "--nproc-per-node 2: the plan expects 4 processes per node")
+
+
+@pytest.mark.multiprocess
+def test_refuses_multi_node_plan_without_nodes(plans):
+    r = amsp("train", plans["p8"], cwd=plans["dir"])
+    one_error_line(r, "the plan is for 2 nodes of 4")
+
+
+def _inside_torchrun(plan, nproc, cwd):
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0",
+           "--monitor-interval=0.5", "-m", "amsp_planner.runtime.launch", str(plan)]
+    return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("plan,nproc,msg", [
+    ("p4", 2, "error: plan is for 4 GPUs but the job has 2 processes"),
+    ("p8", 8, "error: plan expects 4 processes per node but this node runs 8"),
+])
+def test_refuses_mismatched_world_inside_torchrun(plans, plan, nproc, msg):
+    r = _inside_torchrun(plans[plan], nproc, plans["dir"])
+    assert r.returncode != 0
+    hits = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert hits == [msg + hits[0][len(msg):]] and "Traceback" not in r.stderr.split(msg)[0]
+
+
+@pytest.mark.multiprocess
+def test_refuses_a_checkpoint_of_another_model(plans):
+    tmp = plans["dir"]
+    ck = tmp / "ck_other"
+    r = amsp("train", plans["other"], "--steps", 2, "--checkpoint-dir", ck,
+             "--checkpoint-every", 2, cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = amsp("train", plans["p4"], "--steps", 4, "--checkpoint-dir", ck, "--resume", cwd=tmp)
+    one_error_line(r, f"--resume: {ck} holds a checkpoint of model 'tiny1'")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("plan,extra,rank", [("p4", [], 2), ("p8", ["--local-nodes"], 6)])
+def test_killed_rank_ends_the_job_and_keeps_the_checkpoint(plans, plan, extra, rank):
+    tmp = plans["dir"]
+    ck = tmp / f"ck_kill_{plan}"
+    t0 = time.monotonic()
+    r = amsp("train", plans[plan], *extra, "--steps", 6, "--checkpoint-dir", ck,
+             "--checkpoint-every", 2, "--fail-at-step", 5, "--fail-rank", rank,
+             "--timeout", 30, cwd=tmp)
+    took = time.monotonic() - t0
+    assert r.returncode not in (0, 2), r.stderr[-3000:]
+    assert "the last good checkpoint, if any, is intact" in r.stderr
+    assert took < 90
+    assert (ck / "latest").read_text().strip() == "step_4"
+    r = amsp("train", plans[plan], *extra, "--steps", 6, "--checkpoint-dir", ck, "--resume",
+             "--report", "resumed.json", cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads((tmp / "resumed.json").read_text())
+    assert rep["start_step"] == 4 and len(rep["loss"]) == 2
