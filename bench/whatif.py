@@ -41,7 +41,9 @@ def main() -> None:
             cmd += ["--workers", str(a.workers)]
         load0 = os.getloadavg()
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, "PYTHONPATH": root}  # this checkout's package
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
         wall = time.perf_counter() - t0
         if proc.returncode:
             sys.exit(f"amsp whatif failed ({proc.returncode}): {proc.stderr.strip()}")

@@ -211,3 +211,23 @@ def test_bad_input_is_one_line_exit_2(argv, needles):
         base = base[:3]
     code, out, err = run_cli(base + argv)
     assert_user_error(code, out, err, *needles)
+
+
+def test_whatif_imports_neither_torch_nor_matplotlib_without_plot():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's package, not another install
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    code = ("import sys; from amsp_planner.cli.main import main\n"
+            "try: main(['whatif', '-m', 'tiny', '-n', '8', '--seq-len', '256', '--json', '-'])\n"
+            "except SystemExit as e: assert not e.code, e.code\n"
+            "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]\n"
+            "sys.stderr.write(f'heavy: {bad}')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=root)
+    assert p.returncode == 0, p.stderr
+    assert '"format": "amsp-whatif"' in p.stdout
+    assert p.stderr.strip().endswith("heavy: []"), p.stderr
