@@ -80,8 +80,9 @@ def sweep_table(sweep: Sweep, rows: Sequence[Row]):
     for a in keys:
         t.add_column(_axis_title(a), justify="left" if a in ("model", "cluster", "gpu_type")
                      else "right")
-    for col in ("strategy", "mem GiB", "step (compute + exposed)", "tokens/s", "MFU"):
-        t.add_column(col, justify="left" if col == "strategy" else "right")
+    t.add_column("strategy", overflow="fold", min_width=14)
+    for col in ("mem GiB", "step (compute + exposed)", "tokens/s", "MFU"):
+        t.add_column(col, justify="right")
     if priced:
         t.add_column("$/B tokens", justify="right")
     for col in ("best baseline", "its tokens/s", "its MFU", "gain"):
