@@ -231,3 +231,13 @@ def test_whatif_imports_neither_torch_nor_matplotlib_without_plot():
     assert p.returncode == 0, p.stderr
     assert '"format": "amsp-whatif"' in p.stdout
     assert p.stderr.strip().endswith("heavy: []"), p.stderr
+
+
+def test_rows_do_not_depend_on_the_number_of_workers():
+    s = sweep(models=("llama-7b", "tiny"), gpus=(8, 64, 512), seq_lens=(1024, 2048),
+              global_batches=(1024,))
+    serial = [r.to_dict() for r in w.run(s, workers=1)]
+    parallel = [r.to_dict() for r in w.run(s, workers=2)]
+    assert serial == parallel
+    assert [r["index"] for r in serial] == list(range(len(s)))
+    assert len({r["strategy"] for r in serial}) > 1
