@@ -66,7 +66,17 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], source: str):
         raise AmspUserError(format_validation_error(e, source)) from None
 
 
+ALIASES = {
+    "model": {"llama-70b": "llama2-70b", "llama-33b": "llama-30b", "llama3.1-405b": "llama3-405b",
+              "gpt3": "gpt3-175b"},
+    "cluster": {"dgx-a100": "dgx-a100-hdr", "dgx-h100": "dgx-h100-ndr",
+                "dgx-h200": "dgx-h200-ndr", "p4d": "aws-p4d"},
+}
+"""Other names users write for presets (the DESIGN's examples say llama-70b)."""
+
+
 def _resolve(name: str, kind: str) -> Path:
+    name = ALIASES[kind].get(name, name)
     path = Path(name)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         if not path.exists():
