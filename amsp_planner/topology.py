@@ -29,7 +29,19 @@ Collective time takes the faster of two algorithms (NCCL picks per size):
 
 All-reduce doubles the steps of all-gather/reduce-scatter; all-to-all is sent directly (no
 hierarchy): inter bytes (g-1)/g of the buffer, intra (k-1)/m of it.
-Measured tables in the ClusterSpec replace both for the (op, scope) they cover.
+
+[Note: measured tables] `amsp calibrate` measures bus bandwidth by message size: 'intra' on a
+group of one whole node, 'inter' on a group of one rank per node (the others idle), so the
+inter figure is what one node's link carries per second of the library's own algorithm (gloo
+sending twice the ring bytes for a reduce-scatter shows up as half the bus bandwidth). A group
+inside one node takes its time from the intra table as measured. A group spanning nodes is
+priced as the ring the libraries run: every in-node edge carries the ring bytes at the intra
+bandwidth, and each node's exit carries them for each of the R/k groups crossing at once, at
+the inter bandwidth: t = max(ring/intra, (R/k) * ring/inter); all-to-all: the node sends
+R (g-1)/g of the buffer out. Without this layout step a one-rank-per-node figure would price the
+R concurrent stride-R groups of a replica all-reduce R times too fast, and a whole-world ring
+would be priced like a stride-R one. A table that is missing falls back to the spec's bandwidth
+for its part (intra) or to the alpha-beta model (inter).
 """
 
 from __future__ import annotations
@@ -194,11 +206,25 @@ class Topology:
             return 0.0
         lay = self.layout(size, stride)
         per_call = full_bytes / calls
-        table = self.cluster.table(op, "inter" if lay.nodes > 1 else "intra")
-        if table is not None:
-            busbw = _interp(table, per_call)
-            return calls * BUS_FACTOR[op](size) * per_call / busbw
+        intra = self.cluster.table(op, "intra")
+        inter = self.cluster.table(op, "inter") if lay.nodes > 1 else None
+        if intra is not None and lay.nodes == 1:
+            return calls * BUS_FACTOR[op](size) * per_call / _interp(intra, per_call)
+        if inter is not None:
+            return calls * self._measured_ring(op, lay, per_call, intra, inter)
         return calls * min(self._hierarchical(op, lay, per_call), self._ring(op, lay, per_call))
+
+    def _measured_ring(self, op: str, lay: GroupLayout, per_call: float, intra, inter) -> float:
+        """A group spanning nodes, priced from measured tables ([Note: measured tables])."""
+        r = self.gpus_per_node
+        in_bw = _interp(intra, per_call) if intra is not None else self.intra_bw
+        out_bw = _interp(inter, per_call)
+        if op == "all_to_all":  # direct sends: a node's ranks send (g-1)/g of their buffer out
+            t_out = r * (lay.nodes - 1) / lay.nodes * per_call / out_bw
+            t_in = (lay.members_per_node - 1) / lay.size * per_call / in_bw
+            return max(t_out, t_in)
+        ring = BUS_FACTOR[op](lay.size) * per_call
+        return max(ring / in_bw, (r / lay.members_per_node) * ring / out_bw)
 
     def _hierarchical(self, op: str, lay: GroupLayout, per_call: float) -> float:
         c = self.cluster

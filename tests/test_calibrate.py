@@ -136,3 +136,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(message) and r.stderr.count("\n") == 1, r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _table(op, scope, gbyte_per_s):
+    return {"op": op, "scope": scope, "points": [{"size_bytes": 1, "busbw_gbyte_per_s": gbyte_per_s}]}
+
+
+def test_measured_tables_price_groups_by_their_layout():
+    """[Note: measured tables] in topology.py: the inter table is one node's link; a group
+    spanning nodes runs a ring whose node exits carry the ring bytes of R/k groups at once."""
+    from amsp_planner.specs import load_cluster
+    from amsp_planner.topology import Topology
+
+    base = load_cluster("cpu-local")  # R = 4
+    c = base.model_validate({**base.model_dump(), "measured": [
+        _table("all_reduce", "intra", 1.0), _table("all_reduce", "inter", 0.1),
+        _table("all_to_all", "inter", 0.1)]})
+    topo, full = Topology(c, 8), 8e6
+    # In one node: as measured, 2 (m-1)/m * F / busbw.
+    assert topo.collective_time("all_reduce", 4, 1, full) == pytest.approx(1.5 * full / 1e9)
+    # One rank per node is what the inter table measured, but all 4 local ranks run their own
+    # stride-4 group at once: 4 x (2 (2-1)/2 F) / 0.1 GB/s.
+    assert topo.collective_time("all_reduce", 2, 4, full) == pytest.approx(4 * full / 0.1e9)
+    # The whole world: one ring crosses each node once: 2 (7/8) F / 0.1 GB/s.
+    assert topo.collective_time("all_reduce", 8, 1, full) == pytest.approx(1.75 * full / 0.1e9)
+    # Direct all-to-all over a stride-4 group: each node sends 4 x (1/2) F out.
+    assert topo.collective_time("all_to_all", 2, 4, full) == pytest.approx(2 * full / 0.1e9)
+    # No intra table for all-to-all: the spec's in-node bandwidth prices the in-node part.
+    assert topo.collective_time("all_to_all", 8, 1, full) == pytest.approx(
+        max(4 * 0.5 * full / 0.1e9, 3 / 8 * full / c.intra_bytes_per_s))
