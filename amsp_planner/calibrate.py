@@ -17,6 +17,9 @@ the all-to-all send buffer):
 - scope ``inter``: one rank per node (local rank 0 of each), the other ranks idle. The table is
   the bandwidth one node gets to the others; ``Topology`` shares it among the ranks of a node
   that cross nodes at the same time. With a single node there is no inter table.
+- quantization: the runtime's int8/int4 block quantizers (qwZ, qgZ) on every rank at once
+  become ``quant_gbyte_per_s``; with ``model``, the runtime's forward + backward of that model
+  sets ``achievable_fraction`` (model FLOP/s over the matmul rate).
 - matmul: every rank multiplies square matrices at the same time (on a CPU "cluster" they share
   the cores, as the runtime's ranks do); the mean per-rank FLOP/s becomes the GPU's
   ``peak_bf16_tflop_per_s`` (the base preset's ``achievable_fraction`` still applies on top).
@@ -57,6 +60,11 @@ class CalibrationConfig:
     matmul_size: int | None = None
     """Side of the square matmul (None: 4096 on GPU, 512 on CPU)."""
     matmul_seconds: float = 1.0
+    model: str | None = None
+    """Also time the bundled runtime's forward + backward of this model (preset or file) on
+    every rank at once; its model FLOP/s over the matmul rate becomes ``achievable_fraction``."""
+    seq_len: int = 512
+    micro_batch: int = 1
     backend: str = "auto"
     """'auto' (nccl on CUDA, else gloo), 'gloo' or 'nccl'."""
     timeout_s: float = 60.0
@@ -285,14 +293,84 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
     dist.all_reduce(t)
     flops = float(t.item()) / world.size
     say(f"matmul ({cfg.dtype}, every rank at once): {flops / 1e12:.4f} TFLOP/s per rank")
+    t = torch.tensor([measure_quant(cfg, device)], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    quant = float(t.item()) / world.size
+    say(f"qwZ/qgZ (de)quantization (every rank at once): {quant / 1e9:.3f} GB/s of 16-bit input")
+    train_rate = None
+    if cfg.model:
+        t = torch.tensor([measure_training(cfg, device)], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        train_rate = float(t.item()) / world.size
+        say(f"{cfg.model} forward+backward ({cfg.micro_batch} x {cfg.seq_len} tokens): "
+            f"{train_rate / 1e12:.4f} model TFLOP/s per rank = {train_rate / flops:.1%} of matmul")
     dist.barrier()  # every rank finished: only now may rank 0 write
     if world.rank != 0:
         return None
-    return build_spec(base, world.local_size, results, flops, name)
+    return build_spec(base, world.local_size, results, flops, name, train_rate, quant)
 
 
-def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: str | None = None):
-    """The base ClusterSpec with R = local_size, measured tables and the measured matmul rate."""
+def measure_quant(cfg: CalibrationConfig, device: str, elems: int = 2**20) -> float:
+    """Bytes of 16-bit input per second through the runtime's int8 and int4 block quantizers,
+    counted as the cost model does: a quantize and a dequantize pass over the 16-bit elements."""
+    import torch
+
+    from amsp_planner.runtime.quant import dequantize, qbytes, quantize_into
+
+    x = torch.randn(elems, device=device).to(torch.bfloat16)
+    rates = []
+    for bits in (8, 4):
+        buf = torch.empty(qbytes(elems, bits, 256), dtype=torch.uint8, device=device)
+        quantize_into(buf, x, bits, 256)
+        dequantize(buf, elems, bits, 256)
+        _sync(device)
+        t0, calls = time.perf_counter(), 0
+        while calls < 3 or time.perf_counter() - t0 < cfg.matmul_seconds / 2:
+            quantize_into(buf, x, bits, 256)
+            dequantize(buf, elems, bits, 256)
+            calls += 1
+            _sync(device)
+        rates.append(2 * 2 * elems * calls / (time.perf_counter() - t0))
+    return statistics.fmean(rates)
+
+
+def measure_training(cfg: CalibrationConfig, device: str) -> float:
+    """Model FLOP/s of this rank running forward + backward of `cfg.model` (the runtime's own
+    model code, no communication), all ranks at once."""
+    import torch
+
+    from amsp_planner.runtime.model import ReferenceModel
+    from amsp_planner.specs import load_model
+
+    spec = load_model(cfg.model)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+    model = ReferenceModel(spec, seed=0, dtype=dtype).to(device)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, spec.vocab_size, (cfg.micro_batch, cfg.seq_len + 1), generator=gen)
+    tokens = tokens.to(device)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(tokens[:, :-1], tokens[:, 1:]).backward()
+
+    step()
+    _sync(device)
+    t0, calls = time.perf_counter(), 0
+    while True:
+        step()
+        calls += 1
+        _sync(device)
+        if time.perf_counter() - t0 >= 2 * cfg.matmul_seconds and calls >= 3:
+            break
+    per_call = (time.perf_counter() - t0) / calls
+    return spec.flops_per_token(cfg.seq_len) * cfg.micro_batch * cfg.seq_len / per_call
+
+
+def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: str | None = None,
+               train_flop_per_s: float | None = None, quant_bytes_per_s: float | None = None):
+    """The base ClusterSpec with R = local_size, measured tables, the measured matmul rate
+    (and, when the training rate was measured, achievable_fraction = training / matmul) and
+    the measured (de)quantization throughput."""
     from amsp_planner.specs.cluster import ClusterSpec
 
     tables = []
@@ -303,7 +381,12 @@ def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: st
     data = base.model_dump(mode="json")
     data.update(name=name or f"{base.name}-calibrated", gpus_per_node=local_size,
                 measured=tables)
-    data["gpu"]["peak_bf16_tflop_per_s"] = max(flop_per_s / 1e12, 1e-9)
+    peak = max(flop_per_s, train_flop_per_s or 0.0)
+    data["gpu"]["peak_bf16_tflop_per_s"] = max(peak / 1e12, 1e-9)
+    if train_flop_per_s:
+        data["gpu"]["achievable_fraction"] = train_flop_per_s / peak
+    if quant_bytes_per_s:
+        data["gpu"]["quant_gbyte_per_s"] = quant_bytes_per_s / 1e9
     return ClusterSpec.model_validate(data)
 
 

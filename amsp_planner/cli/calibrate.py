@@ -38,6 +38,12 @@ from amsp_planner.errors import AmspUserError
               show_default=True, help="Time budget of the timed calls of one message size.")
 @click.option("--matmul-size", type=click.IntRange(min=16), default=None,
               help="Side of the square matmul (default: 4096 on GPUs, 512 on CPUs).")
+@click.option("--model", "-m", default=None,
+              help="Also time the runtime's forward+backward of this model: sets achievable_fraction.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=512, show_default=True,
+              help="With --model: tokens per sequence.")
+@click.option("--micro-batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --model: sequences per forward+backward.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: nccl on CUDA, gloo otherwise.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1.0), default=60.0,
@@ -48,12 +54,16 @@ from amsp_planner.errors import AmspUserError
               help="With --nproc: node agents to launch on this host (loopback).")
 @click.option("--fail-rank", type=int, default=None, hidden=True)
 def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_point, matmul_size,
-              backend, timeout_s, nproc, nnodes, fail_rank):
+              model, seq_len, micro_batch, backend, timeout_s, nproc, nnodes, fail_rank):
     """Measure collective bus bandwidth and matmul throughput; write a ClusterSpec."""
     from amsp_planner.calibrate import OPS, under_torchrun
     from amsp_planner.specs import load_cluster, parse_batch
 
     base = load_cluster(cluster)
+    if model is not None:
+        from amsp_planner.specs import load_model
+
+        load_model(model)  # a bad name fails here, once, with one line
     lo = parse_batch(min_size, "--min-size")
     hi = parse_batch(max_size, "--max-size") if max_size is not None else None
     if hi is not None and hi < lo:
@@ -75,8 +85,9 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
                 "to launch N ranks on this host")
         passthrough = ["--out", os.path.abspath(out), "--cluster", cluster, "--min-size", min_size,
                        "--ops", ",".join(op_list), "--dtype", dtype, "--seconds-per-point",
-                       str(seconds_per_point), "--backend", backend, "--timeout", str(timeout_s)]
-        for flag, value in (("--name", name), ("--max-size", max_size),
+                       str(seconds_per_point), "--backend", backend, "--timeout", str(timeout_s),
+                       "--seq-len", str(seq_len), "--micro-batch", str(micro_batch)]
+        for flag, value in (("--name", name), ("--max-size", max_size), ("--model", model),
                             ("--matmul-size", matmul_size), ("--fail-rank", fail_rank)):
             if value is not None:
                 passthrough += [flag, str(value)]
@@ -90,11 +101,11 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
         raise AmspUserError("--nproc: already under torchrun: drop --nproc/--nnodes (torchrun "
                             "sets the world)")
     _run_rank(base, out, name, lo, hi, op_list, dtype, seconds_per_point, matmul_size, backend,
-              timeout_s, fail_rank)
+              timeout_s, fail_rank, model, seq_len, micro_batch)
 
 
 def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, matmul_size, backend,
-              timeout_s, fail_rank):
+              timeout_s, fail_rank, model, seq_len, micro_batch):
     import datetime
 
     from amsp_planner.calibrate import CalibrationConfig, run, stderr_progress, write_spec
@@ -103,6 +114,7 @@ def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, matmul_siz
                             seconds_per_point=seconds_per_point, matmul_size=matmul_size,
                             matmul_seconds=min(1.0, max(0.2, 4 * seconds_per_point)),
                             backend=backend, timeout_s=timeout_s, fail_rank=fail_rank,
+                            model=model, seq_len=seq_len, micro_batch=micro_batch,
                             progress=stderr_progress)
     try:
         spec = run(cfg, base, name)
