@@ -126,6 +126,9 @@ def run(args) -> dict:
     out["rows"] = _rows(work, todo, cal, world, args)
     out["summary"] = _summary(out["rows"])
     out["calibrated_spec"] = cal.read_text()
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
     return out
 
 
