@@ -176,5 +176,7 @@ def load(engine, directory: str | os.PathLike, step: int | None = None) -> int:
     engine.comm.phase = "checkpoint"
     for i, lay in enumerate(engine.layouts):
         engine.g_shard[i].zero_()
-        engine._update_params(i, lay)
+        work = engine._update_params(i, lay)
+        if work is not None:
+            work.wait()
     return engine.step_count

@@ -186,7 +186,7 @@ class ShardedEngine:
         quantize_chunks(send, self.p_shard[i], 1, 8, s.quant_block)
         work = self.comm.all_gather(recv, send, self.groups["P"], True)
 
-        def finish():
+        def finish(send=send):  # keeps the send buffer alive until the gather is done
             parts = dequantize_chunks(recv, lay.size, s.s_p, 8, s.quant_block)
             torch.cat(parts, out=dst) if dst.dtype == torch.float32 else dst.copy_(torch.cat(parts))
             if keep is not None:
@@ -390,6 +390,7 @@ class ShardedEngine:
         t = self.step_count
         bc1, bc2 = 1 - o.beta1 ** t, 1 - o.beta2 ** t
         norm2 = torch.zeros((), dtype=torch.float32, device=self.device)
+        gathers = []
         for i, lay in enumerate(self.layouts):
             self.comm.phase = "grad_sync"
             g = self.g_shard[i]
@@ -409,7 +410,10 @@ class ShardedEngine:
             p.addcdiv_(m, denom, value=-o.lr / bc1)
             g.zero_()
             self.comm.phase = "update"
-            self._update_params(i, lay)
+            gathers.append(self._update_params(i, lay))
+        for w in gathers:
+            if w is not None:
+                w.wait()
         stats = torch.stack([torch.tensor(loss_sum, dtype=torch.float32, device=self.device),
                              norm2])
         self.comm.phase = "update"
@@ -417,22 +421,25 @@ class ShardedEngine:
         replicas = self.groups["OS_replica"].size
         return float(stats[0]), math.sqrt(float(stats[1]) / replicas)
 
-    def _update_params(self, i: int, lay: UnitLayout) -> None:
+    def _update_params(self, i: int, lay: UnitLayout) -> Work | None:
+        """Cast the updated master shard and gather it into the P shard; returns the pending
+        all-gather when it can finish later (its output is the P shard itself)."""
         new = self.master[i].to(self.pdt)
         group = self.groups["P_update"]
         if group.size == 1:
             self.p_shard[i].copy_(new)
-            return
+            return None
         pos = lay.update_positions(self.i_p)
         if pos is None:
-            self.comm.all_gather(self.p_shard[i], new, group)
-            return
+            w = self.comm.all_gather(self.p_shard[i], new, group, async_op=True)
+            return Work(w.handle, lambda: new)  # keeps the input alive until the wait
         # the permuted output lands in an idle buffer: a gather buffer, else a gradient buffer
         idle = self.gather[0] if self.gather else self.gradbuf[0]
         out = idle.view(torch.uint8)[:lay.p_len * new.element_size()].view(self.pdt)
         self.comm.all_gather(out, new, group)
         idx = torch.tensor(pos, device=self.device)
         self.p_shard[i].view(len(pos), -1).index_copy_(0, idx, out.view(len(pos), -1))
+        return None
 
     # ----- whole parameters (tests, checkpoints) ------------------------------------------------
     def full_units(self, what: str = "master") -> list[torch.Tensor]:

@@ -26,7 +26,8 @@ EXACT_4 = {"ddp": "ddp", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3",
            "amsp_1_2_4": "p=1,g=2,os=4", "amsp_2_4_4": "p=2,g=4,os=4"}
 QUANT_4 = {"zeropp": "zeropp", "qwz_hpz2": "p=4,g=4,os=4,qwz,hpz=2"}
 EXACT_8 = {"hsdp": "hsdp", "mics2": "p=2,g=2,os=2", "zero3": "zero3",
-           "amsp_2_4_8": "p=2,g=4,os=8", "amsp_1_4_8": "p=1,g=4,os=8"}
+           "amsp_2_4_8": "p=2,g=4,os=8", "amsp_1_4_8": "p=1,g=4,os=8",
+           "hpz_only": "p=8,g=8,os=8,hpz=4"}
 QUANT_8 = {"zeropp": "zeropp", "qgz_only": "p=8,g=8,os=8,qgz"}
 BF16_4 = {"bf16_zero3": "zero3", "bf16_amsp_1_2_4": "p=1,g=2,os=4", "bf16_zeropp": "zeropp"}
 BF16_8 = {"bf16_zeropp": "zeropp", "bf16_amsp_2_4_8": "p=2,g=4,os=8",
