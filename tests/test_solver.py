@@ -19,9 +19,12 @@ from amsp_planner.strategy import Strategy
 GIB = 1024**3
 
 
-def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=None, **train):
-    overrides = {"gpus_per_node": gpus_per_node} if gpus_per_node else None
-    c = load_cluster(cluster, overrides)
+def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=None,
+             overlap=None, **train):
+    overrides = {"gpus_per_node": gpus_per_node} if gpus_per_node else {}
+    if overlap is not None:
+        overrides["overlap_efficiency"] = overlap
+    c = load_cluster(cluster, overrides or None)
     t = TrainingSpec(seq_len=seq_len, global_batch_seqs=gpus * seqs_per_gpu, **train)
     return Job.create(load_model(model), c, t, gpus)
 
@@ -53,6 +56,7 @@ instances = st.fixed_dictionaries({
     "limit_frac": st.floats(min_value=0.02, max_value=1.2),
     "zeropp": st.booleans(),
     "objective": st.sampled_from(["time", "time", "comm"]),
+    "overlap": st.sampled_from([1.0, 1.0, 0.5, 0.0]),
 })
 
 
@@ -62,7 +66,7 @@ instances = st.fixed_dictionaries({
 def test_ilp_equals_brute_force(p):
     gpus = p["gpus_per_node"] * p["nodes"]
     job = make_job(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
-                   gpus_per_node=p["gpus_per_node"])
+                   gpus_per_node=p["gpus_per_node"], overlap=p["overlap"])
     # memory limits from "nothing fits" to "everything fits" relative to DDP's need
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
     check_against_brute_force(job, ddp * p["limit_frac"], p["zeropp"], p["objective"])
@@ -140,3 +144,18 @@ def test_runners_up_are_ordered_and_distinct():
     assert all(a <= b * (1 + 1e-9) for a, b in zip(steps, steps[1:], strict=False))
     names = [str(r.best.strategy)] + [str(e.strategy) for e in r.runners_up]
     assert len(set(names)) == len(names)
+
+
+def test_no_overlap_adds_all_communication_to_the_step():
+    # eta = 0: step = compute + every collective (plus nothing hidden); eta = 1 hides some
+    from amsp_planner.cost.evaluate import evaluate as ev
+    serial = make_job("llama-7b", "a800-hdr", 64, seqs_per_gpu=2, overlap=0.0)
+    e = ev(serial, Strategy(s_p=64, s_g=64, s_os=64))
+    u = serial.num_units
+    t = e.time
+    # with no overlap each phase is fully exposed, plus the per-unit fill terms of the model
+    fill = (t.comm_total_s - t.exposed_update_s) / u
+    assert math.isclose(t.step_s, t.compute_s + t.comm_total_s + fill, rel_tol=1e-9)
+    hidden = ev(make_job("llama-7b", "a800-hdr", 64, seqs_per_gpu=2, overlap=1.0),
+                Strategy(s_p=64, s_g=64, s_os=64))
+    assert hidden.step_s < e.step_s

@@ -21,6 +21,10 @@ collective times of the schedule grouped as
 
   step = n_micro (T_f + T_b) + n_micro E_f + (n_micro - 1) E_b + E_b' + E_u
 
+The cluster's ``overlap_efficiency`` eta multiplies T_f and T_b inside the max(0, .) terms:
+eta = 1 hides communication fully behind compute (GPUs: collectives on their own engines),
+eta = 0 serialises them (CPU processes that share cores with their own communication).
+
 The ILP (solver/ilp.py) linearises exactly these max(0, .) terms with auxiliary variables.
 """
 
@@ -74,14 +78,16 @@ def phase_times(schedule: tuple[ScheduleEntry, ...], n_micro: int) -> dict[str, 
     return out
 
 
-def overlap(t_f: float, t_b: float, c: dict[str, float], n_micro: int, num_units: int
-            ) -> StepTime:
-    """The overlap model of the module docstring."""
+def overlap(t_f: float, t_b: float, c: dict[str, float], n_micro: int, num_units: int,
+            efficiency: float = 1.0) -> StepTime:
+    """The overlap model of the module docstring; `efficiency` (the cluster's
+    ``overlap_efficiency``, eta) scales the compute time that can hide communication."""
     u = num_units
-    e_f = max(0.0, c["forward"] - t_f) + c["forward"] / u
-    e_b = max(0.0, c["backward"] - t_b) + c["backward"] / u
+    h_f, h_b = efficiency * t_f, efficiency * t_b
+    e_f = max(0.0, c["forward"] - h_f) + c["forward"] / u
+    e_b = max(0.0, c["backward"] - h_b) + c["backward"] / u
     last = c["backward"] + c["grad_sync"]
-    e_last = max(0.0, last - t_b) + last / u
+    e_last = max(0.0, last - h_b) + last / u
     comm = n_micro * (c["forward"] + c["backward"]) + c["grad_sync"] + c["update"]
     return StepTime(
         compute_s=n_micro * (t_f + t_b),
@@ -95,4 +101,5 @@ def overlap(t_f: float, t_b: float, c: dict[str, float], n_micro: int, num_units
 def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro_batch: int,
               ckpt: bool) -> StepTime:
     t_f, t_b = compute_times(job, micro_batch, ckpt)
-    return overlap(t_f, t_b, phase_times(schedule, n_micro), n_micro, job.num_units)
+    return overlap(t_f, t_b, phase_times(schedule, n_micro), n_micro, job.num_units,
+                   job.cluster.overlap_efficiency)

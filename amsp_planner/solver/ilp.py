@@ -26,7 +26,8 @@ Once per step: C_s = sum_GO zGO T_osrs(g, o) + sum_o xO_o T_ar(o);
 C_u = sum_PO zPO T_upd(p, o) + T_metrics. Compute: T_f = sum_j y_j Tf_j, T_b = sum_j y_j Tb_j.
 
 Overlap (cost/step_time.py), linearised with auxiliaries (continuous, >= 0):
-  e_f >= C_f - T_f;  e_b >= C_b - T_b;  e_l >= C_b + C_s - T_b
+  e_f >= C_f - eta T_f;  e_b >= C_b - eta T_b;  e_l >= C_b + C_s - eta T_b
+  (eta = the cluster's overlap_efficiency)
   E_F >= n_j (e_f + C_f/U) - M_Fj (1 - y_j)          [products n x e, per option j]
   E_B >= (n_j - 1)(e_b + C_b/U) - M_Bj (1 - y_j)
   step = sum_j y_j n_j (Tf_j + Tb_j) + E_F + E_B + e_l + (C_b + C_s)/U + C_u
@@ -291,9 +292,10 @@ class StrategyIlp:
         self.step_expr = None
         if self.objective == "time":
             ef, eb, el = B("e_f", lowBound=0), B("e_b", lowBound=0), B("e_l", lowBound=0)
-            prob += ef >= Cf - Tf, "exposed_forward"
-            prob += eb >= Cb - Tb, "exposed_backward"
-            prob += el >= Cb + Cs - Tb, "exposed_last_backward"
+            eta = job.cluster.overlap_efficiency
+            prob += ef >= Cf - eta * Tf, "exposed_forward"
+            prob += eb >= Cb - eta * Tb, "exposed_backward"
+            prob += el >= Cb + Cs - eta * Tb, "exposed_last_backward"
             EF, EB = B("E_F", lowBound=0), B("E_B", lowBound=0)
             max_c = big_ag * 2 + max([0.0] + list(T.rs.values()) + list(T.qgz.values()))
             max_t = max(T.tf.values())

@@ -90,6 +90,9 @@ class ClusterSpec(BaseModel):
     """Leaf downlink : uplink bandwidth ratio (1 = non-blocking fat tree)."""
     bus_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Measured bus bandwidth as a fraction of spec (nccl-tests reach about 0.8)."""
+    overlap_efficiency: float = Field(default=1.0, ge=0, le=1)
+    """Fraction of compute time that can hide communication: 1 when collectives run on their own
+    engines (GPUs with NCCL), 0 when they compete for the same cores (CPU processes)."""
     measured: list[MeasuredTable] = Field(default_factory=list)
     """Measured bandwidth tables (from `amsp calibrate`) that override the alpha-beta model."""
 
