@@ -80,3 +80,29 @@ def test_reference_model_counts_match_the_spec():
     spec = load_model("tiny")
     m = ReferenceModel(spec, seed=0)
     assert [p.numel() for p in m.flats] == spec.unit_params()
+
+
+def test_token_file_and_stdlib_corpus(tmp_path):
+    import numpy as np
+
+    from amsp_planner.errors import AmspUserError
+    from amsp_planner.runtime.data import TokenSource
+
+    path = tmp_path / "toks.bin"
+    np.arange(1000, dtype=np.uint16).__mod__(200).astype(np.uint16).tofile(path)
+    src = TokenSource(str(path), 256, 16, 4, seed=1)
+    b = src.batch(3)
+    assert b.shape == (4, 17) and int(b.max()) < 200
+    assert torch.equal(b, TokenSource(str(path), 256, 16, 4, seed=1).batch(3))  # (seed, step)
+    assert torch.equal(src.batch(3, slice(2, 4)), b[2:4])
+    with pytest.raises(AmspUserError, match="token id 199 .* not below the model's vocab_size 128"):
+        TokenSource(str(path), 128, 16, 4)
+    text = TokenSource("stdlib", 256, 32, 2).batch(0)
+    assert text.shape == (2, 33) and int(text.max()) < 256
+
+
+def test_cli_module_does_not_import_torch():
+    code = "import sys, amsp_planner.cli.train, amsp_planner.runtime; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
