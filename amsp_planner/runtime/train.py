@@ -181,6 +181,18 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
     return report
 
 
+def _peak_rss() -> int | None:
+    """This process's peak resident set (bytes; Linux), for CPU runs."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _report(job, strategy, ev, engine, step_rows, setup_rows, ckpt_rows, losses, norms, times,
             start) -> dict:
     from amsp_planner.cost.memory import buffer_bytes, model_state_bytes
@@ -215,6 +227,6 @@ def _report(job, strategy, ev, engine, step_rows, setup_rows, ckpt_rows, losses,
         "schedule": entries, "setup": setup_rows, "checkpoint": ckpt_rows,
         "memory": {"measured": measured, "predicted": predicted_mem,
                    "predicted_total": sum(predicted_mem.values()),
-                   "device_peak_allocated": peak},
+                   "device_peak_allocated": peak, "process_peak_rss": _peak_rss()},
         "optim": asdict(engine.optim),
     }

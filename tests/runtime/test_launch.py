@@ -38,6 +38,7 @@ def plans(tmp_path_factory):
                      "max_seq_len: 256\n")
     return {"dir": tmp, "p4": make_plan(tmp, "p4.json", 4),
             "p8": make_plan(tmp, "p8.json", 8, strategy="p=2,g=4,os=8"),
+            "p8b": make_plan(tmp, "p8b.json", 8, strategy="hsdp"),
             "other": make_plan(tmp, "other.json", 4, model=str(other))}
 
 
@@ -88,6 +89,26 @@ def test_refuses_mismatched_world_inside_torchrun(plans, plan, nproc, msg):
     assert r.returncode != 0
     hits = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert hits == [msg + hits[0][len(msg):]] and "Traceback" not in r.stderr.split(msg)[0]
+
+
+@pytest.mark.multiprocess
+def test_refuses_nodes_running_different_plans(plans):
+    """Two node agents launched with different plan files: refused by every rank's check of
+    the plan fingerprints (the setup all-gather), before any training."""
+    port = free_port()
+    procs = []
+    for node, plan in enumerate(("p8", "p8b")):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
+               "--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1",
+               f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5",
+               "-m", "amsp_planner.runtime.launch", str(plans[plan])]
+        procs.append(subprocess.Popen(cmd, cwd=plans["dir"], env=env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode != 0 for p in procs)
+    errs = [x for _, e in outs for x in e.splitlines() if x.startswith("error:")]
+    assert errs == ["error: rank 4 runs a different plan (model, world or strategy) than rank 0: "
+                    "launch every node with the same plan file"]
 
 
 @pytest.mark.multiprocess
