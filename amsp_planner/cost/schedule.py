@@ -21,7 +21,9 @@ Per-micro-batch entries have ``calls_per_step = num_units * n_micro``; once-per-
 ``num_units`` (one call per unit). ``full_bytes_per_step`` sums the full tensor of every call:
 the gathered tensor (all-gather), the input (reduce-scatter), the tensor (all-reduce), the send
 buffer (all-to-all). Quantized payloads are one uint8 buffer per call: INT8 (qwZ) or packed INT4
-(qgZ, two per byte) values followed by one fp32 scale per ``quant_block`` elements.
+(qgZ, two per byte) values followed by one fp32 scale per ``quant_block`` elements; laid out as
+the members' chunks back to back, each chunk its own values then scales (the sizes add up to
+``quantized_bytes`` of the whole, since every chunk is whole blocks).
 
 Ring-convention bytes per rank: (m-1)/m * full (all-gather, reduce-scatter, all-to-all),
 2(m-1)/m * full (all-reduce); split into intra- and inter-node parts by ``topology.split_bytes``.
