@@ -17,6 +17,7 @@ twice that); all-to-all intra (k-1)/m * full, inter (g-1)/g * full.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -84,15 +85,20 @@ def ring_bytes(op: str, full: float, size: int, members_per_node: int, nodes: in
     return intra, inter
 
 
+RS_AS_ALL_REDUCE_ENV = "AMSP_GLOO_RS_AS_ALL_REDUCE"
+
+
 class Comm:
     """Issues collectives on ``Group``s and counts them under the current phase."""
 
     def __init__(self, device: str | torch.device = "cpu",
                  rs_by_all_reduce: bool | None = None) -> None:
         self.device = torch.device(device)
-        self.rs_by_all_reduce = (self.device.type == "cpu" if rs_by_all_reduce is None
-                                 else rs_by_all_reduce)
-        """Run reduce-scatters as all-reduces (gloo; see [Note: gloo reduce-scatter])."""
+        if rs_by_all_reduce is None:
+            rs_by_all_reduce = (self.device.type == "cpu"
+                                and os.environ.get(RS_AS_ALL_REDUCE_ENV, "0") == "1")
+        self.rs_by_all_reduce = rs_by_all_reduce
+        """Run reduce-scatters as all-reduces (opt-in on gloo; see [Note: gloo reduce-scatter])."""
         self.phase = "setup"
         self._calls: dict[tuple, int] = defaultdict(int)
         self._bytes: dict[tuple, int] = defaultdict(int)
@@ -153,14 +159,17 @@ class Comm:
         if group.size == 1:
             out.copy_(inp)
             return _DONE
-        self._count("reduce_scatter", group, inp.nbytes)
         if not self.rs_by_all_reduce:
+            self._count("reduce_scatter", group, inp.nbytes)
             return Work(dist.reduce_scatter_single(out, inp, group=group.pg, async_op=async_op))
         # [Note: gloo reduce-scatter] gloo's reduce-scatter takes about twice as long as its
-        # all-reduce of the same input (1.6M bf16 on 4 ranks: 13.7 ms vs 7.6 ms), so on gloo
-        # it runs as an in-place all-reduce of the input (which the caller is done with)
-        # keeping this member's chunk. Counted as the reduce-scatter the schedule lists:
-        # logical bytes; the wire bytes are gloo's business either way (DESIGN.md 3).
+        # all-reduce of the same input (1.6M bf16 on 4 ranks: 13.7 ms vs 7.6 ms). With
+        # AMSP_GLOO_RS_AS_ALL_REDUCE=1 it runs as an in-place all-reduce of the input (which
+        # the caller is done with) keeping this member's chunk: faster on gloo, but it is an
+        # all-reduce, sends twice the reduce-scatter's ring bytes, and is counted as what it
+        # is, so the run report then shows the difference from the plan. Off by default: the
+        # runtime executes exactly the plan's collectives (DESIGN.md 3).
+        self._count("all_reduce", group, inp.nbytes)
         n = out.numel()
         chunk = inp[group.index * n:(group.index + 1) * n]
         handle = dist.all_reduce(inp, group=group.pg, async_op=async_op)
