@@ -161,7 +161,14 @@ def _call(op: str, bufs, group) -> None:
     if op == "all_gather":
         dist.all_gather_single(out, inp, group=group)
     elif op == "reduce_scatter":
-        dist.reduce_scatter_single(out, inp, group=group)
+        if inp.device.type == "cpu":  # measure what the runtime runs on gloo
+            from amsp_planner.runtime.collectives import Group, _ring_reduce_scatter
+
+            ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+            g = Group("calibrate", ranks, ranks.index(dist.get_rank()), group)
+            _ring_reduce_scatter(out, inp, g)
+        else:
+            dist.reduce_scatter_single(out, inp, group=group)
     elif op == "all_reduce":
         dist.all_reduce(inp, group=group)
     elif op == "all_to_all":
