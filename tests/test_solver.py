@@ -32,18 +32,22 @@ def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=N
 
 def check_against_brute_force(job, limit, zeropp=True, objective="time"):
     space = SearchSpace.for_job(job, zeropp=zeropp)
-    oracle = brute_force(job, space, limit, objective)
+    oracle = brute_force(job, space, limit, objective, top=10**9)
     if not oracle:
         with pytest.raises(InfeasibleError):
             solve(job, limit, zeropp=zeropp, objective=objective, runners_up=0)
         return None
     got = solve(job, limit, zeropp=zeropp, objective=objective, runners_up=0).best
-    want = oracle[0]
     key = (lambda e: e.time.step_s) if objective == "time" else (lambda e: e.time.comm_total_s)
+    best = key(oracle[0])
     assert got.fits
-    assert math.isclose(key(got), key(want), rel_tol=1e-6), (got.strategy, want.strategy)
-    if math.isclose(key(got), key(want), rel_tol=1e-9):
-        assert got.memory.total <= want.memory.total * (1 + 1e-6), (got.strategy, want.strategy)
+    # the same optimum ...
+    assert math.isclose(key(got), best, rel_tol=1e-6), (got.strategy, oracle[0].strategy)
+    # ... and, among the candidates that tie with it (well inside both tie windows of 1e-7),
+    # no more memory than the least of them
+    ties = [e for e in oracle if key(e) <= best * (1 + 1e-8)]
+    least = min(e.memory.total for e in ties)
+    assert got.memory.total <= least * (1 + 1e-6), (got.strategy, min(ties, key=lambda e: e.memory.total).strategy)
     return got
 
 

@@ -10,7 +10,7 @@ from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
 from amsp_planner.solver.space import SearchSpace
 
-TIME_RTOL = 1e-9
+TIME_RTOL = 1e-7
 """Objective values closer than this (relative) are ties, broken toward less memory."""
 
 
