@@ -99,6 +99,10 @@ def worker(plan_path: str, opts: dict) -> int:
             Path(err_file).write_text(str(e))
         elif not err_file and rank == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)
+        if rank != "0":
+            # Rank 0 reports the one line; the others give it time to do so before torchrun,
+            # seeing them exit, stops the whole job (and rank 0 with it).
+            time.sleep(5)
     sys.stdout.flush()
     sys.stderr.flush()
     # gloo's threads may abort at interpreter teardown; everything is written: leave now
