@@ -132,18 +132,30 @@ def _groups(world: World):
 
     r, n = world.local_size, world.nodes
     intra = inter = None
+
+    def back(pg, ranks):
+        # a two-member group's second connection, as the runtime's groups have (Group.pg_back)
+        if len(ranks) == 2:
+            _BACK[id(pg)] = dist.new_group(ranks)
+
     if r > 1:
         for node in range(n):
             ranks = list(range(node * r, (node + 1) * r))
             pg = dist.group.WORLD if n == 1 else dist.new_group(ranks)
+            back(pg, ranks)
             if world.rank in ranks:
                 intra = pg
     if n > 1:
         ranks = [node * r for node in range(n)]
         pg = dist.group.WORLD if r == 1 else dist.new_group(ranks)
+        back(pg, ranks)
         if world.rank in ranks:
             inter = pg
     return intra, inter
+
+
+_BACK: dict[int, object] = {}
+"""id(process group) -> its second connection, for groups of two."""
 
 
 # ----- one point --------------------------------------------------------------------------
@@ -165,7 +177,8 @@ def _call(op: str, bufs, group) -> None:
             from amsp_planner.runtime.collectives import Group, _ring_reduce_scatter
 
             ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
-            g = Group("calibrate", ranks, ranks.index(dist.get_rank()), group)
+            g = Group("calibrate", ranks, ranks.index(dist.get_rank()), group,
+                      pg_back=_BACK.get(id(group)))
             _ring_reduce_scatter(out, inp, g)
         else:
             dist.reduce_scatter_single(out, inp, group=group)

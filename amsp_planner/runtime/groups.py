@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from amsp_planner.runtime.collectives import Group
 
-_PG_CACHE: dict[tuple[int, ...], object] = {}
+_PG_CACHE: dict[tuple[int, ...], tuple[object, object]] = {}
 
 
 def members(rank: int, size: int, stride: int) -> tuple[int, ...]:
@@ -63,17 +63,20 @@ def group_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int
 
 
 def _process_group(ranks: tuple[int, ...], world: int):
-    """One torch ProcessGroup per distinct rank list; every rank must call this alike."""
+    """(ProcessGroup, back channel) per distinct rank list; every rank must call this alike.
+
+    Groups of two get a second ProcessGroup over the same members (``Group.pg_back``), so a
+    two-member ring sends and receives on separate connections."""
     import torch.distributed as dist
 
     if len(ranks) == 1:
-        return None
-    if len(ranks) == world:
-        return dist.group.WORLD
+        return None, None
     if ranks not in _PG_CACHE:
         for g in partition(world, len(ranks), ranks[1] - ranks[0]):
             if g not in _PG_CACHE:
-                _PG_CACHE[g] = dist.new_group(list(g))
+                pg = dist.group.WORLD if len(g) == world else dist.new_group(list(g))
+                back = dist.new_group(list(g)) if len(g) == 2 else None
+                _PG_CACHE[g] = (pg, back)
     return _PG_CACHE[ranks]
 
 
@@ -83,9 +86,9 @@ def build_groups(strategy, rank: int, world: int, gpus_per_node: int,
     out = {}
     for name, (size, stride) in group_kinds(strategy, world, gpus_per_node).items():
         ranks = members(rank, size, stride)
-        pg = _process_group(ranks, world)
+        pg, back = _process_group(ranks, world)
         my_node = node_of[rank]
         nodes = len({node_of[r] for r in ranks})
         k = sum(1 for r in ranks if node_of[r] == my_node)
-        out[name] = Group(name, ranks, ranks.index(rank), pg, k, nodes)
+        out[name] = Group(name, ranks, ranks.index(rank), pg, k, nodes, back)
     return out
