@@ -24,7 +24,6 @@ def _diff(a, b) -> str:
 
 
 def explain_plan(p) -> dict:
-    from amsp_planner.cost.evaluate import evaluate
     from amsp_planner.errors import InfeasibleError
     from amsp_planner.solver import solve
     from amsp_planner.strategy import Strategy
@@ -96,6 +95,5 @@ def explain_plan(p) -> dict:
                      f"{d_mem:+.2f} GiB{fit}; differs by {_diff(e.strategy, other)}")
         facts["alternatives"].append({"name": name, "strategy": r["strategy"],
                                       "step_rel": d_step, "memory_gib_delta": d_mem})
-    del evaluate
     facts["lines"] = lines
     return facts

@@ -88,11 +88,9 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     if not sols:
         raise InfeasibleError(infeasible_message(job, space, limit))
     evals = [check_agreement(job, s, limit, objective) for s in sols]
-    tr = job.training
     bl = named_baselines(job.num_gpus, job.gpus_per_node, evals[0].strategy.micro_batch,
                          evals[0].strategy.ckpt)
     baselines = {name: evaluate(job, s, limit) for name, s in bl.items()}
-    del tr
     stats.notes.extend(notes)
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes)
 
