@@ -18,6 +18,7 @@ from amsp_planner.specs import (
     load_model,
     parse_batch,
 )
+from amsp_planner.strategy import Strategy
 
 # Published parameter counts (papers / model cards), and the preset that models each.
 PUBLISHED = {
@@ -169,9 +170,9 @@ def test_training_spec_batch_rules():
     with pytest.raises(ValidationError, match="default global batch"):
         TrainingSpec(seq_len=3000)
     t = TrainingSpec(global_batch_seqs=96)
-    assert t.seqs_per_gpu(32) == 3
+    assert Strategy(micro_batch=1).n_micro(t.batch_seqs, 32) == 3
     with pytest.raises(ValueError, match="multiple of 64"):
-        t.seqs_per_gpu(32, micro_batch=2)
+        Strategy(micro_batch=2).n_micro(t.batch_seqs, 32)
 
 
 @pytest.mark.parametrize("text, value", [("4M", 4 * 2**20), ("512K", 512 * 1024), ("16384", 16384),

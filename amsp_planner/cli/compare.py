@@ -19,15 +19,14 @@ from amsp_planner.cli.options import build_job, job_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def compare(strategies, strategy_from, as_json, **opts):
     """Predict memory, bytes and step time of the named baselines for one job."""
-    from amsp_planner.cost.evaluate import evaluate
-    from amsp_planner.strategy import named_baselines, parse_strategy_or_baseline
+    from amsp_planner.cost.evaluate import evaluate, evaluate_baselines
+    from amsp_planner.strategy import parse_strategy_or_baseline
 
     job, limit = build_job(**opts)
     t = job.training
     mb = t.micro_batch or 1
     ckpt = bool(t.activation_checkpointing)
-    rows = [(name, evaluate(job, s, limit))
-            for name, s in named_baselines(job.num_gpus, job.gpus_per_node, mb, ckpt).items()]
+    rows = list(evaluate_baselines(job, limit, mb, ckpt).items())
     for text in strategies:
         s = parse_strategy_or_baseline(text, job.num_gpus, job.gpus_per_node)
         rows.append(("given", evaluate(job, s, limit)))

@@ -30,9 +30,9 @@ from amsp_planner.cli.options import build_job, job_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON instead of tables.")
 def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output, as_json, **opts):
     """Find the best strategy for a job and write the plan file."""
-    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.cost.evaluate import best_baseline, evaluate, evaluate_baselines
     from amsp_planner.plan import build_doc, canonical_text, write_plan
-    from amsp_planner.strategy import named_baselines, parse_strategy_or_baseline
+    from amsp_planner.strategy import parse_strategy_or_baseline
 
     t0 = time.perf_counter()
     job, limit = build_job(**opts)
@@ -49,11 +49,9 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         else:
             s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
         best = evaluate(job, s, limit)
-        bl = named_baselines(job.num_gpus, job.gpus_per_node, s.micro_batch, s.ckpt)
-        baselines = {n: evaluate(job, b, limit) for n, b in bl.items()}
+        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt)
+        best_bl = best_baseline(baselines)
         runners, solver_info, solve_s = [], None, 0.0
-        fitting = [(n, e) for n, e in baselines.items() if e.fits]
-        best_bl = min(fitting, key=lambda ne: (ne[1].step_s, ne[1].memory.total)) if fitting else None
     else:
         from amsp_planner.solver import solve
 

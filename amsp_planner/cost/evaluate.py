@@ -61,6 +61,23 @@ class Evaluation:
         }
 
 
+def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch: int = 1,
+                       ckpt: bool = False) -> dict[str, Evaluation]:
+    """Every named baseline valid for the job, evaluated (same micro-batch and checkpointing)."""
+    from amsp_planner.strategy import named_baselines
+
+    bl = named_baselines(job.num_gpus, job.gpus_per_node, micro_batch, ckpt)
+    return {name: evaluate(job, s, memory_limit) for name, s in bl.items()}
+
+
+def best_baseline(baselines: dict[str, Evaluation]) -> tuple[str, Evaluation] | None:
+    """The fastest baseline that fits (least memory on equal step time); None if none fits."""
+    fitting = [(n, e) for n, e in baselines.items() if e.fits]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda ne: (ne[1].step_s, ne[1].memory.total))
+
+
 def evaluate(job: Job, s: Strategy, memory_limit: float | None = None) -> Evaluation:
     """Everything the cost model predicts for `s` on `job` (checks `s` first)."""
     job.check(s)

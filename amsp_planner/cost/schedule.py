@@ -40,8 +40,6 @@ from amsp_planner.cost.job import Job
 from amsp_planner.strategy import Strategy
 from amsp_planner.topology import split_bytes
 
-PER_MICRO_BATCH_PHASES = ("forward", "backward")
-
 
 @dataclass(frozen=True)
 class ScheduleEntry:

@@ -8,14 +8,7 @@ from __future__ import annotations
 
 from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
-from amsp_planner.solver.space import SearchSpace
-
-TIME_RTOL = 1e-7
-"""Objective values closer than this (relative) are ties, broken toward less memory."""
-
-
-def objective_value(e: Evaluation, objective: str) -> float:
-    return e.time.step_s if objective == "time" else e.time.comm_total_s
+from amsp_planner.solver.space import TIME_RTOL, SearchSpace, objective_value
 
 
 def rank_key(e: Evaluation, objective: str, best: float | None = None):
@@ -35,8 +28,3 @@ def brute_force(job: Job, space: SearchSpace, memory_limit: float, objective: st
     fits.sort(key=lambda e: rank_key(e, objective, best))
     return fits[:top]
 
-
-def min_memory(job: Job, space: SearchSpace) -> Evaluation:
-    """The candidate with the least memory per GPU (for infeasibility reports)."""
-    return min((evaluate(job, s, float("inf")) for s in space.candidates(job)),
-               key=lambda e: (e.memory.total, e.time.step_s))

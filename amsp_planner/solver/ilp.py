@@ -58,11 +58,10 @@ from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
 from amsp_planner.cost.schedule import build_schedule
 from amsp_planner.cost.step_time import compute_times
-from amsp_planner.solver.space import SearchSpace
+from amsp_planner.solver.space import TIME_RTOL, SearchSpace
 from amsp_planner.strategy import Strategy
 
 GIB = 1024**3
-TIME_RTOL = 1e-7
 PHASE2_RTOLS = (TIME_RTOL, 1e-6)
 """Relative slack on the step time while phase 2 minimises memory, tried in turn."""
 

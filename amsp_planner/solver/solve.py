@@ -9,12 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from amsp_planner.cost.evaluate import Evaluation, evaluate
+from amsp_planner.cost.evaluate import Evaluation, best_baseline, evaluate, evaluate_baselines
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError, InfeasibleError
 from amsp_planner.solver.ilp import GIB, IlpStats, SolverError, StrategyIlp
-from amsp_planner.solver.space import SearchSpace
-from amsp_planner.strategy import named_baselines
+from amsp_planner.solver.space import SearchSpace, objective_value
 
 AGREE_RTOL = 1e-6
 
@@ -32,20 +31,13 @@ class SolveResult:
 
     @property
     def best_baseline(self) -> tuple[str, Evaluation] | None:
-        fitting = [(n, e) for n, e in self.baselines.items() if e.fits]
-        if not fitting:
-            return None
-        return min(fitting, key=lambda ne: (ne[1].step_s, ne[1].memory.total))
-
-
-def _objective_of(e: Evaluation, objective: str) -> float:
-    return e.time.step_s if objective == "time" else e.time.comm_total_s
+        return best_baseline(self.baselines)
 
 
 def check_agreement(job: Job, sol, limit: float, objective: str) -> Evaluation:
     """Re-evaluate an ILP solution with the cost model; both must agree."""
     e = evaluate(job, sol.strategy, limit)
-    want = _objective_of(e, objective)
+    want = objective_value(e, objective)
     if not math.isclose(sol.objective, want, rel_tol=AGREE_RTOL, abs_tol=1e-12):
         raise AssertionError(
             f"ILP and cost model disagree on {sol.strategy}: objective {sol.objective!r} vs {want!r}"
@@ -88,9 +80,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     if not sols:
         raise InfeasibleError(infeasible_message(job, space, limit))
     evals = [check_agreement(job, s, limit, objective) for s in sols]
-    bl = named_baselines(job.num_gpus, job.gpus_per_node, evals[0].strategy.micro_batch,
-                         evals[0].strategy.ckpt)
-    baselines = {name: evaluate(job, s, limit) for name, s in bl.items()}
+    baselines = evaluate_baselines(job, limit, evals[0].strategy.micro_batch,
+                                   evals[0].strategy.ckpt)
     stats.notes.extend(notes)
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes)
 

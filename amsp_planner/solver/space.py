@@ -14,6 +14,16 @@ from dataclasses import dataclass
 from amsp_planner.cost.job import Job
 from amsp_planner.strategy import Strategy, factor_options
 
+TIME_RTOL = 1e-7
+"""Objective values closer than this (relative) are ties, broken toward less memory: by the
+ILP's second solve and by the brute force alike. Wider than the solver's feasibility
+tolerance, so a tie is never lost to solver round-off."""
+
+
+def objective_value(e, objective: str) -> float:
+    """The objective of an Evaluation: step time ('time') or all collective time ('comm')."""
+    return e.time.step_s if objective == "time" else e.time.comm_total_s
+
 
 @dataclass(frozen=True)
 class SearchSpace:

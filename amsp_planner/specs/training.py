@@ -77,16 +77,3 @@ class TrainingSpec(BaseModel):
     @property
     def grad_dtype_name(self) -> str:
         return "fp32" if self.grad_bytes == 4 else "bf16"
-
-    def seqs_per_gpu(self, num_gpus: int, micro_batch: int = 1) -> int:
-        """Sequences each GPU processes per step; raises ValueError when the batch does not divide."""
-        unit = num_gpus * micro_batch
-        b = self.batch_seqs
-        if b < unit or b % unit:
-            raise ValueError(
-                f"global batch of {b} sequences is not a multiple of GPUs x micro-batch = "
-                f"{num_gpus} x {micro_batch} = {unit}: use a global batch that is a multiple of "
-                f"{unit} (e.g. {max(1, b // unit) * unit if b >= unit else unit} sequences), "
-                "or fewer GPUs"
-            )
-        return b // num_gpus
