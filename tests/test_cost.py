@@ -323,14 +323,42 @@ def test_activation_bytes_by_hand():
 def test_overlap_model_by_hand():
     c = {"forward": 0.5, "backward": 3.0, "grad_sync": 1.0, "update": 0.25}
     t = overlap(t_f=1.0, t_b=2.0, c=c, n_micro=2, num_units=4)
-    # E_f = max(0, 0.5 - 1) + 0.5/4 = 0.125 per micro-batch
-    # E_b = max(0, 3 - 2) + 3/4 = 1.75 (first micro-batch)
-    # E_b' = max(0, 3 + 1 - 2) + 4/4 = 3 (last micro-batch); E_u = 0.25
+    # U = 4 units, (U-1)/U = 0.75 of the communication can hide behind another unit's compute
+    # E_f = 0.5/4 + 0.75 max(0, 0.5 - 1) = 0.125 per micro-batch
+    # E_b = 3/4 + 0.75 max(0, 3 - 2) = 1.5 (first micro-batch)
+    # E_b' = 4/4 + 0.75 max(0, 3 + 1 - 2) = 2.5 (last micro-batch); E_u = 0.25
     assert t.compute_s == 6.0
     assert t.exposed_forward_s == pytest.approx(0.25)
-    assert t.exposed_backward_s == pytest.approx(4.75)
-    assert t.step_s == pytest.approx(6 + 0.25 + 4.75 + 0.25)
+    assert t.exposed_backward_s == pytest.approx(4.0)
+    assert t.step_s == pytest.approx(6 + 0.25 + 4.0 + 0.25)
     assert t.comm_total_s == pytest.approx(2 * 3.5 + 1 + 0.25)
+
+
+def _simulated_forward(c_unit: float, t_unit: float, units: int, concurrent: bool) -> float:
+    """Event-by-event forward pass of `units` equal units: the gather of unit i+1 may start
+    once unit i's gather is done and unit i's compute has started (one unit prefetched);
+    compute i needs gather i. `concurrent`: gathers run beside compute (a GPU's copy engines);
+    otherwise one resource runs both, one at a time (CPU processes)."""
+    if not concurrent:
+        return units * (c_unit + t_unit)
+    gather_end = compute_end = 0.0
+    compute_start = 0.0
+    for i in range(units):
+        start = gather_end if i == 0 else max(gather_end, compute_start)
+        gather_end = start + c_unit
+        compute_start = max(gather_end, compute_end)
+        compute_end = compute_start + t_unit
+    return compute_end
+
+
+@pytest.mark.parametrize("units", [1, 2, 4, 7, 34])
+@pytest.mark.parametrize(("c", "t"), [(0.5, 1.0), (3.0, 2.0), (1.0, 1.0), (2.0, 0.1)])
+@pytest.mark.parametrize("eta", [0.0, 1.0])
+def test_overlap_matches_an_event_simulation_of_the_unit_pipeline(units, c, t, eta):
+    st = overlap(t_f=t, t_b=0.0, c={"forward": c, "backward": 0.0, "grad_sync": 0.0,
+                                     "update": 0.0}, n_micro=1, num_units=units, efficiency=eta)
+    sim = _simulated_forward(c / units, t / units, units, concurrent=eta == 1.0)
+    assert st.compute_s + st.exposed_forward_s == pytest.approx(sim, rel=1e-12)
 
 
 def test_checkpointing_costs_one_extra_forward_and_no_model_flops():

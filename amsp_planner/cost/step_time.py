@@ -10,14 +10,20 @@ collective times of the schedule grouped as
   C_f = forward all-gathers,  C_b = backward all-gathers + gradient reduce-scatters / qgZ hops,
   C_s = step-boundary gradient sync (grad_sync),  C_u = update all-gather + metrics:
 
-  forward:  E_f = max(0, C_f - T_f) + C_f / U
-            (prefetching unit i+1 hides behind unit i's compute; the first unit's gather cannot)
-  backward: E_b = max(0, C_b - T_b) + C_b / U
-            (the last unit's reduce-scatter runs after the last backward compute)
-  last micro-batch: E_b' = max(0, C_b + C_s - T_b) + (C_b + C_s) / U
+  forward:  E_f = C_f / U + (U-1)/U * max(0, C_f - eta T_f)
+            (the first unit's gather cannot hide; each later unit's gather, C_f/U, runs during
+            the previous unit's compute, T_f/U, and shows only by what that compute cannot
+            cover: summed over U-1 units, (U-1)/U * max(0, C_f - eta T_f))
+  backward: E_b = C_b / U + (U-1)/U * max(0, C_b - eta T_b)
+            (the same pipeline in reverse: the last unit's reduce-scatter runs after the last
+            backward compute)
+  last micro-batch: E_b' = (C_b + C_s)/U + (U-1)/U * max(0, C_b + C_s - eta T_b)
             (the step-boundary sync of each unit starts as soon as its gradient is final, behind
             the rest of the last backward)
   update:   E_u = C_u (after the optimizer, exposed)
+
+With eta = 0 every phase is exposed exactly once (E_f = C_f); with eta = 1 and communication
+longer than compute, the step is communication-bound plus one unit's compute.
 
   step = n_micro (T_f + T_b) + n_micro E_f + (n_micro - 1) E_b + E_b' + E_u
 
@@ -83,11 +89,12 @@ def overlap(t_f: float, t_b: float, c: dict[str, float], n_micro: int, num_units
     """The overlap model of the module docstring; `efficiency` (the cluster's
     ``overlap_efficiency``, eta) scales the compute time that can hide communication."""
     u = num_units
+    w = (u - 1) / u  # the units whose communication can hide behind another unit's compute
     h_f, h_b = efficiency * t_f, efficiency * t_b
-    e_f = max(0.0, c["forward"] - h_f) + c["forward"] / u
-    e_b = max(0.0, c["backward"] - h_b) + c["backward"] / u
+    e_f = w * max(0.0, c["forward"] - h_f) + c["forward"] / u
+    e_b = w * max(0.0, c["backward"] - h_b) + c["backward"] / u
     last = c["backward"] + c["grad_sync"]
-    e_last = max(0.0, last - h_b) + last / u
+    e_last = w * max(0.0, last - h_b) + last / u
     comm = n_micro * (c["forward"] + c["backward"]) + c["grad_sync"] + c["update"]
     return StepTime(
         compute_s=n_micro * (t_f + t_b),

@@ -28,9 +28,10 @@ C_u = sum_PO zPO T_upd(p, o) + T_metrics. Compute: T_f = sum_j y_j Tf_j, T_b = s
 Overlap (cost/step_time.py), linearised with auxiliaries (continuous, >= 0):
   e_f >= C_f - eta T_f;  e_b >= C_b - eta T_b;  e_l >= C_b + C_s - eta T_b
   (eta = the cluster's overlap_efficiency)
-  E_F >= n_j (e_f + C_f/U) - M_Fj (1 - y_j)          [products n x e, per option j]
-  E_B >= (n_j - 1)(e_b + C_b/U) - M_Bj (1 - y_j)
-  step = sum_j y_j n_j (Tf_j + Tb_j) + E_F + E_B + e_l + (C_b + C_s)/U + C_u
+  with w = (U-1)/U (the units whose communication can hide behind another's compute):
+  E_F >= n_j (w e_f + C_f/U) - M_Fj (1 - y_j)        [products n x e, per option j]
+  E_B >= (n_j - 1)(w e_b + C_b/U) - M_Bj (1 - y_j)
+  step = sum_j y_j n_j (Tf_j + Tb_j) + E_F + E_B + w e_l + (C_b + C_s)/U + C_u
 With `objective="comm"`: comm >= n_j (C_f + C_b) - M (1 - y_j), + C_s + C_u.
 
 Memory per GPU (GiB), every term linear:
@@ -52,6 +53,7 @@ import contextlib
 import os
 import sys
 import time as _time
+import warnings
 from dataclasses import dataclass, field
 
 from amsp_planner.cost.job import Job
@@ -227,15 +229,15 @@ class StrategyIlp:
         self._build()
         self.stats = IlpStats(solver=solver, build_time_s=_time.perf_counter() - t0,
                               num_variables=len(self.prob.variables()),
-                              num_constraints=len(self.prob.constraints))
+                              num_constraints=self.prob.numConstraints())
 
     # ----- model ------------------------------------------------------------------------------
     def _build(self) -> None:
         pulp, T, sp, job = self.pulp, self.T, self.space, self.job
         F = sp.factors
-        B = pulp.LpVariable
-        lin = pulp.lpSum
         prob = self.prob
+        B = prob.add_variable  # attached to the model as created (PuLP 4 style)
+        lin = pulp.lpSum
         self.xPn = {f: B(f"xPn_{f}", cat="Binary") for f in F}
         self.xPq = {f: B(f"xPq_{f}", cat="Binary") for f in F if f in T.agq}
         self.xGn = {g: B(f"xGn_{g}", cat="Binary") for g in F}
@@ -288,6 +290,7 @@ class StrategyIlp:
         Tf = lin(self.y[j] * T.tf[j] for j in J)
         Tb = lin(self.y[j] * T.tb[j] for j in J)
         U = job.num_units
+        w = (U - 1) / U
         self.step_expr = None
         if self.objective == "time":
             ef, eb, el = B("e_f", lowBound=0), B("e_b", lowBound=0), B("e_l", lowBound=0)
@@ -302,11 +305,11 @@ class StrategyIlp:
                 nj = T.n[j]
                 mf = nj * (big_ag + max_t + big_ag / U)
                 mb_ = max(0, nj - 1) * (max_c + max_t + max_c / U)
-                prob += EF >= nj * (ef + Cf * (1.0 / U)) - mf * (1 - self.y[j]), f"fwd_x_n_{j[0]}_{int(j[1])}"
+                prob += EF >= nj * (w * ef + Cf * (1.0 / U)) - mf * (1 - self.y[j]), f"fwd_x_n_{j[0]}_{int(j[1])}"
                 if nj > 1:
-                    prob += EB >= (nj - 1) * (eb + Cb * (1.0 / U)) - mb_ * (1 - self.y[j]), f"bwd_x_n_{j[0]}_{int(j[1])}"
+                    prob += EB >= (nj - 1) * (w * eb + Cb * (1.0 / U)) - mb_ * (1 - self.y[j]), f"bwd_x_n_{j[0]}_{int(j[1])}"
             compute = lin(self.y[j] * T.n[j] * (T.tf[j] + T.tb[j]) for j in J)
-            self.step_expr = compute + EF + EB + el + (Cb + Cs) * (1.0 / U) + Cu
+            self.step_expr = compute + EF + EB + w * el + (Cb + Cs) * (1.0 / U) + Cu
         else:
             CC = B("C_micro", lowBound=0)
             max_c = 2 * max([0.0] + list(T.ag.values()) + list(T.agq.values())) + max(
@@ -332,6 +335,9 @@ class StrategyIlp:
         )
         gpu = job.cluster.gpu
         self.mem_expr = tensors * (1 + gpu.fragmentation_fraction) + gpu.context_reserve_gib
+        # phase 2 caps the objective through this variable's upper bound (None: no cap)
+        self.cap = B("objective_cap")
+        prob += self.step_expr <= self.cap, "objective_cap"
         if self.memory_limit != float("inf"):
             prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
         prob.setObjective(self.step_expr)
@@ -344,8 +350,10 @@ class StrategyIlp:
                               threads=1, mip_feasibility_tolerance=1e-9,
                               primal_feasibility_tolerance=1e-9)
         if self.solver_name == "cbc":
-            return pulp.PULP_CBC_CMD(msg=False, timeLimit=self.time_limit_s, gapRel=0.0,
-                                     gapAbs=0.0)
+            with warnings.catch_warnings():  # PuLP 3.3 announces the bundled CBC's removal in 4.0
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return pulp.PULP_CBC_CMD(msg=False, timeLimit=self.time_limit_s, gapRel=0.0,
+                                         gapAbs=0.0)
         raise ValueError(f"unknown solver {self.solver_name}")
 
     def _run(self) -> int:
@@ -410,14 +418,13 @@ class StrategyIlp:
         self.prob.setObjective(self.mem_expr)
         out = [first]
         for rtol in PHASE2_RTOLS:
-            self.prob.constraints.pop("objective_fixed", None)
-            self.prob += self.step_expr <= best_obj + abs(best_obj) * rtol + 1e-12, "objective_fixed"
+            self.cap.upBound = best_obj + abs(best_obj) * rtol + 1e-12
             if self._run() != pulp.LpStatusInfeasible:
                 out = [IlpSolution(self._decode(), self._objective(), self._memory(),
                                    self.stats.status)]
                 break
         # runners-up: exclude each found decision, back to the first objective
-        del self.prob.constraints["objective_fixed"]
+        self.cap.upBound = None
         self.prob.setObjective(self.step_expr)
         for k in range(runners_up):
             ones = [v for v in self._decision_vars() if (pulp.value(v) or 0) > 0.5]
