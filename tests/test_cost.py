@@ -99,6 +99,30 @@ def test_zeropp_hops_are_in_node_then_across_nodes(llama7b_1024):
     assert ("backward", "reduce_scatter", "G") not in e  # qgZ replaces it
 
 
+def test_quantization_kernels_read_what_the_runtime_quantizes(llama7b_1024):
+    # The runtime's qwZ quantizes the rank's own shard (Phi/s_P elements) and dequantizes the
+    # gathered whole (Phi); qgZ quantizes the whole gradient it sends and dequantizes what it
+    # receives (2 Phi per hop, 2 Phi/s0 on the cross-node hop). One 16-bit element = 2 bytes of
+    # kernel input at quant_gbyte_per_s.
+    from amsp_planner.cost.job import Job
+
+    job = llama7b_1024
+    gpu = job.cluster.gpu
+    slow = Job.create(job.model, job.cluster.model_copy(update={"gpu": gpu.model_copy(
+        update={"quant_gbyte_per_s": 1.0})}), job.training, job.num_gpus)
+    s = baseline("zeropp", 1024, 8)
+    fast_e, slow_e = entries(build_schedule(job, s)), entries(build_schedule(slow, s))
+    phi, rate_slow, rate_fast = job.phi, 1e9, gpu.quant_gbyte_per_s * 1e9
+
+    def kernel_s(key):  # time that only the quantizer rate changes
+        return (slow_e[key].time_s - fast_e[key].time_s) / (1 / rate_slow - 1 / rate_fast)
+
+    assert kernel_s(("forward", "all_gather", "P")) == pytest.approx(2 * (phi / 1024 + phi))
+    assert kernel_s(("backward", "all_to_all", "G_intra")) == pytest.approx(2 * 2 * phi)
+    assert kernel_s(("backward", "all_to_all", "G_inter")) == pytest.approx(2 * 2 * phi / 8)
+    assert kernel_s(("backward", "all_gather", "hpZ")) == 0  # bf16 secondary copy
+
+
 # ===== DESIGN.md 3a: ring-byte formula and its checks ==========================================
 def ring_total(job, s, n_micro):
     """DESIGN.md 3a, per rank per step, without the 8-byte metrics all-reduce."""

@@ -27,8 +27,10 @@ the members' chunks back to back, each chunk its own values then scales (the siz
 
 Ring-convention bytes per rank: (m-1)/m * full (all-gather, reduce-scatter, all-to-all),
 2(m-1)/m * full (all-reduce); split into intra- and inter-node parts by ``topology.split_bytes``.
-Quantized entries' ``time_s`` includes the (de)quantization kernels: two passes over the 16-bit
-elements at the GPU's ``quant_gbyte_per_s``. Step-boundary entries run on the gradient dtype (bf16 by default, fp32 with
+Quantized entries' ``time_s`` includes the (de)quantization kernels, one pass over the 16-bit
+elements each kernel reads or writes, at the GPU's ``quant_gbyte_per_s``: qwZ quantizes the
+rank's own shard (phi/s_P) and dequantizes the gathered whole (phi); qgZ quantizes the whole
+gradient it sends and dequantizes as much as it receives (twice the hop's elements). Step-boundary entries run on the gradient dtype (bf16 by default, fp32 with
 ``grad_accum_dtype: fp32`` or in fp32 mode); parameter gathers on the parameter dtype.
 """
 
@@ -73,13 +75,13 @@ def quantized_bytes(elements: int, bits: int, block: int) -> int:
 
 def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dtype: str,
            calls: int, full: int, quant_elements: int = 0) -> ScheduleEntry:
-    """One entry; `quant_elements` adds the time to quantize and dequantize that many elements
-    (one pass each over 16-bit data at the GPU's ``quant_gbyte_per_s``)."""
+    """One entry; `quant_elements` adds the (de)quantization kernels' time: that many 16-bit
+    elements quantized plus dequantized, at the GPU's ``quant_gbyte_per_s``."""
     lay = job.topology.layout(size, stride)
     intra, inter = split_bytes(op, full, lay)
     time = job.topology.collective_time(op, size, stride, full, calls)
     if quant_elements:
-        time += 2 * quant_elements * 2 / (job.cluster.gpu.quant_gbyte_per_s * 1e9)
+        time += quant_elements * 2 / (job.cluster.gpu.quant_gbyte_per_s * 1e9)
     return ScheduleEntry(phase, op, group, size, stride, lay.members_per_node, dtype, calls,
                          int(full), intra, inter, time)
 
@@ -100,7 +102,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
             fwd_full, fwd_dt = quantized_bytes(phi, 8, s.quant_block), "int8+scales"
         else:
             fwd_full, fwd_dt = phi * pb, pdt
-        qe = n_micro * phi if s.qwz else 0
+        qe = n_micro * (phi // s.s_p + phi) if s.qwz else 0  # own shard in, whole out
         out.append(_entry(job, "forward", "all_gather", "P", s.s_p, 1, fwd_dt, per_mb,
                           n_micro * fwd_full, qe))
         if s.hpz > 1:
@@ -115,11 +117,11 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
             if s0 > 1:
                 out.append(_entry(job, "backward", "all_to_all", "G_intra", s0, 1, "int4+scales",
                                   per_mb, n_micro * quantized_bytes(phi, 4, s.quant_block),
-                                  n_micro * phi))
+                                  2 * n_micro * phi))
             if s1 > 1:
                 out.append(_entry(job, "backward", "all_to_all", "G_inter", s1, R, "int4+scales",
                                   per_mb, n_micro * quantized_bytes(phi // s0, 4, s.quant_block),
-                                  n_micro * phi // s0))
+                                  2 * n_micro * phi // s0))
         else:
             out.append(_entry(job, "backward", "reduce_scatter", "G", s.s_g, 1, gdt, per_mb,
                               n_micro * phi * gb))
