@@ -26,7 +26,8 @@ the all-to-all send buffer):
 
 Each point: one untimed warm-up call, one timed probe that fixes how many calls fit in the
 point's time budget (every member agrees: the probe time is max-reduced), a barrier, then the
-timed calls; the time of a point is the slowest member's. A lost rank makes the others fail at
+timed calls; the time of a point is the slowest member's. The grid is measured ``passes``
+times and every figure is the median over passes. A lost rank makes the others fail at
 the process-group timeout, so a partial run never reaches the write (see ``write_spec``).
 """
 
@@ -54,7 +55,11 @@ class CalibrationConfig:
     dtype: str = "bf16"
     """Element type of the measured tensors (bf16 or fp32)."""
     seconds_per_point: float = 0.25
-    """Time budget of the timed calls of one (op, scope, size) point."""
+    """Time budget of the timed calls of one (op, scope, size) point, per pass."""
+    passes: int = 3
+    """Passes over the whole grid (and the matmul, quantizer and model timings); each point
+    keeps the median over passes, so a slow spell of the machine, which hits a run of
+    consecutive points within one pass, moves no point."""
     min_iters: int = 2
     max_iters: int = 50
     matmul_size: int | None = None
@@ -278,52 +283,61 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
     else:
         say("single node: measuring intra-node groups only (no inter-node tables; cross-node "
             "groups keep the alpha-beta model)")
-    total = sum(1 for _, _, on in scopes if on) * len(cfg.ops) * len(sizes)
+    total = cfg.passes * sum(1 for _, _, on in scopes if on) * len(cfg.ops) * len(sizes)
     done = 0
     results: dict[tuple[str, str], list[tuple[int, float]]] = {}
     say(f"calibrating {world.size} ranks ({world.nodes} node(s) x {world.local_size}), "
         f"backend {dist.get_backend()}, {cfg.dtype}, {len(sizes)} sizes "
-        f"{_fmt_bytes(sizes[0])}..{_fmt_bytes(sizes[-1])}")
-    for scope, group, on in scopes:
-        if not on:
-            continue
-        for op in cfg.ops:
-            for size in sizes:
-                point = (size, 0.0)
-                if group is not None:
-                    point = measure_point(op, size, group, cfg, device)
-                # Share the point with the world: rank 0 needs every node's intra figure.
-                row = torch.tensor([point[0], point[1], 1.0 if group is not None else 0.0],
-                                   dtype=torch.float64, device=device)
-                rows = [torch.zeros_like(row) for _ in range(world.size)]
-                dist.all_gather(rows, row)
-                lead = [rows[nd * world.local_size].cpu() for nd in range(world.nodes)]
-                lead = [r for r in lead if r[2] > 0]
-                bw = statistics.fmean(float(r[1]) for r in lead)
-                results.setdefault((op, scope), []).append((int(lead[0][0]), bw))
-                done += 1
-                if cfg.fail_rank == world.rank:
-                    print(f"rank {world.rank}: dying after point {done} (fault injection)",
-                          file=sys.stderr, flush=True)
-                    os._exit(9)
-                say(f"[{done}/{total}] {op:<14} {scope:<5} {_fmt_bytes(int(lead[0][0])):>9}  "
-                    f"busbw {bw / 1e9:8.3f} GB/s")
-    flops = measure_matmul(cfg, device)
-    t = torch.tensor([flops], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    flops = float(t.item()) / world.size
-    say(f"matmul ({cfg.dtype}, every rank at once): {flops / 1e12:.4f} TFLOP/s per rank")
-    t = torch.tensor([measure_quant(cfg, device)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    quant = float(t.item()) / world.size
-    say(f"qwZ/qgZ (de)quantization (every rank at once): {quant / 1e9:.3f} GB/s of 16-bit input")
-    train_rate = None
-    if cfg.model:
-        t = torch.tensor([measure_training(cfg, device)], dtype=torch.float64, device=device)
+        f"{_fmt_bytes(sizes[0])}..{_fmt_bytes(sizes[-1])}, {cfg.passes} pass(es)")
+
+    def mean_over_world(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=device)
         dist.all_reduce(t)
-        train_rate = float(t.item()) / world.size
-        say(f"{cfg.model} forward+backward ({cfg.micro_batch} x {cfg.seq_len} tokens): "
-            f"{train_rate / 1e12:.4f} model TFLOP/s per rank = {train_rate / flops:.1%} of matmul")
+        return float(t.item()) / world.size
+
+    flops_runs, quant_runs, train_runs = [], [], []
+    for pas in range(1, cfg.passes + 1):
+        for scope, group, on in scopes:
+            if not on:
+                continue
+            for op in cfg.ops:
+                for size in sizes:
+                    point = (size, 0.0)
+                    if group is not None:
+                        point = measure_point(op, size, group, cfg, device)
+                    # Share the point with the world: rank 0 needs every node's intra figure.
+                    row = torch.tensor([point[0], point[1], 1.0 if group is not None else 0.0],
+                                       dtype=torch.float64, device=device)
+                    rows = [torch.zeros_like(row) for _ in range(world.size)]
+                    dist.all_gather(rows, row)
+                    lead = [rows[nd * world.local_size].cpu() for nd in range(world.nodes)]
+                    lead = [r for r in lead if r[2] > 0]
+                    bw = statistics.fmean(float(r[1]) for r in lead)
+                    results.setdefault((op, scope), []).append((int(lead[0][0]), bw))
+                    done += 1
+                    if cfg.fail_rank == world.rank:
+                        print(f"rank {world.rank}: dying after point {done} (fault injection)",
+                              file=sys.stderr, flush=True)
+                        os._exit(9)
+                    say(f"[{done}/{total}] {op:<14} {scope:<5} "
+                        f"{_fmt_bytes(int(lead[0][0])):>9}  busbw {bw / 1e9:8.3f} GB/s")
+        flops_runs.append(mean_over_world(measure_matmul(cfg, device)))
+        quant_runs.append(mean_over_world(measure_quant(cfg, device)))
+        if cfg.model:
+            train_runs.append(mean_over_world(measure_training(cfg, device)))
+        say(f"pass {pas}/{cfg.passes}: matmul ({cfg.dtype}, every rank at once) "
+            f"{flops_runs[-1] / 1e12:.4f} TFLOP/s per rank; qwZ/qgZ (de)quantization "
+            f"{quant_runs[-1] / 1e9:.3f} GB/s of 16-bit input"
+            + (f"; {cfg.model} forward+backward {train_runs[-1] / 1e12:.4f} model TFLOP/s"
+               if train_runs else ""))
+    flops = statistics.median(flops_runs)
+    quant = statistics.median(quant_runs)
+    train_rate = statistics.median(train_runs) if train_runs else None
+    say(f"medians over {cfg.passes} pass(es): matmul {flops / 1e12:.4f} TFLOP/s per rank, "
+        f"(de)quantization {quant / 1e9:.3f} GB/s"
+        + (f", {cfg.model} forward+backward ({cfg.micro_batch} x {cfg.seq_len} tokens) "
+           f"{train_rate / 1e12:.4f} model TFLOP/s = {train_rate / flops:.1%} of matmul"
+           if train_rate else ""))
     dist.barrier()  # every rank finished: only now may rank 0 write
     if world.rank != 0:
         return None
@@ -395,7 +409,10 @@ def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: st
 
     tables = []
     for (op, scope), pts in results.items():
-        pts = sorted({s: bw for s, bw in pts}.items())  # rounded sizes may repeat: keep last
+        by_size: dict[int, list[float]] = {}
+        for s, bw in pts:  # one figure per pass (rounded sizes may also repeat)
+            by_size.setdefault(s, []).append(bw)
+        pts = sorted((s, statistics.median(v)) for s, v in by_size.items())
         tables.append({"op": op, "scope": scope, "points": [
             {"size_bytes": s, "busbw_gbyte_per_s": round(bw / 1e9, 6)} for s, bw in pts]})
     data = base.model_dump(mode="json")

@@ -3,9 +3,12 @@ launch, reading this node's uplink byte counters around the timed steps.
 
     torchrun --nproc-per-node=4 --nnodes=2 ... bench/_fidelity_worker.py CONFIG.json
 
-CONFIG: {"out", "model", "cluster", "seq_len", "batch_seqs", "precision", "steps",
-"strategies": [[name, strategy string], ...]}. Rank 0 writes OUT/<name>.json: the run report's
-step times and schedule, plus the uplink bytes of every node during the steps.
+CONFIG: {"out", "model", "cluster", "seq_len", "batch_seqs", "precision", "steps", "rounds",
+"strategies": [[name, strategy string], ...]}. The strategies run round-robin, `rounds` times
+`steps` steps each, so that a slow spell of the machine spreads over all of them rather than
+landing on one. Rank 0 writes OUT/<name>.json: the last run report (schedule, bytes), the timed
+step times of every round pooled (each round's first step, which builds the engine's buffers
+and connections, left out), and the uplink bytes of every node summed over the rounds.
 """
 
 import json
@@ -40,26 +43,39 @@ def main() -> None:
                      micro_batch=1, activation_checkpointing=False,
                      precision=cfg.get("precision", "bf16"))
     job = Job.create(load_model(cfg["model"]), load_cluster(cfg["cluster"]), t, world)
-    for name, text in cfg["strategies"]:
-        s = parse_strategy_or_baseline(text, world, job.gpus_per_node)
-        dist.barrier()
-        before = link_bytes()
-        rep = train(job, s, RunConfig(steps=cfg["steps"], log_every=0))
-        dist.barrier()  # every byte of the steps has crossed the links
-        delta = link_bytes() - before
-        rows = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(rows, delta)
-        rep.pop("_engine")
-        if rank == 0:
-            local = job.gpus_per_node
-            rep["link_bytes"] = [{"tx": float(rows[n * local][0]), "rx": float(rows[n * local][1])}
-                                 for n in range(world // local)]
-            with open(os.path.join(cfg["out"], f"{name}.json"), "w") as f:
-                json.dump(rep, f)
-            print(f"{name}: {s}: median step "
-                  f"{sorted(rep['step_s'][1:])[len(rep['step_s'][1:]) // 2] * 1e3:.0f} ms",
-                  file=sys.stderr, flush=True)
-    dist.destroy_process_group()
+    pooled: dict[str, list[float]] = {}
+    wire: dict[str, torch.Tensor] = {}
+    for rnd in range(cfg.get("rounds", 1)):
+        for name, text in cfg["strategies"]:
+            s = parse_strategy_or_baseline(text, world, job.gpus_per_node)
+            dist.barrier()
+            before = link_bytes()
+            rep = train(job, s, RunConfig(steps=cfg["steps"], log_every=0))
+            dist.barrier()  # every byte of the steps has crossed the links
+            delta = link_bytes() - before
+            rows = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
+            dist.all_gather(rows, delta)
+            rep.pop("_engine")
+            pooled.setdefault(name, []).extend(rep["step_s"][1:])
+            wire[name] = wire.get(name, 0) + torch.stack(rows)
+            if rank == 0:
+                local = job.gpus_per_node
+                rep["timed_step_s"] = pooled[name]
+                rep["rounds"] = rnd + 1
+                rep["link_bytes"] = [{"tx": float(wire[name][n * local][0]),
+                                      "rx": float(wire[name][n * local][1])}
+                                     for n in range(world // local)]
+                with open(os.path.join(cfg["out"], f"{name}.json"), "w") as f:
+                    json.dump(rep, f)
+                steps = sorted(rep["step_s"][1:])
+                print(f"round {rnd + 1}: {name}: {s}: median step "
+                      f"{steps[len(steps) // 2] * 1e3:.0f} ms", file=sys.stderr, flush=True)
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # gloo's threads may abort at interpreter teardown (as in amsp_planner.runtime.launch);
+    # every report is written: leave now
+    os._exit(0)
 
 
 if __name__ == "__main__":

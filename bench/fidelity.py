@@ -8,9 +8,10 @@
 2. Calibrates it with `amsp calibrate` (measured bus-bandwidth tables, matmul rate).
 3. Plans the job with `amsp plan --cluster <calibrated spec>` (the planner's choice).
 4. Trains every strategy of the set (ZeRO-1/2/3, DDP, HSDP, MiCS, ZeRO++, AMSP points, the
-   planner's choice) for a few steps with the bundled runtime, reading the uplinks' byte
-   counters, and compares the median measured step time (first step excluded) with the cost
-   model's prediction on the calibrated spec.
+   planner's choice) with the bundled runtime, round-robin: `--rounds` rounds of `--steps`
+   steps each, reading the uplinks' byte counters, and compares the median measured step time
+   (the first step of each round excluded, the rest pooled) with the cost model's prediction
+   on the calibrated spec.
 Reports per-strategy error, the median error, Spearman's rank correlation between predicted
 and measured order, and where the planner's choice lands; also bytes on the wire per step
 next to the runtime's logical cross-node bytes. Targets: median error < 15%, rank correlation
@@ -87,7 +88,7 @@ def run(args) -> dict:
     batch = world * args.micro_batches
     out: dict = {"nodes": args.nodes, "nproc_per_node": args.nproc, "rate_mbit": args.rate_mbit,
                  "model": Path(MODEL).name, "seq_len": args.seq_len, "batch_seqs": batch,
-                 "steps": args.steps, "precision": args.precision}
+                 "steps": args.steps, "rounds": args.rounds, "precision": args.precision}
     with emulated_cluster(args.nodes, args.rate_mbit, args.delay_ms) as emu:
         out["notes"] = list(emu.notes)
         cal = work / "calibrated.yaml"
@@ -95,7 +96,8 @@ def run(args) -> dict:
         res = emu.run_torchrun(args.nproc, [
             "-m", "amsp_planner.cli.main", "calibrate", "--out", str(cal), "--cluster",
             "cpu-local", "--max-size", args.max_size, "--dtype", args.precision,
-            "--seconds-per-point", str(args.seconds_per_point), "--matmul-size", "256",
+            "--seconds-per-point", str(args.seconds_per_point), "--passes", str(args.passes),
+            "--matmul-size", "256",
             "--model", MODEL, "--seq-len", str(args.seq_len), "--micro-batch", "1"],
             env=_env(), timeout=900)
         _check(res, "calibration")
@@ -113,10 +115,12 @@ def run(args) -> dict:
         chosen = _plan_strategy(json.loads(plan_json.read_text()))
         out["planner_choice"] = chosen
         todo = strategies(world, args.nproc)
+        if args.only:
+            todo = [(n, s) for n, s in todo if n in args.only]
         todo.append(("planner", chosen))
         cfg = {"out": str(work), "model": MODEL, "cluster": str(cal), "seq_len": args.seq_len,
                "batch_seqs": batch, "precision": args.precision, "steps": args.steps,
-               "strategies": todo}
+               "rounds": args.rounds, "strategies": todo}
         (work / "cfg.json").write_text(json.dumps(cfg))
         t0 = time.perf_counter()
         res = emu.run_torchrun(args.nproc, [WORKER, str(work / "cfg.json")], env=_env(),
@@ -156,8 +160,8 @@ def _rows(work: Path, todo, cal: Path, world: int, args) -> list[dict]:
         rep = json.loads((work / f"{name}.json").read_text())
         s = parse_strategy_or_baseline(text, world, job.gpus_per_node)
         ev = evaluate(job, s)
-        measured = statistics.median(rep["step_s"][1:])
-        wire = statistics.fmean(b["tx"] for b in rep["link_bytes"]) / args.steps
+        measured = statistics.median(rep["timed_step_s"])
+        wire = statistics.fmean(b["tx"] for b in rep["link_bytes"]) / (args.steps * args.rounds)
         logical = ev.bytes_per_rank("inter") * job.gpus_per_node
         rows.append({
             "name": name, "strategy": str(s), "predicted_s": ev.step_s, "measured_s": measured,
@@ -206,12 +210,23 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=0.0)
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--micro-batches", type=int, default=2, help="micro-batches per step")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=6, help="steps per strategy and round")
+    ap.add_argument("--rounds", type=int, default=2, help="round-robin passes over the set")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--max-size", default="4M", help="largest calibrated message")
     ap.add_argument("--seconds-per-point", type=float, default=0.2)
+    ap.add_argument("--passes", type=int, default=3, help="calibration passes (median of them)")
+    ap.add_argument("--only", action="append", default=None, metavar="NAME",
+                    help="run only this member of the set (repeatable; the planner's choice "
+                         "always runs)")
     ap.add_argument("--json", default=None, help="write the full results here")
     args = ap.parse_args()
+    if args.only:
+        known = [n for n, _ in strategies(args.nodes * args.nproc, args.nproc)]
+        args.only = set(args.only)
+        if args.only - set(known):
+            ap.error(f"--only: unknown name(s) {sorted(args.only - set(known))}; choose from "
+                     f"{', '.join(known)}")
     try:
         out = run(args)
     except EmulationUnavailable as e:

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK = ["--min-size", "4K", "--max-size", "256K", "--seconds-per-point", "0.02",
-         "--matmul-size", "128", "--timeout", "20"]
+         "--matmul-size", "128", "--timeout", "20", "--passes", "1"]
 
 
 def _env() -> dict:
@@ -48,10 +48,13 @@ def test_two_nodes_of_two_ranks_give_a_valid_spec_that_plan_accepts(tmp_path):
     from amsp_planner.specs import load_cluster
 
     out = tmp_path / "cpu.yaml"
-    r = amsp("calibrate", "--nproc", "2", "--nnodes", "2", "--out", str(out), *QUICK)
+    r = amsp("calibrate", "--nproc", "2", "--nnodes", "2", "--out", str(out), *QUICK,
+             "--passes", "2")
     assert r.returncode == 0, r.stderr[-3000:]
-    # Progress: one line per point, numbered out of the total (2 scopes x 4 ops x 4 sizes).
-    assert "[1/32] all_gather" in r.stderr and "[32/32] all_to_all     inter" in r.stderr
+    # Progress: one line per point, numbered out of the total (2 passes x 2 scopes x 4 ops x
+    # 4 sizes), and each pass's matmul and quantizer figures.
+    assert "[1/64] all_gather" in r.stderr and "[64/64] all_to_all     inter" in r.stderr
+    assert "pass 1/2: matmul" in r.stderr and "pass 2/2: matmul" in r.stderr
     spec = load_cluster(str(out))
     assert spec.gpus_per_node == 2 and spec.name == "cpu-local-calibrated"
     assert {(t.op, t.scope) for t in spec.measured} == {
@@ -59,6 +62,7 @@ def test_two_nodes_of_two_ranks_give_a_valid_spec_that_plan_accepts(tmp_path):
         for scope in ("intra", "inter")}
     for t in spec.measured:
         sizes = [p.size_bytes for p in t.points]
+        assert len(sizes) == len(set(sizes)) == 4  # one figure per size: the passes' median
         assert sizes[0] <= 4096 and 128 * 1024 <= sizes[-1] <= 256 * 1024
         bws = [p.busbw_gbyte_per_s for p in t.points]
         # Loopback TCP on a shared CPU: well above a modem, well below memory bandwidth.
@@ -165,3 +169,16 @@ def test_measured_tables_price_groups_by_their_layout():
     # No intra table for all-to-all: the spec's in-node bandwidth prices the in-node part.
     assert topo.collective_time("all_to_all", 8, 1, full) == pytest.approx(
         max(4 * 0.5 * full / 0.1e9, 3 / 8 * full / c.intra_bytes_per_s))
+
+
+def test_each_point_is_the_median_over_passes():
+    # Three passes; the second caught a slow spell at 4 KiB and a fast one at 64 KiB.
+    from amsp_planner.calibrate import build_spec
+    from amsp_planner.specs import load_cluster
+
+    res = {("all_gather", "intra"): [(4096, 1e9), (65536, 5e9), (4096, 0.1e9), (65536, 50e9),
+                                     (4096, 2e9), (65536, 6e9)]}
+    spec = build_spec(load_cluster("cpu-local"), 4, res, 1e12)
+    (table,) = spec.measured
+    assert [(p.size_bytes, p.busbw_gbyte_per_s) for p in table.points] == [(4096, 1.0),
+                                                                          (65536, 6.0)]

@@ -103,3 +103,32 @@ def test_sigterm_tears_down(can_emulate):
     assert p.wait(timeout=30) == 128 + signal.SIGTERM
     time.sleep(0.2)
     assert not set(names) & set(emulate._netns_names())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="torch (the runtime extra) is not installed")
+def test_fidelity_benchmark_runs_end_to_end(can_emulate, tmp_path):
+    # bench/fidelity.py, shortened: calibrate, plan, train two members of the set plus the
+    # planner's choice, compare. The numbers of a run this short are noise; what must hold is
+    # the pipeline, and the measured bytes: a stride-R replica all-reduce (AMSP os=R) puts its
+    # logical cross-node bytes on the link, plus TCP/IP overhead.
+    import sys
+
+    out = tmp_path / "fidelity.json"
+    p = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "fidelity.py"), "--steps", "2", "--rounds", "1",
+         "--only", "zero1", "--only", "amsp os=R", "--seconds-per-point", "0.02",
+         "--passes", "1", "--max-size", "64K", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _ours() == []
+    d = json.loads(out.read_text())
+    rows = {r["name"]: r for r in d["rows"]}
+    assert list(rows) == ["zero1", "amsp os=R", "planner"]
+    for r in rows.values():
+        assert r["predicted_s"] > 0 and r["measured_s"] > 0
+        assert f"| {r['name']} |" in p.stdout
+    amsp = rows["amsp os=R"]
+    assert 1.0 <= amsp["wire_tx_bytes_per_node_step"] / amsp["logical_inter_bytes_per_node_step"] < 1.10
+    assert "measured" in d["calibrated_spec"] and -1 <= d["summary"]["spearman"] <= 1

@@ -35,7 +35,9 @@ from amsp_planner.errors import AmspUserError
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
               help="Element type of the measured tensors and matmuls.")
 @click.option("--seconds-per-point", type=click.FloatRange(min=0.0), default=0.25,
-              show_default=True, help="Time budget of the timed calls of one message size.")
+              show_default=True, help="Time budget of the timed calls of one message size, per pass.")
+@click.option("--passes", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Passes over all sizes; each figure is the median over passes.")
 @click.option("--matmul-size", type=click.IntRange(min=16), default=None,
               help="Side of the square matmul (default: 4096 on GPUs, 512 on CPUs).")
 @click.option("--model", "-m", default=None,
@@ -53,8 +55,9 @@ from amsp_planner.errors import AmspUserError
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --nproc: node agents to launch on this host (loopback).")
 @click.option("--fail-rank", type=int, default=None, hidden=True)
-def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_point, matmul_size,
-              model, seq_len, micro_batch, backend, timeout_s, nproc, nnodes, fail_rank):
+def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_point, passes,
+              matmul_size, model, seq_len, micro_batch, backend, timeout_s, nproc, nnodes,
+              fail_rank):
     """Measure collective bus bandwidth and matmul throughput; write a ClusterSpec."""
     from amsp_planner.calibrate import OPS, under_torchrun
     from amsp_planner.specs import load_cluster, parse_batch
@@ -85,7 +88,8 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
                 "to launch N ranks on this host")
         passthrough = ["--out", os.path.abspath(out), "--cluster", cluster, "--min-size", min_size,
                        "--ops", ",".join(op_list), "--dtype", dtype, "--seconds-per-point",
-                       str(seconds_per_point), "--backend", backend, "--timeout", str(timeout_s),
+                       str(seconds_per_point), "--passes", str(passes), "--backend", backend,
+                       "--timeout", str(timeout_s),
                        "--seq-len", str(seq_len), "--micro-batch", str(micro_batch)]
         for flag, value in (("--name", name), ("--max-size", max_size), ("--model", model),
                             ("--matmul-size", matmul_size), ("--fail-rank", fail_rank)):
@@ -100,18 +104,19 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
     if nproc is not None:
         raise AmspUserError("--nproc: already under torchrun: drop --nproc/--nnodes (torchrun "
                             "sets the world)")
-    _run_rank(base, out, name, lo, hi, op_list, dtype, seconds_per_point, matmul_size, backend,
-              timeout_s, fail_rank, model, seq_len, micro_batch)
+    _run_rank(base, out, name, lo, hi, op_list, dtype, seconds_per_point, passes, matmul_size,
+              backend, timeout_s, fail_rank, model, seq_len, micro_batch)
 
 
-def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, matmul_size, backend,
-              timeout_s, fail_rank, model, seq_len, micro_batch):
+def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, passes, matmul_size,
+              backend, timeout_s, fail_rank, model, seq_len, micro_batch):
     import datetime
 
     from amsp_planner.calibrate import CalibrationConfig, run, stderr_progress, write_spec
 
     cfg = CalibrationConfig(min_bytes=lo, max_bytes=hi, ops=ops, dtype=dtype,
-                            seconds_per_point=seconds_per_point, matmul_size=matmul_size,
+                            seconds_per_point=seconds_per_point, passes=passes,
+                            matmul_size=matmul_size,
                             matmul_seconds=min(1.0, max(0.2, 4 * seconds_per_point)),
                             backend=backend, timeout_s=timeout_s, fail_rank=fail_rank,
                             model=model, seq_len=seq_len, micro_batch=micro_batch,
