@@ -18,8 +18,9 @@ the all-to-all send buffer):
   the bandwidth one node gets to the others; ``Topology`` shares it among the ranks of a node
   that cross nodes at the same time. With a single node there is no inter table.
 - quantization: the runtime's int8/int4 block quantizers (qwZ, qgZ) on every rank at once
-  become ``quant_gbyte_per_s``; with ``model``, the runtime's forward + backward of that model
-  sets ``achievable_fraction`` (model FLOP/s over the matmul rate).
+  become ``quant_gbyte_per_s``; the runtime's AdamW step becomes ``optimizer_gbyte_per_s``;
+  with ``model``, the runtime's forward + backward of that model sets ``achievable_fraction``
+  (model FLOP/s over the matmul rate).
 - matmul: every rank multiplies square matrices at the same time (on a CPU "cluster" they share
   the cores, as the runtime's ranks do); the mean per-rank FLOP/s becomes the GPU's
   ``peak_bf16_tflop_per_s`` (the base preset's ``achievable_fraction`` still applies on top).
@@ -295,7 +296,7 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
         dist.all_reduce(t)
         return float(t.item()) / world.size
 
-    flops_runs, quant_runs, train_runs = [], [], []
+    flops_runs, quant_runs, opt_runs, train_runs = [], [], [], []
     for pas in range(1, cfg.passes + 1):
         for scope, group, on in scopes:
             if not on:
@@ -323,25 +324,28 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
                         f"{_fmt_bytes(int(lead[0][0])):>9}  busbw {bw / 1e9:8.3f} GB/s")
         flops_runs.append(mean_over_world(measure_matmul(cfg, device)))
         quant_runs.append(mean_over_world(measure_quant(cfg, device)))
+        opt_runs.append(mean_over_world(measure_optimizer(cfg, device)))
         if cfg.model:
             train_runs.append(mean_over_world(measure_training(cfg, device)))
         say(f"pass {pas}/{cfg.passes}: matmul ({cfg.dtype}, every rank at once) "
             f"{flops_runs[-1] / 1e12:.4f} TFLOP/s per rank; qwZ/qgZ (de)quantization "
-            f"{quant_runs[-1] / 1e9:.3f} GB/s of 16-bit input"
+            f"{quant_runs[-1] / 1e9:.3f} GB/s of 16-bit input; optimizer step "
+            f"{opt_runs[-1] / 1e9:.3f} GB/s"
             + (f"; {cfg.model} forward+backward {train_runs[-1] / 1e12:.4f} model TFLOP/s"
                if train_runs else ""))
     flops = statistics.median(flops_runs)
     quant = statistics.median(quant_runs)
+    opt = statistics.median(opt_runs)
     train_rate = statistics.median(train_runs) if train_runs else None
     say(f"medians over {cfg.passes} pass(es): matmul {flops / 1e12:.4f} TFLOP/s per rank, "
-        f"(de)quantization {quant / 1e9:.3f} GB/s"
+        f"(de)quantization {quant / 1e9:.3f} GB/s, optimizer step {opt / 1e9:.3f} GB/s"
         + (f", {cfg.model} forward+backward ({cfg.micro_batch} x {cfg.seq_len} tokens) "
            f"{train_rate / 1e12:.4f} model TFLOP/s = {train_rate / flops:.1%} of matmul"
            if train_rate else ""))
     dist.barrier()  # every rank finished: only now may rank 0 write
     if world.rank != 0:
         return None
-    return build_spec(base, world.local_size, results, flops, name, train_rate, quant)
+    return build_spec(base, world.local_size, results, flops, name, train_rate, quant, opt)
 
 
 def measure_quant(cfg: CalibrationConfig, device: str, elems: int = 2**20) -> float:
@@ -366,6 +370,36 @@ def measure_quant(cfg: CalibrationConfig, device: str, elems: int = 2**20) -> fl
             _sync(device)
         rates.append(2 * 2 * elems * calls / (time.perf_counter() - t0))
     return statistics.fmean(rates)
+
+
+def measure_optimizer(cfg: CalibrationConfig, device: str, elems: int = 2**20) -> float:
+    """Bytes per second of the runtime's optimizer step (its AdamW on an fp32 master shard of
+    `elems`, from the gradient in the training dtype, then the cast of the new parameters),
+    counted as the cost model counts them (``optimizer_bytes_per_element``); all ranks at once."""
+    import torch
+
+    from amsp_planner.cost.step_time import optimizer_bytes_per_element
+    from amsp_planner.runtime.engine import OptimConfig, adamw_
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+    esize = torch.finfo(dtype).bits // 8
+    p = torch.randn(elems, device=device)
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    g = torch.randn(elems, device=device).to(dtype)
+    o = OptimConfig()
+
+    def step(k: int) -> None:
+        adamw_(p, m, v, g.float(), o, k)
+        p.to(dtype)
+
+    step(1)
+    _sync(device)
+    t0, calls = time.perf_counter(), 0
+    while calls < 3 or time.perf_counter() - t0 < cfg.matmul_seconds / 2:
+        step(calls + 2)
+        calls += 1
+        _sync(device)
+    return optimizer_bytes_per_element(esize, esize) * elems * calls / (time.perf_counter() - t0)
 
 
 def measure_training(cfg: CalibrationConfig, device: str) -> float:
@@ -401,10 +435,11 @@ def measure_training(cfg: CalibrationConfig, device: str) -> float:
 
 
 def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: str | None = None,
-               train_flop_per_s: float | None = None, quant_bytes_per_s: float | None = None):
+               train_flop_per_s: float | None = None, quant_bytes_per_s: float | None = None,
+               optimizer_bytes_per_s: float | None = None):
     """The base ClusterSpec with R = local_size, measured tables, the measured matmul rate
-    (and, when the training rate was measured, achievable_fraction = training / matmul) and
-    the measured (de)quantization throughput."""
+    (and, when the training rate was measured, achievable_fraction = training / matmul), the
+    measured (de)quantization throughput and optimizer-step traffic."""
     from amsp_planner.specs.cluster import ClusterSpec
 
     tables = []
@@ -424,6 +459,8 @@ def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: st
         data["gpu"]["achievable_fraction"] = train_flop_per_s / peak
     if quant_bytes_per_s:
         data["gpu"]["quant_gbyte_per_s"] = quant_bytes_per_s / 1e9
+    if optimizer_bytes_per_s:
+        data["gpu"]["optimizer_gbyte_per_s"] = optimizer_bytes_per_s / 1e9
     return ClusterSpec.model_validate(data)
 
 

@@ -94,6 +94,7 @@ class Row:
     memory_gib: float | None = None
     step_s: float | None = None
     compute_s: float | None = None
+    optimizer_s: float | None = None
     exposed_comm_s: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None
@@ -338,7 +339,8 @@ def solve_point(p: Point, opt: SolveOptions) -> Row:
         sharding=",".join(t for t in str(s).split(",")
                           if t != "ckpt" and not t.startswith(("mb=", "ga="))),
         memory_gib=b.memory.total / GIB, step_s=b.step_s, compute_s=b.time.compute_s,
-        exposed_comm_s=b.time.exposed_comm_s, tokens_per_s=b.tokens_per_s, mfu=b.mfu,
+        optimizer_s=b.time.optimizer_s, exposed_comm_s=b.time.exposed_comm_s,
+        tokens_per_s=b.tokens_per_s, mfu=b.mfu,
         inter_gib_per_gpu=b.bytes_per_rank("inter") / GIB,
         usd_per_btok=_usd_per_btok(price, job.num_gpus, b.tokens_per_s),
     )

@@ -167,6 +167,7 @@ def _rows(work: Path, todo, cal: Path, world: int, args) -> list[dict]:
             "name": name, "strategy": str(s), "predicted_s": ev.step_s, "measured_s": measured,
             "error": (ev.step_s - measured) / measured,
             "predicted_compute_s": ev.time.compute_s,
+            "predicted_optimizer_s": ev.time.optimizer_s,
             "predicted_exposed_comm_s": ev.time.exposed_comm_s,
             "logical_inter_bytes_per_node_step": logical, "wire_tx_bytes_per_node_step": wire,
         })

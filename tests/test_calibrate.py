@@ -69,6 +69,9 @@ def test_two_nodes_of_two_ranks_give_a_valid_spec_that_plan_accepts(tmp_path):
         assert all(1e-5 < b < 200 for b in bws), (t.op, t.scope, bws)
         assert max(bws) > bws[0], (t.op, t.scope, bws)  # latency dominates the small sizes
     assert 1e-6 < spec.gpu.peak_bf16_tflop_per_s < 100
+    # the runtime's AdamW on a shared CPU: measured, not the preset's 2 GB/s placeholder
+    assert spec.gpu.optimizer_gbyte_per_s != 2 and 0.01 < spec.gpu.optimizer_gbyte_per_s < 200
+    assert "optimizer step" in r.stderr
     assert out.read_text().startswith("# written by amsp calibrate on ")
     assert _leftovers(tmp_path) == []
     plan = amsp("plan", "--model", "tiny", "--gpus", "4", "--cluster", str(out), "--seq-len",

@@ -320,7 +320,21 @@ def test_single_gpu_has_no_collectives():
     ev = evaluate(job, Strategy())
     assert ev.schedule == ()
     assert ev.time.exposed_comm_s == 0
-    assert ev.time.step_s == ev.time.compute_s
+    assert ev.time.step_s == ev.time.compute_s + ev.time.optimizer_s
+
+
+def test_optimizer_step_reads_and_writes_32_bytes_per_element_of_the_shard():
+    # AdamW per element: fp32 master, exp_avg, exp_avg_sq read and written (24 B), the bf16
+    # gradient read (2), the master read again and the bf16 parameter written (4 + 2): 32 B.
+    # LLaMA-7B (6.74B parameters) on A100-80GB (1400 GB/s of optimizer traffic).
+    job = make_job(64, load_model("llama-7b"), seq_len=4096, batch_seqs=64)
+    ddp, zero1 = evaluate(job, Strategy()), evaluate(job, Strategy(s_os=64))
+    assert ddp.time.optimizer_s == pytest.approx(6.74e9 * 32 / 1400e9, rel=0.005)
+    assert zero1.time.optimizer_s == pytest.approx(ddp.time.optimizer_s / 64, rel=1e-9)
+    fp32 = make_job(64, load_model("llama-7b"), seq_len=4096, batch_seqs=64, precision="fp32")
+    # fp32: the gradient and the written parameter are 4 bytes each: 36 B per element
+    assert evaluate(fp32, Strategy()).time.optimizer_s == pytest.approx(
+        ddp.time.optimizer_s * 36 / 32, rel=1e-9)
 
 
 def test_fp32_gradient_accumulation_doubles_gradient_bytes():

@@ -10,6 +10,7 @@ import pytest
 from amsp_testlib import assert_user_error, run_cli
 
 from amsp_planner import whatif as w
+from amsp_planner.specs import load_cluster
 
 GIB = 1024**3
 RTOL = 1e-6
@@ -72,9 +73,11 @@ def test_cli_json_rows_equal_amsp_plan(tmp_path):
     doc = json.loads(out)
     assert doc["format"] == "amsp-whatif" and doc["varying"] == ["gpus"]
     assert [r["gpus"] for r in doc["rows"]] == [32, 128]
+    # the H100 preset's GPU, field by field, on the default cluster
+    h100 = load_cluster("dgx-h100-ndr").gpu.model_dump()
+    sets = [a for k, v in h100.items() for a in ("--set", f"gpu.{k}={v}")]
     for r in doc["rows"]:
-        p = plan_json(["--model", "llama-7b", "--gpus", str(r["gpus"]), "--set",
-                       "gpu.name=H100-SXM5-80GB", "--set", "gpu.peak_bf16_tflop_per_s=989",
+        p = plan_json(["--model", "llama-7b", "--gpus", str(r["gpus"]), *sets,
                        "--seq-len", "2048", "--global-batch-seqs", "1024"], tmp_path)
         assert r["strategy"] == p["predictions"]["strategy"]
         assert r["tokens_per_s"] == p["predictions"]["tokens_per_s"]

@@ -83,7 +83,7 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None) -> Evalua
     job.check(s)
     n_micro = job.n_micro(s)
     sched = build_schedule(job, s, n_micro)
-    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt)
+    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt, s.s_os)
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     return Evaluation(
         strategy=s,

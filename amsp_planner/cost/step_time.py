@@ -25,11 +25,15 @@ collective times of the schedule grouped as
 With eta = 0 every phase is exposed exactly once (E_f = C_f); with eta = 1 and communication
 longer than compute, the step is communication-bound plus one unit's compute.
 
-  step = n_micro (T_f + T_b) + n_micro E_f + (n_micro - 1) E_b + E_b' + E_u
+  step = n_micro (T_f + T_b) + T_opt + n_micro E_f + (n_micro - 1) E_b + E_b' + E_u
 
 The cluster's ``overlap_efficiency`` eta multiplies T_f and T_b inside the max(0, .) terms:
 eta = 1 hides communication fully behind compute (GPUs: collectives on their own engines),
 eta = 0 serialises them (CPU processes that share cores with their own communication).
+
+Optimizer: T_opt = (Phi / s_OS) x bytes per element / ``gpu.optimizer_gbyte_per_s``: AdamW on
+the rank's optimizer shard after the gradients are final, before the parameters are gathered
+back; memory-bound, not hidden (it needs the synchronised gradient and the update needs it).
 
 The ILP (solver/ilp.py) linearises exactly these max(0, .) terms with auxiliary variables.
 """
@@ -50,6 +54,8 @@ class StepTime:
     exposed_update_s: float
     comm_total_s: float
     """All collective time of the step, overlapped or not."""
+    optimizer_s: float = 0.0
+    """The AdamW step on the rank's optimizer shard."""
 
     @property
     def exposed_comm_s(self) -> float:
@@ -57,7 +63,7 @@ class StepTime:
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.exposed_comm_s
+        return self.compute_s + self.optimizer_s + self.exposed_comm_s
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -75,6 +81,20 @@ def compute_times(job: Job, micro_batch: int, ckpt: bool) -> tuple[float, float]
     return fwd, bwd
 
 
+def optimizer_bytes_per_element(param_bytes: int, grad_bytes: int) -> int:
+    """Memory traffic of one AdamW element: read and write the fp32 master, exp_avg and
+    exp_avg_sq (24 bytes), read the gradient, read the master again and write the new
+    parameter in its dtype."""
+    return 24 + grad_bytes + 4 + param_bytes
+
+
+def optimizer_time(job: Job, s_os: int) -> float:
+    """Seconds of the AdamW step on the Phi / s_os elements of one rank's optimizer shard."""
+    t = job.training
+    rate = job.cluster.gpu.optimizer_gbyte_per_s * 1e9
+    return job.phi / s_os * optimizer_bytes_per_element(t.param_bytes, t.grad_bytes) / rate
+
+
 def phase_times(schedule: tuple[ScheduleEntry, ...], n_micro: int) -> dict[str, float]:
     """Collective seconds by phase: per micro-batch for forward/backward, per step otherwise."""
     out = {"forward": 0.0, "backward": 0.0, "grad_sync": 0.0, "update": 0.0}
@@ -85,9 +105,10 @@ def phase_times(schedule: tuple[ScheduleEntry, ...], n_micro: int) -> dict[str, 
 
 
 def overlap(t_f: float, t_b: float, c: dict[str, float], n_micro: int, num_units: int,
-            efficiency: float = 1.0) -> StepTime:
+            efficiency: float = 1.0, t_opt: float = 0.0) -> StepTime:
     """The overlap model of the module docstring; `efficiency` (the cluster's
-    ``overlap_efficiency``, eta) scales the compute time that can hide communication."""
+    ``overlap_efficiency``, eta) scales the compute time that can hide communication; `t_opt`
+    is the optimizer step, added as it is."""
     u = num_units
     w = (u - 1) / u  # the units whose communication can hide behind another unit's compute
     h_f, h_b = efficiency * t_f, efficiency * t_b
@@ -102,11 +123,12 @@ def overlap(t_f: float, t_b: float, c: dict[str, float], n_micro: int, num_units
         exposed_backward_s=(n_micro - 1) * e_b + e_last,
         exposed_update_s=c["update"],
         comm_total_s=comm,
+        optimizer_s=t_opt,
     )
 
 
 def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro_batch: int,
-              ckpt: bool) -> StepTime:
+              ckpt: bool, s_os: int) -> StepTime:
     t_f, t_b = compute_times(job, micro_batch, ckpt)
     return overlap(t_f, t_b, phase_times(schedule, n_micro), n_micro, job.num_units,
-                   job.cluster.overlap_efficiency)
+                   job.cluster.overlap_efficiency, optimizer_time(job, s_os))

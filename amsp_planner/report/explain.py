@@ -68,8 +68,9 @@ def explain_plan(p) -> dict:
               t.exposed_backward_s, "update (after the optimizer)": t.exposed_update_s}
     top = max(phases, key=phases.get)
     facts["dominant_exposed_phase"] = top
-    lines.append(f"step {secs(t.step_s)} = compute {secs(t.compute_s)} + exposed communication "
-                 f"{secs(t.exposed_comm_s)}; most exposed: {top} ({secs(phases[top])})")
+    lines.append(f"step {secs(t.step_s)} = compute {secs(t.compute_s)} + optimizer "
+                 f"{secs(t.optimizer_s)} + exposed communication {secs(t.exposed_comm_s)}; most "
+                 f"exposed: {top} ({secs(phases[top])})")
     if e.schedule:
         big = max(e.schedule, key=lambda s: s.time_s)
         lines.append(f"largest collective: {big.phase} {big.op} over {big.group} "

@@ -35,8 +35,8 @@ def components_table(e: Evaluation, gpus_per_node: int):
 def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None) -> list[str]:
     t = e.time
     lines = [
-        f"step time {secs(t.step_s)} = compute {secs(t.compute_s)} + exposed communication "
-        f"{secs(t.exposed_comm_s)} (forward {secs(t.exposed_forward_s)}, backward "
+        f"step time {secs(t.step_s)} = compute {secs(t.compute_s)} + optimizer "
+        f"{secs(t.optimizer_s)} + exposed communication {secs(t.exposed_comm_s)} (forward {secs(t.exposed_forward_s)}, backward "
         f"{secs(t.exposed_backward_s)}, update {secs(t.exposed_update_s)}); all collectives "
         f"{secs(t.comm_total_s)}",
         f"{e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu * 100:.1f}%, memory {gib(e.memory.total)} of "

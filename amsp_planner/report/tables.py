@@ -12,14 +12,15 @@ def compare_table(rows: list[tuple[str, Evaluation]], title: str):
     t = Table(title=title, title_justify="left")
     for col, just in (("name", "left"), ("strategy", "left"), ("mem/GPU GiB", "right"),
                       ("fits", "center"), ("inter-node/GPU", "right"), ("intra-node/GPU", "right"),
-                      ("compute", "right"), ("exposed comm", "right"), ("step", "right"),
+                      ("compute", "right"), ("optimizer", "right"), ("exposed comm", "right"), ("step", "right"),
                       ("tokens/s", "right"), ("MFU", "right")):
         t.add_column(col, justify=just)
     for name, e in rows:
         t.add_row(
             name, str(e.strategy), gib(e.memory.total), "yes" if e.fits else "NO",
             bytes_h(e.bytes_per_rank("inter")), bytes_h(e.bytes_per_rank("intra")),
-            secs(e.time.compute_s), secs(e.time.exposed_comm_s), secs(e.step_s),
+            secs(e.time.compute_s), secs(e.time.optimizer_s), secs(e.time.exposed_comm_s),
+            secs(e.step_s),
             f"{e.tokens_per_s:,.0f}", f"{e.mfu * 100:.1f}%",
         )
     return t

@@ -81,7 +81,7 @@ def sweep_table(sweep: Sweep, rows: Sequence[Row]):
         t.add_column(_axis_title(a), justify="left" if a in ("model", "cluster", "gpu_type")
                      else "right")
     t.add_column("strategy", overflow="fold", min_width=14)
-    for col in ("mem GiB", "step (compute + exposed)", "tokens/s", "MFU"):
+    for col in ("mem GiB", "step (compute + optimizer + exposed)", "tokens/s", "MFU"):
         t.add_column(col, justify="right")
     if priced:
         t.add_column("$/B tokens", justify="right")
@@ -92,7 +92,8 @@ def sweep_table(sweep: Sweep, rows: Sequence[Row]):
         cells = [_fmt_value(r.point.get(a)) for a in keys]
         if r.ok:
             cells += [r.strategy, f"{r.memory_gib:,.1f}",
-                      f"{secs(r.step_s)} ({secs(r.compute_s)} + {secs(r.exposed_comm_s)})",
+                      f"{secs(r.step_s)} ({secs(r.compute_s)} + {secs(r.optimizer_s)} + "
+                      f"{secs(r.exposed_comm_s)})",
                       f"{r.tokens_per_s:,.0f}", f"{r.mfu * 100:.1f}%"]
             if priced:
                 cells.append(_money(r.usd_per_btok))

@@ -52,6 +52,18 @@ class OptimConfig:
     """Decoupled weight decay, applied to every parameter (a flat buffer has no names)."""
 
 
+def adamw_(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, g: torch.Tensor, o: OptimConfig,
+           step: int) -> None:
+    """One AdamW step, in place, on an fp32 master shard `p` and its moments, from the fp32
+    gradient `g` (decoupled weight decay, bias-corrected moments)."""
+    bc1, bc2 = 1 - o.beta1 ** step, 1 - o.beta2 ** step
+    p.mul_(1 - o.lr * o.weight_decay)
+    m.lerp_(g, 1 - o.beta1)
+    v.mul_(o.beta2).addcmul_(g, g, value=1 - o.beta2)
+    denom = (v.sqrt() / math.sqrt(bc2)).add_(o.eps)
+    p.addcdiv_(m, denom, value=-o.lr / bc1)
+
+
 class _Fetch:
     """A gather in flight: ``wait()`` returns the unit's full flat buffer."""
 
@@ -387,8 +399,6 @@ class ShardedEngine:
         """Grad sync, AdamW, parameter update; returns (global mean loss, grad norm)."""
         o = self.optim
         self.step_count += 1
-        t = self.step_count
-        bc1, bc2 = 1 - o.beta1 ** t, 1 - o.beta2 ** t
         norm2 = torch.zeros((), dtype=torch.float32, device=self.device)
         gathers = []
         for i, lay in enumerate(self.layouts):
@@ -402,12 +412,7 @@ class ShardedEngine:
             self.comm.all_reduce(gos, self.groups["OS_replica"])
             gf = gos.float()
             norm2 += gf.pow(2).sum()
-            p, m, v = self.master[i], self.exp_avg[i], self.exp_avg_sq[i]
-            p.mul_(1 - o.lr * o.weight_decay)
-            m.lerp_(gf, 1 - o.beta1)
-            v.mul_(o.beta2).addcmul_(gf, gf, value=1 - o.beta2)
-            denom = (v.sqrt() / math.sqrt(bc2)).add_(o.eps)
-            p.addcdiv_(m, denom, value=-o.lr / bc1)
+            adamw_(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], gf, o, self.step_count)
             g.zero_()
             self.comm.phase = "update"
             gathers.append(self._update_params(i, lay))

@@ -31,7 +31,8 @@ Overlap (cost/step_time.py), linearised with auxiliaries (continuous, >= 0):
   with w = (U-1)/U (the units whose communication can hide behind another's compute):
   E_F >= n_j (w e_f + C_f/U) - M_Fj (1 - y_j)        [products n x e, per option j]
   E_B >= (n_j - 1)(w e_b + C_b/U) - M_Bj (1 - y_j)
-  step = sum_j y_j n_j (Tf_j + Tb_j) + E_F + E_B + w e_l + (C_b + C_s)/U + C_u
+  step = sum_j y_j n_j (Tf_j + Tb_j) + sum_o xO_o T_opt(o) + E_F + E_B + w e_l
+         + (C_b + C_s)/U + C_u                       (T_opt: the AdamW step on Phi/o elements)
 With `objective="comm"`: comm >= n_j (C_f + C_b) - M (1 - y_j), + C_s + C_u.
 
 Memory per GPU (GiB), every term linear:
@@ -59,7 +60,7 @@ from dataclasses import dataclass, field
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
 from amsp_planner.cost.schedule import build_schedule
-from amsp_planner.cost.step_time import compute_times
+from amsp_planner.cost.step_time import compute_times, optimizer_time
 from amsp_planner.solver.space import TIME_RTOL, SearchSpace
 from amsp_planner.strategy import Strategy
 
@@ -141,6 +142,7 @@ class _Tables:
     perm: float
     step_buf: dict
     act: dict
+    opt: dict
     time_unit: float = 1.0
     """Seconds per model time unit."""
 
@@ -202,11 +204,12 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     # Times enter the model in units of one step's compute (objective about 1), so that solver
     # tolerances are relative to the job's scale.
     unit = max(nn[j] * (tf[j] + tb[j]) for j in tf)
-    for d in (ag, agq, hpz, rs, qg, osrs, ar, upd, tf, tb):
+    opt = {o: optimizer_time(job, o) for o in F}
+    for d in (ag, agq, hpz, rs, qg, osrs, ar, upd, tf, tb, opt):
         for k in d:
             d[k] /= unit
     tables = _Tables(ag, agq, hpz, rs, qg, osrs, ar, upd, metrics / unit, tf, tb, nn, mem_p,
-                     mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf, act)
+                     mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf, act, opt)
     tables.time_unit = unit
     return tables
 
@@ -309,7 +312,8 @@ class StrategyIlp:
                 if nj > 1:
                     prob += EB >= (nj - 1) * (w * eb + Cb * (1.0 / U)) - mb_ * (1 - self.y[j]), f"bwd_x_n_{j[0]}_{int(j[1])}"
             compute = lin(self.y[j] * T.n[j] * (T.tf[j] + T.tb[j]) for j in J)
-            self.step_expr = compute + EF + EB + w * el + (Cb + Cs) * (1.0 / U) + Cu
+            t_opt = lin(self.xO[o] * T.opt[o] for o in F)
+            self.step_expr = compute + t_opt + EF + EB + w * el + (Cb + Cs) * (1.0 / U) + Cu
         else:
             CC = B("C_micro", lowBound=0)
             max_c = 2 * max([0.0] + list(T.ag.values()) + list(T.agq.values())) + max(

@@ -35,6 +35,11 @@ class GpuSpec(BaseModel):
     """Allocator fragmentation, as a fraction of the tensors' bytes."""
     quant_gbyte_per_s: float = Field(default=500.0, gt=0, le=100000)
     """Throughput of the (de)quantization kernels of qwZ/qgZ, GB/s of 16-bit input."""
+    optimizer_gbyte_per_s: float = Field(default=1400.0, gt=0, le=100000)
+    """Memory traffic the AdamW step moves per second, GB/s: per element of the rank's
+    optimizer shard it reads and writes the fp32 master and both moments, reads the gradient
+    and writes the new 16-bit parameter (``cost.step_time.optimizer_bytes_per_element``).
+    Presets: about 70% of the HBM bandwidth; ``amsp calibrate`` measures the runtime's own."""
 
 
 class MeasuredPoint(BaseModel):
