@@ -212,7 +212,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--micro-batches", type=int, default=2, help="micro-batches per step")
     ap.add_argument("--steps", type=int, default=6, help="steps per strategy and round")
-    ap.add_argument("--rounds", type=int, default=2, help="round-robin passes over the set")
+    ap.add_argument("--rounds", type=int, default=3, help="round-robin passes over the set")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--max-size", default="4M", help="largest calibrated message")
     ap.add_argument("--seconds-per-point", type=float, default=0.2)

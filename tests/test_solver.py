@@ -168,13 +168,13 @@ DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).parent.parent
 
 
-@pytest.mark.parametrize(("batch", "n_micro", "g_options"), [(8, 1, (1, 4)), (32, 4, (1,))])
+@pytest.mark.parametrize(("batch", "n_micro", "g_options"), [(16, 2, (1,)), (32, 4, (1,))])
 def test_rediscovers_the_amsp_point_on_a_calibrated_two_node_cluster(batch, n_micro, g_options):
     # The cluster spec `amsp calibrate` measured on the emulated 2-node x 4-rank cluster of
-    # bench/fidelity.py (200 Mbit/s between nodes), where this plan also measured fastest.
-    # Memory is plentiful (DDP fits). The planner keeps P (and, with gradient accumulation, G)
-    # replicated and shards OS inside the node: AMSP's 7B point. With one micro-batch per step
-    # G=1 and G=R cost the same (one reduce-scatter either way) and the tie goes to memory.
+    # bench/fidelity.py (200 Mbit/s between nodes; run 1 of docs/benchmarks.md), where this
+    # plan measured fastest of 13 strategies at 16 sequences per step. Memory is plentiful
+    # (DDP fits). With gradient accumulation the planner keeps P and G replicated and shards
+    # OS inside the node: AMSP's 7B point.
     c = load_cluster(str(DATA / "emulated-2x4-calibrated.yaml"))
     m = load_model(str(REPO / "bench" / "models" / "fidelity-3m.yaml"))
     job = Job.create(m, c, TrainingSpec(seq_len=32, global_batch_seqs=batch), 8)
