@@ -128,23 +128,27 @@ def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, passes, ma
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         click.echo(f"error: rank {rank}: calibration failed ({first}); nothing written to {out}",
                    err=True)
-        sys.exit(1)
-    finally:
-        import torch.distributed as dist
+        _leave(1)
+    if spec is not None:
+        world = int(os.environ["WORLD_SIZE"])
+        r = spec.gpus_per_node
+        when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        header = (f"written by amsp calibrate on {when}: {world} ranks ({world // r} node(s) x "
+                  f"{r}), {dtype}, based on {base.name}\n"
+                  f"measured tables override the alpha-beta model for the (op, scope) they cover")
+        write_spec(spec, out, header)
+        click.echo(f"wrote {out}: {spec.name}, {len(spec.measured)} measured tables, matmul "
+                   f"{spec.gpu.peak_bf16_tflop_per_s:.4g} TFLOP/s per rank", err=True)
+    _leave(0)
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if spec is None:
-        return
-    world = int(os.environ["WORLD_SIZE"])
-    r = spec.gpus_per_node
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    header = (f"written by amsp calibrate on {when}: {world} ranks ({world // r} node(s) x {r}), "
-              f"{dtype}, based on {base.name}\n"
-              f"measured tables override the alpha-beta model for the (op, scope) they cover")
-    write_spec(spec, out, header)
-    click.echo(f"wrote {out}: {spec.name}, {len(spec.measured)} measured tables, matmul "
-               f"{spec.gpu.peak_bf16_tflop_per_s:.4g} TFLOP/s per rank", err=True)
+
+def _leave(code: int) -> None:
+    """End this rank's process. gloo's threads may abort at interpreter teardown (as in
+    amsp_planner.runtime.launch), which torchrun would report as a failed rank after the spec
+    was written; everything is written and flushed here, so leave at once."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def launch_local(nproc: int, nnodes: int, args: list[str]) -> int:
