@@ -154,14 +154,10 @@ class EmulatedCluster:
                  port: int = MASTER_PORT, **kw) -> list[subprocess.Popen]:
         """One torchrun agent per node running `python -m torch.distributed.run ... args`
         (args: a script and its arguments, or '-m', module, ...)."""
-        procs = []
-        for node in range(self.nodes):
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                   f"--nnodes={self.nodes}", f"--node-rank={node}",
-                   f"--master-addr={self.master_addr}", f"--master-port={port}",
-                   "--max-restarts=0", "--monitor-interval=0.5", *args]
-            procs.append(self.popen(node, cmd, env, **kw))
-        return procs
+        from amsp_planner.runtime.launch import torchrun_cmd
+
+        return [self.popen(node, torchrun_cmd(nproc, port, self.nodes, node, self.master_addr)
+                           + list(args), env, **kw) for node in range(self.nodes)]
 
     def run_torchrun(self, nproc: int, args: list[str], env: dict | None = None,
                      timeout: float = 600, port: int = MASTER_PORT) -> list[tuple[int, str, str]]:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from amsp_planner.cost.job import Job
 from amsp_planner.emulate import read_link_bytes
+from amsp_planner.runtime.launch import leave
 from amsp_planner.runtime.train import RunConfig, train
 from amsp_planner.specs.loader import load_cluster, load_model
 from amsp_planner.specs.training import TrainingSpec
@@ -71,11 +72,7 @@ def main() -> None:
                 print(f"round {rnd + 1}: {name}: {s}: median step "
                       f"{steps[len(steps) // 2] * 1e3:.0f} ms", file=sys.stderr, flush=True)
     dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # gloo's threads may abort at interpreter teardown (as in amsp_planner.runtime.launch);
-    # every report is written: leave now
-    os._exit(0)
+    leave(0)  # every report is written
 
 
 if __name__ == "__main__":

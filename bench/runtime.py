@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from amsp_planner.runtime.launch import free_port, leave, torchrun_cmd  # noqa: E402
+
 MODEL = dict(name="bench", num_layers=6, hidden_size=384, num_heads=6, num_kv_heads=3,
              ffn_hidden_size=1024, vocab_size=256, tied_embeddings=True, max_seq_len=512)
 SEQ_LEN = 64
@@ -221,8 +223,7 @@ def worker(system: str, strategy: str, steps: int, warmup: int, out: str) -> Non
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
     dist.barrier()
-    sys.stdout.flush()
-    os._exit(0)
+    leave(0)
 
 
 # ----- the driver ------------------------------------------------------------------------------
@@ -230,10 +231,9 @@ def run_one(system: str, strategy: str, nproc: int, steps: int, warmup: int) -> 
     out = tempfile.mktemp(suffix=".json")
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
-    port = 20000 + (os.getpid() * 7 + len(system) * 131 + len(strategy) * 17) % 20000
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={port}", __file__, "--worker",
-           system, strategy, "--steps", str(steps), "--warmup", str(warmup), "--out", out]
+    cmd = torchrun_cmd(nproc, free_port()) + [
+        __file__, "--worker", system, strategy, "--steps", str(steps), "--warmup", str(warmup),
+        "--out", out]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode != 0 or not Path(out).exists():
         tail = r.stderr[-2500:]

@@ -113,6 +113,7 @@ def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, passes, ma
     import datetime
 
     from amsp_planner.calibrate import CalibrationConfig, run, stderr_progress, write_spec
+    from amsp_planner.runtime.launch import leave
 
     cfg = CalibrationConfig(min_bytes=lo, max_bytes=hi, ops=ops, dtype=dtype,
                             seconds_per_point=seconds_per_point, passes=passes,
@@ -128,7 +129,7 @@ def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, passes, ma
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         click.echo(f"error: rank {rank}: calibration failed ({first}); nothing written to {out}",
                    err=True)
-        _leave(1)
+        leave(1)
     if spec is not None:
         world = int(os.environ["WORLD_SIZE"])
         r = spec.gpus_per_node
@@ -139,45 +140,31 @@ def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, passes, ma
         write_spec(spec, out, header)
         click.echo(f"wrote {out}: {spec.name}, {len(spec.measured)} measured tables, matmul "
                    f"{spec.gpu.peak_bf16_tflop_per_s:.4g} TFLOP/s per rank", err=True)
-    _leave(0)
-
-
-def _leave(code: int) -> None:
-    """End this rank's process. gloo's threads may abort at interpreter teardown (as in
-    amsp_planner.runtime.launch), which torchrun would report as a failed rank after the spec
-    was written; everything is written and flushed here, so leave at once."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(0)
 
 
 def launch_local(nproc: int, nnodes: int, args: list[str]) -> int:
     """Run `amsp calibrate args` under torchrun on this host: `nnodes` node agents on loopback,
     `nproc` ranks each. Returns the first non-zero agent exit code (0 when all succeed)."""
-    import socket
+    import signal
     import subprocess
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from amsp_planner.runtime.launch import free_port, stop_agent, torchrun_cmd, wait_all
+
+    port = free_port()
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     if nnodes > 1:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    procs = []
-    for node in range(nnodes):
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-               f"--nnodes={nnodes}", f"--node-rank={node}", "--master-addr=127.0.0.1",
-               f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5",
-               "-m", "amsp_planner.cli.main", "calibrate", *args]
-        procs.append(subprocess.Popen(cmd, env=env))
+    procs = [subprocess.Popen(torchrun_cmd(nproc, port, nnodes, node) + [
+        "-m", "amsp_planner.cli.main", "calibrate", *args], env=env, start_new_session=True)
+        for node in range(nnodes)]  # own sessions: wait_all stops an agent with its ranks
     try:
-        codes = [p.wait() for p in procs]
+        return wait_all(procs)  # a failed agent stops the others
     except BaseException:
         for p in procs:
-            p.terminate()
+            stop_agent(p, signal.SIGTERM)  # the agent with its ranks
         for p in procs:
             p.wait()
         raise
-    return next((c for c in codes if c != 0), 0)

@@ -26,6 +26,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 from amsp_planner.errors import AmspUserError
 
@@ -59,6 +60,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun_cmd(nproc: int, port: int, nnodes: int = 1, node_rank: int = 0,
+                 addr: str = "127.0.0.1") -> list[str]:
+    """The torchrun agent command of one node (no restarts, a fast monitor), without the
+    script or ``-m module`` and its arguments."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={addr}",
+            f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5"]
+
+
+def leave(code: int) -> NoReturn:
+    """End a rank's process once everything it owes is written. gloo's threads may abort at
+    interpreter teardown ("terminate called without an active exception"), which torchrun
+    would report as a failed rank: flush and leave without running destructors."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # ----- the worker (one rank) --------------------------------------------------------------------
@@ -103,19 +122,14 @@ def worker(plan_path: str, opts: dict) -> int:
             # Rank 0 reports the one line; the others give it time to do so before torchrun,
             # seeing them exit, stops the whole job (and rank 0 with it).
             time.sleep(5)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # gloo's threads may abort at interpreter teardown; everything is written: leave now
-    os._exit(code)
+    leave(code)
 
 
 # ----- the launcher ------------------------------------------------------------------------------
 def _torchrun(nproc: int, nnodes: int, node_rank: int, addr: str, port: int, plan: str,
               opts: dict) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={addr}",
-            f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5",
-            "-m", "amsp_planner.runtime.launch", plan, "--opts", json.dumps(opts)]
+    return torchrun_cmd(nproc, port, nnodes, node_rank, addr) + [
+        "-m", "amsp_planner.runtime.launch", plan, "--opts", json.dumps(opts)]
 
 
 def preflight(plan, opts: dict, nproc_per_node: int | None) -> None:
@@ -171,7 +185,7 @@ def launch(plan_path: str, plan, opts: dict, *, local_nodes: bool = False,
     procs = [subprocess.Popen(_torchrun(r, n, nr, addr, port, plan_path, opts), env=e,
                               stderr=log, start_new_session=True)
              for nr, log in zip(ranks, logs, strict=True)]
-    code = _wait_all(procs)
+    code = wait_all(procs)
     err = Path(err_file).read_text().strip()
     Path(err_file).unlink(missing_ok=True)
     if err:
@@ -187,7 +201,7 @@ def launch(plan_path: str, plan, opts: dict, *, local_nodes: bool = False,
     return code
 
 
-def _wait_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> int:
+def wait_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> int:
     """Wait for every agent; when one fails, stop the others. Returns the first failure."""
     code = 0
     live = list(procs)
@@ -200,17 +214,17 @@ def _wait_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> int:
             if rc and not code:
                 code = rc
                 for q in live:
-                    _stop(q, signal.SIGTERM)
+                    stop_agent(q, signal.SIGTERM)
                 deadline = time.monotonic() + grace_s
                 while any(q.poll() is None for q in live) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 for q in live:
-                    _stop(q, signal.SIGKILL)
+                    stop_agent(q, signal.SIGKILL)
         time.sleep(0.1)
     return code
 
 
-def _stop(p: subprocess.Popen, sig) -> None:
+def stop_agent(p: subprocess.Popen, sig) -> None:
     """Signal an agent's whole session (the agent and the ranks it started)."""
     if p.poll() is None:
         try:

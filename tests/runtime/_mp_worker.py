@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from amsp_planner.cost.job import Job
+from amsp_planner.runtime.launch import leave
 from amsp_planner.runtime.train import RunConfig, train
 from amsp_planner.specs.loader import load_cluster, load_model
 from amsp_planner.specs.training import TrainingSpec
@@ -49,11 +50,7 @@ def main() -> None:
                 json.dump(rep, f)
             torch.save(states, out + ".pt")
     dist.barrier()
-    # gloo's worker threads may abort at interpreter teardown ("terminate called without an
-    # active exception"); every result is written, so leave without running destructors
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)  # every result is written
 
 
 if __name__ == "__main__":

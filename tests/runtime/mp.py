@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
+
+from amsp_planner.runtime.launch import free_port, torchrun_cmd
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 WORKER = HERE / "_mp_worker.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env() -> dict:
@@ -28,17 +22,11 @@ def env() -> dict:
     return e
 
 
-def torchrun_cmd(nproc: int, nnodes: int, node_rank: int, port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--master-addr=127.0.0.1",
-            f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5"]
-
-
 def launch(args: list[str], nproc: int, nnodes: int = 1, timeout: float = 240,
            script: Path | str = WORKER) -> list[subprocess.CompletedProcess]:
     """Run `script args` on nnodes x nproc processes; returns one result per node agent."""
     port = free_port()
-    procs = [subprocess.Popen(torchrun_cmd(nproc, nnodes, n, port) + [str(script), *args],
+    procs = [subprocess.Popen(torchrun_cmd(nproc, port, nnodes, n) + [str(script), *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env()) for n in range(nnodes)]
     out = []

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from .mp import env, free_port  # noqa: E402
+from .mp import env, free_port, torchrun_cmd  # noqa: E402
 
 AMSP = [sys.executable, "-m", "amsp_planner.cli.main"]
 
@@ -73,9 +73,7 @@ def test_refuses_multi_node_plan_without_nodes(plans):
 
 
 def _inside_torchrun(plan, nproc, cwd):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0",
-           "--monitor-interval=0.5", "-m", "amsp_planner.runtime.launch", str(plan)]
+    cmd = torchrun_cmd(nproc, free_port()) + ["-m", "amsp_planner.runtime.launch", str(plan)]
     return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=120)
 
 
@@ -98,10 +96,8 @@ def test_refuses_nodes_running_different_plans(plans):
     port = free_port()
     procs = []
     for node, plan in enumerate(("p8", "p8b")):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
-               "--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1",
-               f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5",
-               "-m", "amsp_planner.runtime.launch", str(plans[plan])]
+        cmd = torchrun_cmd(4, port, 2, node) + ["-m", "amsp_planner.runtime.launch",
+                                                 str(plans[plan])]
         procs.append(subprocess.Popen(cmd, cwd=plans["dir"], env=env(), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120) for p in procs]
