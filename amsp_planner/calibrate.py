@@ -464,28 +464,29 @@ def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: st
     return ClusterSpec.model_validate(data)
 
 
-def write_spec(spec, path: str, header: str = "") -> None:
-    """Write `spec` as YAML to `path` atomically: a temporary file next to it, then a rename,
-    so a reader (or a killed run) never sees half a file."""
-    import tempfile
+SPEC_MARK = "# written by amsp calibrate"
+"""First words of every spec this module writes: an earlier one may be replaced, nothing else."""
 
+
+def check_out(path: str) -> None:
+    """Refuse, before measuring, an --out that could not be written or holds something else."""
+    from amsp_planner.outfile import check_output, contains
+
+    check_output(path, "--out", "a calibrated cluster spec", contains(SPEC_MARK))
+
+
+def write_spec(spec, path: str, header: str = "") -> None:
+    """Write `spec` as YAML to `path` atomically (a temporary file next to it, then a rename,
+    so a reader or a killed run never sees half a file), under `header` as comments; the
+    header starts with SPEC_MARK."""
     import yaml
 
-    path = os.path.abspath(path)
-    fd, tmp = tempfile.mkstemp(prefix=".amsp-calibrate-", suffix=".yaml.tmp",
-                               dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            if header:
-                f.write("".join(f"# {line}\n" for line in header.splitlines()))
-            yaml.safe_dump(spec.model_dump(mode="json"), f, sort_keys=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from amsp_planner.outfile import contains, write_output
+
+    text = "".join(f"# {line}\n" for line in header.splitlines())
+    assert text.startswith(SPEC_MARK)
+    text += yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    write_output(path, "--out", "a calibrated cluster spec", contains(SPEC_MARK), text)
 
 
 def _fmt_bytes(n: int) -> str:

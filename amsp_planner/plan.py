@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -218,23 +216,9 @@ def is_plan_file(path: Path) -> bool:
 
 def write_plan(path: str | Path, doc: dict) -> Path:
     """Write atomically; replace an earlier plan, never another kind of file."""
-    path = Path(path)
-    if path.exists() and (path.is_dir() or not is_plan_file(path)):
-        raise AmspUserError(
-            f"-o {path}: exists and is not an amsp plan; refusing to overwrite it: choose another path"
-        )
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise AmspUserError(f"-o {path}: folder {parent} does not exist: create it first")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(canonical_text(doc))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    from amsp_planner.outfile import write_output
+
+    return write_output(path, "-o", "an amsp plan", is_plan_file, canonical_text(doc))
 
 
 # ----- loading ------------------------------------------------------------------------------
@@ -271,6 +255,9 @@ def load_plan(path: str | Path) -> Plan:
         text = path.read_text()
     except OSError as e:
         raise AmspUserError(f"{path}: cannot read the plan ({e.strerror}): check the path") from None
+    except UnicodeDecodeError:
+        raise AmspUserError(f"{path}: not UTF-8 text, so not an amsp plan: give the JSON file "
+                            "amsp plan -o wrote") from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

@@ -34,7 +34,7 @@ def amsp(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
 
 
 def _leftovers(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if p.name.startswith(".amsp-calibrate-"))
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("."))  # temporary files
 
 
 needs_torch = pytest.mark.skipif(
@@ -136,7 +136,8 @@ def test_lost_rank_fails_and_writes_nothing(tmp_path):
     (["--nproc", "2", "--min-size", "lots"], "error: --min-size: 'lots' is not a count"),
     (["--nproc", "2", "--cluster", "no-such-cluster"], "error: "),
     (["--nproc", "2", "--out", "/no/such/dir/c.yaml"],
-     "error: --out /no/such/dir/c.yaml: directory /no/such/dir does not exist"),
+     "error: --out /no/such/dir/c.yaml: folder /no/such/dir does not exist"),
+    (["--nproc", "2", "--out", "."], "error: --out .: is a folder: give a file name"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     r = amsp("calibrate", *args, cwd=tmp_path, timeout=60)

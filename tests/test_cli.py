@@ -379,3 +379,58 @@ def test_compare_does_not_import_torch():
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["gpus"] == 1024
     assert "HEAVY []" in p.stderr
+
+
+# ----- outputs never replace what they did not write --------------------------------------------
+@pytest.fixture
+def a_plan(tmp_path):
+    path = tmp_path / "plan.json"
+    code, _, err = run_cli(["plan", "--model", "tiny", "--gpus", "8", "--cluster", "cpu-local",
+                            "--seq-len", "64", "--global-batch-seqs", "16", "-o", str(path)])
+    assert code == 0, err
+    return path
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["export", "{plan}", "--to", "deepspeed", "-o", "{plan}"], "-o {plan}: exists and is not"),
+    (["export", "{plan}", "--to", "fsdp2", "-o", "{plan}"], "-o {plan}: exists and is not"),
+    (["whatif", "--model", "tiny", "--gpus", "8", "--csv", "{plan}"], "--csv {plan}: exists"),
+    (["whatif", "--model", "tiny", "--gpus", "8", "--json", "{plan}"], "--json {plan}: exists"),
+    (["whatif", "--model", "tiny", "--gpus", "8", "--plot", "{plan}"], "--plot {plan}: exists"),
+    (["calibrate", "--nproc", "2", "--out", "{plan}"], "--out {plan}: exists and is not"),
+    (["whatif", "--model", "tiny", "--gpus", "8", "--plot", "{dir}/sweep.xyz"],
+     "--plot {dir}/sweep.xyz: matplotlib cannot write '.xyz' images"),
+    (["plan", "--model", "tiny", "--gpus", "8", "-o", "{dir}"], "-o {dir}: is a folder"),
+])
+def test_outputs_refuse_to_replace_other_files(a_plan, argv, needle):
+    before = a_plan.read_bytes()
+    fill = {"plan": str(a_plan), "dir": str(a_plan.parent)}
+    code, out, err = run_cli([a.format(**fill) for a in argv])
+    assert_user_error(code, out, err, needle.format(**fill))
+    assert a_plan.read_bytes() == before
+    assert sorted(p.name for p in a_plan.parent.iterdir()) == ["plan.json"]
+
+
+def test_outputs_replace_their_own_earlier_files(a_plan, tmp_path):
+    for argv in (["export", str(a_plan), "--to", "deepspeed", "-o", str(tmp_path / "ds.json")],
+                 ["whatif", "--model", "tiny", "--gpus", "8", "--csv", str(tmp_path / "w.csv"),
+                  "--plot", str(tmp_path / "w.svg")]):
+        for _ in range(2):  # the second run replaces the first one's files
+            code, _, err = run_cli(argv)
+            assert code == 0, err
+    assert json.loads((tmp_path / "ds.json").read_text())["zero_optimization"]
+    assert (tmp_path / "w.svg").read_bytes().startswith(b"<?xml")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--model", "tiny", "--gpus", "8", "--strategy-from", "{bad}"],
+    ["export", "{bad}", "--to", "deepspeed"],
+    ["explain", "{bad}"],
+    ["validate", "{bad}"],
+])
+def test_files_that_are_not_text_give_one_line(tmp_path, argv):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"\xff\xfe\x00binary")
+    code, out, err = run_cli([a.format(bad=bad) for a in argv])
+    assert_user_error(code, out, err, "not UTF-8")

@@ -59,7 +59,7 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
               matmul_size, model, seq_len, micro_batch, backend, timeout_s, nproc, nnodes,
               fail_rank):
     """Measure collective bus bandwidth and matmul throughput; write a ClusterSpec."""
-    from amsp_planner.calibrate import OPS, under_torchrun
+    from amsp_planner.calibrate import OPS, check_out, under_torchrun
     from amsp_planner.specs import load_cluster, parse_batch
 
     base = load_cluster(cluster)
@@ -76,10 +76,7 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
     if bad or not op_list:
         raise AmspUserError(f"--ops: unknown collective '{bad[0] if bad else ops}': use some of "
                             f"{','.join(OPS)}")
-    out_dir = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(out_dir):
-        raise AmspUserError(f"--out {out}: directory {out_dir} does not exist: create it or "
-                            "write elsewhere")
+    check_out(out)
     if not under_torchrun():
         if nproc is None:
             raise AmspUserError(
@@ -146,10 +143,9 @@ def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, passes, ma
 def launch_local(nproc: int, nnodes: int, args: list[str]) -> int:
     """Run `amsp calibrate args` under torchrun on this host: `nnodes` node agents on loopback,
     `nproc` ranks each. Returns the first non-zero agent exit code (0 when all succeed)."""
-    import signal
     import subprocess
 
-    from amsp_planner.runtime.launch import free_port, stop_agent, torchrun_cmd, wait_all
+    from amsp_planner.runtime.launch import free_port, torchrun_cmd
 
     port = free_port()
     env = dict(os.environ)
@@ -157,14 +153,16 @@ def launch_local(nproc: int, nnodes: int, args: list[str]) -> int:
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     if nnodes > 1:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # The agents stay in this process group: a Ctrl-C or a kill of the group reaches every
+    # rank, and a killed calibration writes nothing.
     procs = [subprocess.Popen(torchrun_cmd(nproc, port, nnodes, node) + [
-        "-m", "amsp_planner.cli.main", "calibrate", *args], env=env, start_new_session=True)
-        for node in range(nnodes)]  # own sessions: wait_all stops an agent with its ranks
+        "-m", "amsp_planner.cli.main", "calibrate", *args], env=env) for node in range(nnodes)]
     try:
-        return wait_all(procs)  # a failed agent stops the others
+        codes = [p.wait() for p in procs]
     except BaseException:
         for p in procs:
-            stop_agent(p, signal.SIGTERM)  # the agent with its ranks
+            p.terminate()
         for p in procs:
             p.wait()
         raise
+    return next((c for c in codes if c != 0), 0)

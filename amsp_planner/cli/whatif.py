@@ -10,6 +10,7 @@ solve it; points that are not valid jobs or on which nothing fits are rows marke
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -174,28 +175,27 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
         memory_limits_gib=split_list(memory_limits, _pos_float, "--memory-limit"),
         options=opts,
     )
-    for path, opt in ((csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")):
-        if path and path != "-":
-            _check_out(path, opt)
+    from amsp_planner.report import whatif_report as rep
+
+    rep.check_outputs({"--csv": csv_path, "--json": json_path, "--plot": plot_path})
     w.validate(sweep)
     x = pick_x_axis(sweep, x_axis)
     rows = _run_with_progress(w, sweep, workers)
 
-    from amsp_planner.report import whatif_report as rep
-
     if csv_path:
-        rep.write_csv(rows, csv_path)
+        rep.write("--csv", csv_path, rep.csv_text(rows))
     if json_path:
         doc = rep.to_json(sweep, rows)
         if json_path == "-":
             click.echo(doc, nl=False)
         else:
-            rep.write_text(json_path, doc)
+            rep.write("--json", json_path, doc)
     if plot_path:
-        from amsp_planner.report.plots import save_sweep_plot
+        from amsp_planner.report.plots import sweep_figure
 
-        series_axes = [a for a in sweep.varying() if a != x]
-        save_sweep_plot(rows, plot_path, x, series_axes, rep.title(sweep))
+        fig = sweep_figure(rows, x, [a for a in sweep.varying() if a != x], rep.title(sweep))
+        fmt = Path(plot_path).suffix.lstrip(".").lower() or "png"
+        rep.write("--plot", plot_path, lambda tmp: fig.savefig(tmp, format=fmt))
     if json_path == "-":
         return
     from amsp_planner.report.fmt import console
@@ -210,14 +210,6 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
     for path in (csv_path, json_path, plot_path):
         if path:
             con.print(f"wrote {path}")
-
-
-def _check_out(path: str, option: str) -> None:
-    from pathlib import Path
-
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise AmspUserError(f"{option} {path}: folder {parent} does not exist: create it first")
 
 
 def pick_x_axis(sweep, x_axis: str | None) -> str:

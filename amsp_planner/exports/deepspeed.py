@@ -178,6 +178,9 @@ def _load(source: str | Path | dict) -> tuple[dict, str]:
     except OSError as e:
         raise AmspUserError(f"--strategy-from {name}: cannot read it ({e.strerror}): check the "
                             "path") from None
+    except UnicodeDecodeError:
+        raise AmspUserError(f"--strategy-from {name}: not UTF-8 text: give a DeepSpeed JSON "
+                            "config") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

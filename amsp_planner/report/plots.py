@@ -136,9 +136,3 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
-
-
-def save_sweep_plot(rows: Sequence[Row], path, x_axis: str, series_axes: Sequence[str],
-                    title: str = "") -> None:
-    fig = sweep_figure(rows, x_axis, series_axes, title)
-    fig.savefig(path)

@@ -8,6 +8,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from amsp_planner.errors import AmspUserError
+from amsp_planner.outfile import check_output, contains, write_output
 from amsp_planner.report.fmt import secs
 from amsp_planner.whatif import Row, Sweep
 
@@ -192,15 +194,36 @@ def to_json(sweep: Sweep, rows: Sequence[Row]) -> str:
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
-def write_text(path, text: str) -> Path:
-    from amsp_planner.errors import AmspUserError
-
-    p = Path(path)
-    if p.parent and not p.parent.is_dir():
-        raise AmspUserError(f"{path}: folder {p.parent} does not exist: create it first")
-    p.write_text(text)
-    return p
+def _is_plot(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8).startswith((b"\x89PNG", b"%PDF", b"<?xml", b"<svg", b"%!PS"))
 
 
-def write_csv(rows: Sequence[Row], path) -> Path:
-    return write_text(path, csv_text(rows))
+# option -> (what it holds, how an earlier one of it is recognised): only those are replaced
+OUTPUTS = {
+    "--csv": ("a what-if CSV", contains("index,", ",strategy,sharding,memory_gib,step_s,")),
+    "--json": ("a what-if JSON", contains(f'"format": "{FORMAT}"')),
+    "--plot": ("a plot", _is_plot),
+}
+
+
+def check_outputs(paths: dict[str, str | None]) -> None:
+    """Refuse, before the sweep runs, any output path that could not be written or would
+    replace something else; and a plot format matplotlib cannot write."""
+    for option, path in paths.items():
+        if path and path != "-":
+            check_output(path, option, *OUTPUTS[option])
+    plot = paths.get("--plot")
+    if plot:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        ext = Path(plot).suffix.lstrip(".").lower()
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        if ext and ext not in kinds:
+            raise AmspUserError(f"--plot {plot}: matplotlib cannot write '.{ext}' images: use "
+                                ".png, .svg or .pdf")
+
+
+def write(option: str, path, content) -> Path:
+    """Write one output (text, or a function writing a temporary path) atomically."""
+    return write_output(path, option, *OUTPUTS[option], content)

@@ -71,7 +71,7 @@ def check_world(job, world: int, local: int) -> None:
     if world != n:
         raise AmspUserError(f"plan is for {n} GPUs but the job has {world} processes: "
                             f"launch {n} (e.g. torchrun --nproc-per-node={r} --nnodes={n // r}) "
-                            "or re-plan with --gpus {world}")
+                            f"or re-plan with --gpus {world}")
     if local != r:
         raise AmspUserError(f"plan expects {r} processes per node but this node runs {local}: "
                             f"launch --nproc-per-node={r}, or re-plan for this cluster")
