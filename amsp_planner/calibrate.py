@@ -164,6 +164,13 @@ _BACK: dict[int, object] = {}
 """id(process group) -> its second connection, for groups of two."""
 
 
+def _dtype(cfg: CalibrationConfig):
+    """The torch dtype of cfg.dtype, as the runtime names them."""
+    from amsp_planner.runtime.engine import DTYPES
+
+    return DTYPES[cfg.dtype]
+
+
 # ----- one point --------------------------------------------------------------------------
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
@@ -221,11 +228,10 @@ def _max_over(group, value: float, device: str) -> float:
 def measure_point(op: str, size_bytes: int, group, cfg: CalibrationConfig, device: str
                   ) -> tuple[int, float]:
     """(size actually used, bus bandwidth in bytes/s) of `op` on `group` at `size_bytes`."""
-    import torch
     import torch.distributed as dist
 
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
-    esize = torch.finfo(dtype).bits // 8
+    dtype = _dtype(cfg)
+    esize = dtype.itemsize
     m = dist.get_world_size(group)
     elems = max(m, size_bytes // esize // m * m)
     bufs = _buffers(op, elems, m, dtype, device)
@@ -251,7 +257,7 @@ def measure_matmul(cfg: CalibrationConfig, device: str) -> float:
     import torch
 
     n = cfg.matmul_size or (4096 if device.startswith("cuda") else 512)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+    dtype = _dtype(cfg)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     torch.mm(a, b)
@@ -381,16 +387,16 @@ def measure_optimizer(cfg: CalibrationConfig, device: str, elems: int = 2**20) -
     from amsp_planner.cost.step_time import optimizer_bytes_per_element
     from amsp_planner.runtime.engine import OptimConfig, adamw_
 
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
-    esize = torch.finfo(dtype).bits // 8
+    dtype = _dtype(cfg)
+    esize = dtype.itemsize
     p = torch.randn(elems, device=device)
     m, v = torch.zeros_like(p), torch.zeros_like(p)
     g = torch.randn(elems, device=device).to(dtype)
     o = OptimConfig()
 
     def step(k: int) -> None:
-        adamw_(p, m, v, g.float(), o, k)
-        p.to(dtype)
+        adamw_(p, m, v, g, o, k)
+        p.to(dtype)  # the new parameters, as the runtime casts them for the update gather
 
     step(1)
     _sync(device)
@@ -411,7 +417,7 @@ def measure_training(cfg: CalibrationConfig, device: str) -> float:
     from amsp_planner.specs import load_model
 
     spec = load_model(cfg.model)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+    dtype = _dtype(cfg)
     model = ReferenceModel(spec, seed=0, dtype=dtype).to(device)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, spec.vocab_size, (cfg.micro_batch, cfg.seq_len + 1), generator=gen)

@@ -123,15 +123,27 @@ def test_binding_and_non_binding_limits():
     assert tight.step_s >= free.step_s * (1 - 1e-12)                 # binding: no faster
 
 
-def test_infeasible_says_what_fits():
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_infeasible_says_what_fits(solver, monkeypatch):
+    if solver == "cbc":  # the least-memory search uses the solver asked for, never HiGHS
+        import amsp_planner.solver.ilp as ilp
+
+        monkeypatch.setattr(ilp.StrategyIlp, "_solver", _cbc_only(ilp.StrategyIlp._solver))
     job = make_job("llama-65b", "dgx-a100-hdr", 8)
     with pytest.raises(InfeasibleError) as exc:
-        solve(job)
+        solve(job, solver=solver)
     msg = str(exc.value)
     assert "least memory any strategy needs is" in msg and "GPUs" in msg
     need = float(msg.split("needs is ")[1].split(" GiB")[0])
     # 65B x 16 B/param over 8 GPUs alone is > 120 GiB
     assert need > 65.2e9 * 16 / 8 / GIB
+
+
+def _cbc_only(real):
+    def solver(self):
+        assert self.solver_name == "cbc", self.solver_name
+        return real(self)
+    return solver
 
 
 def test_highs_and_cbc_agree():

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from amsp_planner.cost.job import Job
+from amsp_planner.cost.memory import OPTIMIZER_BYTES
 from amsp_planner.cost.schedule import ScheduleEntry
 
 
@@ -83,9 +84,9 @@ def compute_times(job: Job, micro_batch: int, ckpt: bool) -> tuple[float, float]
 
 def optimizer_bytes_per_element(param_bytes: int, grad_bytes: int) -> int:
     """Memory traffic of one AdamW element: read and write the fp32 master, exp_avg and
-    exp_avg_sq (24 bytes), read the gradient, read the master again and write the new
-    parameter in its dtype."""
-    return 24 + grad_bytes + 4 + param_bytes
+    exp_avg_sq (the optimizer state, twice), read the gradient, read the master again and write
+    the new parameter in its dtype."""
+    return 2 * OPTIMIZER_BYTES + grad_bytes + 4 + param_bytes
 
 
 def optimizer_time(job: Job, s_os: int) -> float:

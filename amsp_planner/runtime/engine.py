@@ -52,16 +52,21 @@ class OptimConfig:
     """Decoupled weight decay, applied to every parameter (a flat buffer has no names)."""
 
 
-def adamw_(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, g: torch.Tensor, o: OptimConfig,
-           step: int) -> None:
-    """One AdamW step, in place, on an fp32 master shard `p` and its moments, from the fp32
-    gradient `g` (decoupled weight decay, bias-corrected moments)."""
+def adamw_(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, grad: torch.Tensor,
+           o: OptimConfig, step: int) -> torch.Tensor:
+    """One AdamW step, in place, on an fp32 master shard `p` and its moments, from the
+    synchronised gradient `grad` in its own dtype (decoupled weight decay, bias-corrected
+    moments); returns the gradient's squared norm. The optimizer step of the runtime, and what
+    `amsp calibrate` times."""
+    g = grad.float()
+    sq = g.pow(2).sum()
     bc1, bc2 = 1 - o.beta1 ** step, 1 - o.beta2 ** step
     p.mul_(1 - o.lr * o.weight_decay)
     m.lerp_(g, 1 - o.beta1)
     v.mul_(o.beta2).addcmul_(g, g, value=1 - o.beta2)
     denom = (v.sqrt() / math.sqrt(bc2)).add_(o.eps)
     p.addcdiv_(m, denom, value=-o.lr / bc1)
+    return sq
 
 
 class _Fetch:
@@ -410,9 +415,8 @@ class ShardedEngine:
             else:
                 gos = g
             self.comm.all_reduce(gos, self.groups["OS_replica"])
-            gf = gos.float()
-            norm2 += gf.pow(2).sum()
-            adamw_(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], gf, o, self.step_count)
+            norm2 += adamw_(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], gos, o,
+                            self.step_count)
             g.zero_()
             self.comm.phase = "update"
             gathers.append(self._update_params(i, lay))

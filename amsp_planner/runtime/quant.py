@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from amsp_planner.cost.schedule import quantized_bytes as qbytes  # the layout the plan prices
+
 _QMAX = {8: 127, 4: 7}
-
-
-def qbytes(n: int, bits: int, block: int) -> int:
-    """Bytes of one quantized chunk of n elements (values + fp32 scales)."""
-    assert n % block == 0 and (n * bits) % 8 == 0
-    return n * bits // 8 + 4 * (n // block)
 
 
 def quantize_into(out: torch.Tensor, x: torch.Tensor, bits: int, block: int) -> None:

@@ -78,7 +78,7 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     except SolverError as e:
         raise AmspUserError(str(e)) from None
     if not sols:
-        raise InfeasibleError(infeasible_message(job, space, limit))
+        raise InfeasibleError(infeasible_message(job, space, limit, solver, time_limit_s))
     evals = [check_agreement(job, s, limit, objective) for s in sols]
     baselines = evaluate_baselines(job, limit, evals[0].strategy.micro_batch,
                                    evals[0].strategy.ckpt)
@@ -86,16 +86,22 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes)
 
 
-def min_memory_strategy(job: Job, space: SearchSpace) -> Evaluation:
-    """The strategy of least memory per GPU in `space` (ILP without the memory limit)."""
-    model = StrategyIlp(job, space, float("inf"), "time", "highs")
+def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",
+                        time_limit_s: float = 30.0) -> Evaluation:
+    """The strategy of least memory per GPU in `space` (ILP without the memory limit), with
+    the solver the search used."""
+    model = StrategyIlp(job, space, float("inf"), "time", solver, time_limit_s)
     model.prob.setObjective(model.mem_expr)
-    model._run()
+    try:
+        model._run()
+    except SolverError as e:
+        raise AmspUserError(str(e)) from None
     return evaluate(job, model._decode(), float("inf"))
 
 
-def infeasible_message(job: Job, space: SearchSpace, limit: float) -> str:
-    e = min_memory_strategy(job, space)
+def infeasible_message(job: Job, space: SearchSpace, limit: float, solver: str = "highs",
+                       time_limit_s: float = 30.0) -> str:
+    e = min_memory_strategy(job, space, solver, time_limit_s)
     m = e.memory
     need = m.total / GIB
     terms = {"model states": m.model_states, "activations": m.activations,
