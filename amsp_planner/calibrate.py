@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from amsp_planner.report.fmt import bytes_h
+
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 _BUS = {"all_gather": lambda m: (m - 1) / m, "reduce_scatter": lambda m: (m - 1) / m,
         "all_to_all": lambda m: (m - 1) / m, "all_reduce": lambda m: 2 * (m - 1) / m}
@@ -295,7 +297,7 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
     results: dict[tuple[str, str], list[tuple[int, float]]] = {}
     say(f"calibrating {world.size} ranks ({world.nodes} node(s) x {world.local_size}), "
         f"backend {dist.get_backend()}, {cfg.dtype}, {len(sizes)} sizes "
-        f"{_fmt_bytes(sizes[0])}..{_fmt_bytes(sizes[-1])}, {cfg.passes} pass(es)")
+        f"{bytes_h(sizes[0])}..{bytes_h(sizes[-1])}, {cfg.passes} pass(es)")
 
     def mean_over_world(value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=device)
@@ -327,7 +329,7 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
                               file=sys.stderr, flush=True)
                         os._exit(9)
                     say(f"[{done}/{total}] {op:<14} {scope:<5} "
-                        f"{_fmt_bytes(int(lead[0][0])):>9}  busbw {bw / 1e9:8.3f} GB/s")
+                        f"{bytes_h(int(lead[0][0])):>9}  busbw {bw / 1e9:8.3f} GB/s")
         flops_runs.append(mean_over_world(measure_matmul(cfg, device)))
         quant_runs.append(mean_over_world(measure_quant(cfg, device)))
         opt_runs.append(mean_over_world(measure_optimizer(cfg, device)))
@@ -493,13 +495,6 @@ def write_spec(spec, path: str, header: str = "") -> None:
     assert text.startswith(SPEC_MARK)
     text += yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
     write_output(path, "--out", "a calibrated cluster spec", contains(SPEC_MARK), text)
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:.4g} {unit}"
-    return f"{n} B"
 
 
 def stderr_progress(msg: str) -> None:

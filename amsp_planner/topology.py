@@ -146,8 +146,8 @@ class Topology:
         return nx.maximum_flow_value(g, "SRC", "SNK")
 
     def graph_bandwidths(self) -> dict[str, float]:
-        """The three bandwidths as max-flows on the networkx graph (slow; tests and `specs show`
-        check that they equal the closed forms the planner uses)."""
+        """The three bandwidths as max-flows on the networkx graph (slow; tests/test_topology_graph.py
+        checks that they equal the closed forms the planner uses)."""
         r, c = self.gpus_per_node, self.cluster
         out = {"intra_bw": self._flow(["n0/gpu0"], [f"n0/gpu{i}" for i in range(1, r)])
                if r > 1 else self.intra_bw}

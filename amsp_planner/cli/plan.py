@@ -58,6 +58,8 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         r = solve(job, limit, objective=objective, solver=solver, zeropp=not no_zeropp,
                   runners_up=runners_up, time_limit_s=time_limit)
         best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
+        for note in r.notes:  # e.g. a solver fallback
+            click.echo(f"note: {note}", err=True)
         st = r.stats
         solver_info = {"name": st.solver, "status": st.status, "objective": objective,
                        "num_variables": st.num_variables, "num_constraints": st.num_constraints,

@@ -16,7 +16,7 @@ No guessing: the choice is ``min`` over evaluated candidates, so a test can re-e
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
@@ -34,8 +34,6 @@ class ExportResult:
     """deepspeed, fsdp2, torchtitan or internevo."""
     text: str
     """The file contents, ready to write."""
-    filename: str
-    """Suggested file name, e.g. ds_config.json."""
     exact: bool
     """True when the file expresses the plan's strategy itself."""
     closest: Strategy
@@ -44,10 +42,6 @@ class ExportResult:
     """One line per changed knob, then one with the predicted cost; empty when exact."""
     notes: tuple[str, ...] = ()
     """Caveats that hold even when exact (what the target does that the cost model abstracts)."""
-    plan_eval: Evaluation | None = field(default=None, compare=False, repr=False)
-    """The cost model's evaluation of the plan's strategy."""
-    closest_eval: Evaluation | None = field(default=None, compare=False, repr=False)
-    """The cost model's evaluation of ``closest``."""
 
 
 def try_evaluate(job: Job, s: Strategy, memory_limit: float | None) -> Evaluation | None:
@@ -112,7 +106,7 @@ def cost_difference(plan_eval: Evaluation, closest_eval: Evaluation) -> str:
 
 
 def finish(target: str, job: Job, plan: Strategy, candidates: Iterable[Strategy],
-           memory_limit: float | None, render, filename: str, why: dict[str, str] | None = None,
+           memory_limit: float | None, render, why: dict[str, str] | None = None,
            notes=None) -> ExportResult:
     """Pick the closest expressible strategy, render it, and state the differences.
 
@@ -128,10 +122,8 @@ def finish(target: str, job: Job, plan: Strategy, candidates: Iterable[Strategy]
             reason = why.get(knob) if lost else None
             diffs.append(f"{line}: {reason}" if reason else line)
         diffs.append(cost_difference(pe, ce))
-    return ExportResult(target=target, text=render(job, closest), filename=filename, exact=exact,
-                        closest=closest, differences=tuple(diffs),
-                        notes=tuple(notes(closest)) if notes else (),
-                        plan_eval=pe, closest_eval=ce)
+    return ExportResult(target=target, text=render(job, closest), exact=exact, closest=closest,
+                        differences=tuple(diffs), notes=tuple(notes(closest)) if notes else ())
 
 
 def factor_grid(job: Job) -> list[int]:

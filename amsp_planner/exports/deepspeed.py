@@ -35,7 +35,6 @@ from amsp_planner.exports.common import ExportResult, finish, keep_non_sharding
 from amsp_planner.strategy import Strategy
 
 TARGET = "deepspeed"
-FILENAME = "ds_config.json"
 
 WHY = {
     "s_P": "DeepSpeed shards parameters over all GPUs (stage 3) or not at all",
@@ -126,7 +125,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
         return out
 
     return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
-                  FILENAME, WHY, notes)
+                  WHY, notes)
 
 
 def parse_with_deepspeed(config: dict[str, Any], num_gpus: int) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from amsp_planner.exports.common import ExportResult, factor_grid, finish, keep_
 from amsp_planner.strategy import Strategy
 
 TARGET = "fsdp2"
-FILENAME = "amsp_fsdp2.py"
 
 WHY = {
     "s_P": "FSDP2 shards parameters, gradients and optimizer states over one group",
@@ -184,7 +183,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
         return out
 
     return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
-                  FILENAME, WHY, notes)
+                  WHY, notes)
 
 
 def _Tiny():

@@ -25,7 +25,6 @@ from amsp_planner.exports.common import ExportResult, factor_grid, finish, keep_
 from amsp_planner.strategy import Strategy
 
 TARGET = "internevo"
-FILENAME = "amsp_internevo.py"
 
 WHY = {
     "s_P": "InternEvo shards parameters only with zero1.fsdp, over the zero1 group",
@@ -91,7 +90,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
         return out
 
     return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
-                  FILENAME, WHY, notes)
+                  WHY, notes)
 
 
 def check(text: str, num_gpus: int, batch_seqs: int) -> dict:

@@ -20,7 +20,6 @@ from amsp_planner.exports.common import ExportResult, factor_grid, finish, keep_
 from amsp_planner.strategy import Strategy
 
 TARGET = "torchtitan"
-FILENAME = "amsp_torchtitan.toml"
 
 WHY = {
     "s_P": "torchtitan shards parameters, gradients and optimizer states over one group",
@@ -103,7 +102,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
         return out
 
     return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
-                  FILENAME, WHY, notes)
+                  WHY, notes)
 
 
 def check(text: str, num_gpus: int) -> dict:

@@ -52,12 +52,6 @@ class Group:
         return self.ranks[1] - self.ranks[0] if len(self.ranks) > 1 else 1
 
 
-class Counter(NamedTuple):
-    calls: int
-    full_bytes: int
-    call_sizes: frozenset
-
-
 class Work(NamedTuple):
     """A pending collective; ``wait()`` blocks until its output is ready."""
 
@@ -119,18 +113,14 @@ def _ring_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: Group) -> 
 class Comm:
     """Issues collectives on ``Group``s and counts them under the current phase."""
 
-    def __init__(self, device: str | torch.device = "cpu",
-                 rs_by_all_reduce: bool | None = None) -> None:
+    def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
-        if rs_by_all_reduce is None:
-            rs_by_all_reduce = (self.device.type == "cpu"
-                                and os.environ.get(RS_AS_ALL_REDUCE_ENV, "0") == "1")
-        self.rs_by_all_reduce = rs_by_all_reduce
+        self.rs_by_all_reduce = (self.device.type == "cpu"
+                                 and os.environ.get(RS_AS_ALL_REDUCE_ENV, "0") == "1")
         """Run reduce-scatters as all-reduces (opt-in on gloo; see [Note: gloo reduce-scatter])."""
         self.phase = "setup"
         self._calls: dict[tuple, int] = defaultdict(int)
         self._bytes: dict[tuple, int] = defaultdict(int)
-        self._sizes: dict[tuple, set] = defaultdict(set)
         self._groups: dict[tuple, Group] = {}
 
     # ----- counting ---------------------------------------------------------------------
@@ -138,18 +128,7 @@ class Comm:
         key = (self.phase, op, group.name)
         self._calls[key] += 1
         self._bytes[key] += int(full_bytes)
-        self._sizes[key].add(int(full_bytes))
         self._groups[key] = group
-
-    def reset(self) -> None:
-        self._calls.clear()
-        self._bytes.clear()
-        self._sizes.clear()
-        self._groups.clear()
-
-    def counters(self) -> dict[tuple, Counter]:
-        return {k: Counter(self._calls[k], self._bytes[k], frozenset(self._sizes[k]))
-                for k in self._calls}
 
     def report(self, steps: int = 1, phases: tuple[str, ...] | None = None) -> list[dict]:
         """Per (phase, op, group): calls and bytes per step (divided by `steps`)."""
@@ -227,12 +206,6 @@ class Comm:
             return _DONE
         self._count("all_to_all", group, inp.nbytes)
         return Work(dist.all_to_all_single(out, inp, group=group.pg, async_op=async_op))
-
-    def broadcast(self, t: torch.Tensor, src_index: int, group: Group) -> Work:
-        if group.size == 1:
-            return _DONE
-        self._count("broadcast", group, t.nbytes)
-        return Work(dist.broadcast(t, group.ranks[src_index], group=group.pg))
 
     def barrier(self, group: Group) -> None:
         """A barrier as a counted 4-byte all-reduce (so nothing escapes the count)."""

@@ -101,7 +101,7 @@ class ShardedEngine:
         self.tied = job.model.tied_embeddings
         s = strategy
         self.layouts = [UnitLayout(u, s.s_p, s.s_g, s.s_os, s.hpz) for u in job.units]
-        self.i_p, self.i_g, self.i_os = rank % s.s_p, rank % s.s_g, rank % s.s_os
+        self.i_p, self.i_os = rank % s.s_p, rank % s.s_os
         self.i_h = rank % s.hpz
         self.s0_g, self.s1_g = s.mesh("g", job.gpus_per_node)
         self.step_count = 0

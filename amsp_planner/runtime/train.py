@@ -40,7 +40,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
-    """Save every K steps (0: only at the end when a directory is given)."""
+    """Save every K steps (0: never)."""
     resume: bool = False
     log_every: int = 1
     """Print progress every K steps on rank 0 (0: quiet)."""
@@ -123,7 +123,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
         if latest_step(cfg.checkpoint_dir) is not None:
             start = load(engine, cfg.checkpoint_dir)
             _log(rank, f"resumed from step {start} in {cfg.checkpoint_dir}")
-    if start == 0 and not (cfg.resume and engine.step_count):
+    if start == 0:
         engine.init_params(cfg.seed)
     per_rank = job.training.batch_seqs // N
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
@@ -158,9 +158,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
         if cfg.checkpoint_dir and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
             from amsp_planner.runtime.checkpoint import save
 
-            phase_before = comm.phase
-            save(engine, cfg.checkpoint_dir, step + 1)
-            comm.phase = phase_before
+            save(engine, cfg.checkpoint_dir, step + 1)  # counted under "checkpoint"
     steps_run = max(1, len(times))
     step_rows = comm.report(steps_run, STEP_PHASES)
     setup_rows = comm.report(1, ("setup",))

@@ -55,7 +55,7 @@ import os
 import sys
 import time as _time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
@@ -109,7 +109,6 @@ class IlpStats:
     num_variables: int = 0
     num_constraints: int = 0
     solves: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _entries(job: Job, s: Strategy) -> dict[tuple[str, str], float]:

@@ -82,7 +82,6 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     evals = [check_agreement(job, s, limit, objective) for s in sols]
     baselines = evaluate_baselines(job, limit, evals[0].strategy.micro_batch,
                                    evals[0].strategy.ckpt)
-    stats.notes.extend(notes)
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes)
 
 
