@@ -112,7 +112,10 @@ def run(args) -> dict:
                            capture_output=True, text=True, env={**os.environ, **_env()})
         if p.returncode:
             raise SystemExit(f"amsp plan failed:\n{p.stderr}")
-        chosen = _plan_strategy(json.loads(plan_json.read_text()))
+        from amsp_planner.plan import load_plan
+
+        plan = load_plan(plan_json)  # the job every prediction is made for, and its choice
+        chosen = str(plan.strategy)
         out["planner_choice"] = chosen
         todo = strategies(world, args.nproc)
         if args.only:
@@ -127,7 +130,7 @@ def run(args) -> dict:
                                timeout=3000)
         _check(res, "training")
         out["train_s"] = time.perf_counter() - t0
-    out["rows"] = _rows(work, todo, cal, world, args)
+    out["rows"] = _rows(work, todo, plan.job, args)
     out["summary"] = _summary(out["rows"])
     out["calibrated_spec"] = cal.read_text()
     import shutil
@@ -136,25 +139,11 @@ def run(args) -> dict:
     return out
 
 
-def _plan_strategy(plan: dict) -> str:
-    for key in ("decision", "strategy"):
-        v = plan.get(key)
-        if isinstance(v, dict) and "strategy" in v:
-            return v["strategy"]
-        if isinstance(v, str):
-            return v
-    raise SystemExit(f"no strategy in the plan file (keys {sorted(plan)})")
-
-
-def _rows(work: Path, todo, cal: Path, world: int, args) -> list[dict]:
+def _rows(work: Path, todo, job, args) -> list[dict]:
     from amsp_planner.cost.evaluate import evaluate
-    from amsp_planner.cost.job import Job
-    from amsp_planner.specs import TrainingSpec, load_cluster, load_model
     from amsp_planner.strategy import parse_strategy_or_baseline
 
-    t = TrainingSpec(seq_len=args.seq_len, global_batch_seqs=world * args.micro_batches,
-                     micro_batch=1, activation_checkpointing=False, precision=args.precision)
-    job = Job.create(load_model(MODEL), load_cluster(str(cal)), t, world)
+    world = job.num_gpus
     rows = []
     for name, text in todo:
         rep = json.loads((work / f"{name}.json").read_text())
