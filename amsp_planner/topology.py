@@ -18,7 +18,14 @@ with networkx and tests check both agree):
 A collective's inter-node traffic is shared by all R ranks of a node (every rank runs the same
 collective at the same time), so a rank's inter-node bytes move at node_bw / R.
 
-Collective time takes the faster of two algorithms (NCCL picks per size):
+Collective time on GPU clusters is NCCL's own model (``collectives.py``): the algorithms NCCL
+has for each op, with its latency and bandwidth tables, the fastest chosen as its tuner does.
+The bus bandwidth a rank of a group sees (``fabric``): in one node, its NVLink/PCIe link; across
+nodes, min(its in-node link, its share of the node's NICs), the share being node_bw x k / R since
+the R/k groups active on the node at once each put their ring bytes through the node's exit.
+
+On CPU processes (gloo, ``intra_fabric: shm``) without measured tables, the faster of two
+alpha-beta forms:
 
 - hierarchical: the in-node phase on the intra fabric, then the cross-node phase on the NICs,
   one after the other: t = a_intra*(k-1) + a_inter*(g-1) + intra_bytes/intra_bw
@@ -51,6 +58,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
+from amsp_planner import collectives
 from amsp_planner.specs.cluster import ClusterSpec
 
 # nccl-tests bus bandwidth factors: ring bytes per rank = factor * full size.
@@ -199,6 +207,24 @@ class Topology:
         return bw / self.gpus_per_node
 
     # ----- time -----------------------------------------------------------------------------
+    def fabric(self, layout: GroupLayout) -> collectives.Fabric:
+        """What NCCL's tuner sees for a group: its shape and the bus bandwidth of one rank."""
+        c = self.cluster
+        net = 0.0
+        if layout.nodes > 1:
+            node = self.node_bw_cross_leaf if layout.spans_leaves else self.node_bw
+            net = node * layout.members_per_node / self.gpus_per_node
+        bus = min(self.intra_bw, net) if layout.nodes > 1 else self.intra_bw
+        return collectives.Fabric(
+            ranks=layout.size, nodes=layout.nodes, per_node=layout.members_per_node,
+            bus_bw=bus, intra_bw=self.intra_bw, net_bw=net, arch=c.gpu.arch,
+            nvlink=c.intra_fabric in ("nvswitch", "nvlink"), nvlink_sharp=c.nvlink_sharp,
+            ib_sharp=c.ib_sharp)
+
+    def algorithm(self, op: str, size: int, stride: int, per_call: float) -> collectives.Choice:
+        """The algorithm and protocol NCCL runs for one call, with its seconds."""
+        return collectives.best(op, self.fabric(self.layout(size, stride)), per_call)
+
     def collective_time(self, op: str, size: int, stride: int, full_bytes: float,
                         calls: int = 1) -> float:
         """Seconds for `calls` collectives moving `full_bytes` in total over one rank group."""
@@ -212,6 +238,8 @@ class Topology:
             return calls * BUS_FACTOR[op](size) * per_call / _interp(intra, per_call)
         if inter is not None:
             return calls * self._measured_ring(op, lay, per_call, intra, inter)
+        if self.cluster.collective_library == "nccl":
+            return calls * collectives.best(op, self.fabric(lay), per_call).seconds
         return calls * min(self._hierarchical(op, lay, per_call), self._ring(op, lay, per_call))
 
     def _measured_ring(self, op: str, lay: GroupLayout, per_call: float, intra, inter) -> float:

@@ -121,28 +121,6 @@ def test_oversubscribed_spine_halves_cross_leaf_bandwidth():
 
 
 # ----- collective time -------------------------------------------------------------------------
-def test_in_node_all_gather_time_by_hand():
-    topo = Topology(A100, 8)
-    full = 8 * 2**30
-    # 7 hops of 3 us + 7/8 of 8 GiB at 240 GB/s, for either algorithm.
-    expected = 7 * 3e-6 + 7 / 8 * full / 240e9
-    assert topo.collective_time("all_gather", 8, 1, full) == pytest.approx(expected)
-    # Two calls of half the size: twice the latency, same bandwidth term.
-    expected2 = 2 * 7 * 3e-6 + 7 / 8 * full / 240e9
-    assert topo.collective_time("all_gather", 8, 1, full, calls=2) == pytest.approx(expected2)
-    assert topo.collective_time("all_gather", 1, 1, full) == 0.0
-
-
-def test_cross_node_all_reduce_time_by_hand():
-    topo = Topology(A100, 16)
-    full = 2**30
-    # Replica all-reduce across 2 nodes at stride 8: 1 member per node, so no in-node part.
-    # Hierarchical: 2 * (1 hop of 6 us) + 2 * (1/2) * F / (160 GB/s / 8 ranks sharing the NICs).
-    hier = 2 * 6e-6 + full / 20e9
-    # Ring: 2 * 1 hop + max(F/240e9, (8/1) * F / 160e9) = the same bandwidth term.
-    assert topo.collective_time("all_reduce", 2, 8, full) == pytest.approx(hier)
-
-
 def test_measured_table_overrides_alpha_beta():
     c = A100.model_validate({**A100.model_dump(), "measured": [
         {"op": "all_gather", "scope": "intra", "points": [

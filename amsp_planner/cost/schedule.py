@@ -27,20 +27,28 @@ the members' chunks back to back, each chunk its own values then scales (the siz
 
 Ring-convention bytes per rank: (m-1)/m * full (all-gather, reduce-scatter, all-to-all),
 2(m-1)/m * full (all-reduce); split into intra- and inter-node parts by ``topology.split_bytes``.
-Quantized entries' ``time_s`` includes the (de)quantization kernels, one pass over the 16-bit
-elements each kernel reads or writes, at the GPU's ``quant_gbyte_per_s``: qwZ quantizes the
-rank's own shard (phi/s_P) and dequantizes the gathered whole (phi); qgZ quantizes the whole
-gradient it sends and dequantizes as much as it receives (twice the hop's elements). Step-boundary entries run on the gradient dtype (bf16 by default, fp32 with
-``grad_accum_dtype: fp32`` or in fp32 mode); parameter gathers on the parameter dtype.
+``time_s`` is the collectives' own time: each call priced at its unit's real size (NCCL's
+model on GPUs, ``collectives.py``). Quantized entries carry their (de)quantization kernels apart,
+in ``kernel_s`` (they run on the compute stream), one pass over the 16-bit elements each kernel
+reads or writes, at the GPU's ``quant_gbyte_per_s``: qwZ quantizes the rank's own shard
+(phi/s_P) and dequantizes the gathered whole (phi); qgZ quantizes the whole gradient it sends
+and dequantizes as much as it receives (twice the hop's elements). Step-boundary entries run on
+the gradient dtype (bf16 by default, fp32 with ``grad_accum_dtype: fp32`` or in fp32 mode);
+parameter gathers on the parameter dtype. ``algorithm`` names what NCCL runs for a block's
+call.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
 from amsp_planner.cost.job import Job
 from amsp_planner.strategy import Strategy
 from amsp_planner.topology import split_bytes
+
+CLASSES = ("embedding", "block", "head")
+"""The unit classes: the embedding, every transformer block (all the same size), the head."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +66,24 @@ class ScheduleEntry:
     inter_bytes_per_rank_per_step: float
     time_s: float
     """Predicted seconds per step for these collectives, before overlap."""
+    kernel_s: float = 0.0
+    """Seconds per step of the (de)quantization kernels these collectives need; they run on the
+    compute stream (cost/step_time.py)."""
+    unit_time_s: tuple[float, ...] = field(default=(0.0, 0.0, 0.0), compare=False)
+    """Seconds of one call for a unit of each class (``CLASSES``): the step model's input."""
+    unit_kernel_s: tuple[float, ...] = field(default=(0.0, 0.0, 0.0), compare=False)
+    """Kernel seconds of one call for a unit of each class."""
+    algorithm: str = ""
+    """What NCCL runs for a block's call (e.g. 'ring/LL128'); empty off NCCL."""
 
     @property
     def bytes_per_rank_per_step(self) -> float:
         return self.intra_bytes_per_rank_per_step + self.inter_bytes_per_rank_per_step
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["unit_time_s"], d["unit_kernel_s"]
+        return d
 
 
 def quantized_bytes(elements: int, bits: int, block: int) -> int:
@@ -73,70 +92,101 @@ def quantized_bytes(elements: int, bits: int, block: int) -> int:
     return elements * bits // 8 + 4 * (elements // block)
 
 
+def unit_elements(job: Job) -> tuple[int, int, int]:
+    """Padded elements of a unit of each class."""
+    u = job.units
+    return u[0], u[1] if len(u) > 2 else 0, u[-1]
+
+
 def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dtype: str,
-           calls: int, full: int, quant_elements: int = 0) -> ScheduleEntry:
-    """One entry; `quant_elements` adds the (de)quantization kernels' time: that many 16-bit
-    elements quantized plus dequantized, at the GPU's ``quant_gbyte_per_s``."""
-    lay = job.topology.layout(size, stride)
-    intra, inter = split_bytes(op, full, lay)
-    time = job.topology.collective_time(op, size, stride, full, calls)
-    if quant_elements:
-        time += quant_elements * 2 / (job.cluster.gpu.quant_gbyte_per_s * 1e9)
+           per_unit: int, n_micro: int, full: Callable[[int], int],
+           kernel_elements: Callable[[int], int] | None = None) -> ScheduleEntry:
+    """One entry: `per_unit` calls per unit and micro-batch (``n_micro`` of them), each call
+    moving ``full(unit elements)`` bytes; ``kernel_elements(unit elements)``: the 16-bit
+    elements the (de)quantization kernels read or write per call, at the GPU's
+    ``quant_gbyte_per_s``."""
+    topo, rate = job.topology, job.cluster.gpu.quant_gbyte_per_s * 1e9
+    lay = topo.layout(size, stride)
+    sizes = unit_elements(job)
+    counts = (1, job.model.num_layers, 1)
+    unit_t = tuple(topo.collective_time(op, size, stride, full(u)) * per_unit for u in sizes)
+    unit_k = tuple((kernel_elements(u) * 2 / rate if kernel_elements else 0.0) * per_unit
+                   for u in sizes)
+    total = n_micro * sum(c * full(u) for c, u in zip(counts, sizes, strict=True)) * per_unit
+    intra, inter = split_bytes(op, total, lay)
+    time = n_micro * sum(c * t for c, t in zip(counts, unit_t, strict=True))
+    kern = n_micro * sum(c * k for c, k in zip(counts, unit_k, strict=True))
+    algo = ""
+    if size > 1 and job.cluster.collective_library == "nccl" and not job.cluster.measured:
+        ch = topo.algorithm(op, size, stride, full(max(sizes)))
+        algo = f"{ch.algorithm}/{ch.protocol}"
+    calls = per_unit * n_micro * job.num_units
     return ScheduleEntry(phase, op, group, size, stride, lay.members_per_node, dtype, calls,
-                         int(full), intra, inter, time)
+                         int(total), intra, inter, time, kern, unit_t, unit_k, algo)
 
 
 def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[ScheduleEntry, ...]:
     """Every collective of one training step of `job` under strategy `s`."""
     n_micro = job.n_micro(s) if n_micro is None else n_micro
     t = job.training
-    N, R, U = job.num_gpus, job.gpus_per_node, job.num_units
-    phi = job.phi
+    N, R = job.num_gpus, job.gpus_per_node
     pb, gb = t.param_bytes, t.grad_bytes
     pdt, gdt = t.dtype_name, t.grad_dtype_name
-    per_mb = U * n_micro
+    blk = s.quant_block
     out: list[ScheduleEntry] = []
+
+    def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True):
+        out.append(_entry(job, phase, op, group, size, stride, dtype, 1,
+                          n_micro if per_mb else 1, full, kernel))
 
     if s.s_p > 1:
         if s.qwz:
-            fwd_full, fwd_dt = quantized_bytes(phi, 8, s.quant_block), "int8+scales"
+            fwd_full, fwd_dt = (lambda u: quantized_bytes(u, 8, blk)), "int8+scales"
+            qe = lambda u: u // s.s_p + u  # noqa: E731  own shard in, whole out
         else:
-            fwd_full, fwd_dt = phi * pb, pdt
-        qe = n_micro * (phi // s.s_p + phi) if s.qwz else 0  # own shard in, whole out
-        out.append(_entry(job, "forward", "all_gather", "P", s.s_p, 1, fwd_dt, per_mb,
-                          n_micro * fwd_full, qe))
+            fwd_full, fwd_dt, qe = (lambda u: u * pb), pdt, None
+        add("forward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe)
         if s.hpz > 1:
-            out.append(_entry(job, "backward", "all_gather", "hpZ", s.hpz, 1, pdt, per_mb,
-                              n_micro * phi * pb))
+            add("backward", "all_gather", "hpZ", s.hpz, 1, pdt, lambda u: u * pb)
         else:
-            out.append(_entry(job, "backward", "all_gather", "P", s.s_p, 1, fwd_dt, per_mb,
-                              n_micro * fwd_full, qe))
+            add("backward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe)
     if s.s_g > 1:
         if s.qgz:
             s0, s1 = s.mesh("g", R)
             if s0 > 1:
-                out.append(_entry(job, "backward", "all_to_all", "G_intra", s0, 1, "int4+scales",
-                                  per_mb, n_micro * quantized_bytes(phi, 4, s.quant_block),
-                                  2 * n_micro * phi))
+                add("backward", "all_to_all", "G_intra", s0, 1, "int4+scales",
+                    lambda u: quantized_bytes(u, 4, blk), lambda u: 2 * u)
             if s1 > 1:
-                out.append(_entry(job, "backward", "all_to_all", "G_inter", s1, R, "int4+scales",
-                                  per_mb, n_micro * quantized_bytes(phi // s0, 4, s.quant_block),
-                                  2 * n_micro * phi // s0))
+                add("backward", "all_to_all", "G_inter", s1, R, "int4+scales",
+                    lambda u: quantized_bytes(u // s0, 4, blk), lambda u: 2 * u // s0)
         else:
-            out.append(_entry(job, "backward", "reduce_scatter", "G", s.s_g, 1, gdt, per_mb,
-                              n_micro * phi * gb))
+            add("backward", "reduce_scatter", "G", s.s_g, 1, gdt, lambda u: u * gb)
     k = s.s_os // s.s_g
     if k > 1:
-        out.append(_entry(job, "grad_sync", "reduce_scatter", "OS_shard", k, s.s_g, gdt, U,
-                          phi // s.s_g * gb))
+        add("grad_sync", "reduce_scatter", "OS_shard", k, s.s_g, gdt,
+            lambda u: u // s.s_g * gb, per_mb=False)
     r = N // s.s_os
     if r > 1:
-        out.append(_entry(job, "grad_sync", "all_reduce", "OS_replica", r, s.s_os, gdt, U,
-                          phi // s.s_os * gb))
+        add("grad_sync", "all_reduce", "OS_replica", r, s.s_os, gdt,
+            lambda u: u // s.s_os * gb, per_mb=False)
     q = s.s_os // s.s_p
     if q > 1:
-        out.append(_entry(job, "update", "all_gather", "P_update", q, s.s_p, pdt, U,
-                          phi // s.s_p * pb))
+        add("update", "all_gather", "P_update", q, s.s_p, pdt, lambda u: u // s.s_p * pb,
+            per_mb=False)
     if N > 1:
-        out.append(_entry(job, "update", "all_reduce", "world", N, 1, "fp32", 1, 8))
+        out.append(_world_entry(job))
     return tuple(out)
+
+
+def _world_entry(job: Job) -> ScheduleEntry:
+    """[loss, grad-norm^2] in fp32: one all-reduce of 8 bytes per step."""
+    n = job.num_gpus
+    lay = job.topology.layout(n, 1)
+    intra, inter = split_bytes("all_reduce", 8, lay)
+    time = job.topology.collective_time("all_reduce", n, 1, 8)
+    algo = ""
+    if job.cluster.collective_library == "nccl" and not job.cluster.measured:
+        ch = job.topology.algorithm("all_reduce", n, 1, 8)
+        algo = f"{ch.algorithm}/{ch.protocol}"
+    return ScheduleEntry("update", "all_reduce", "world", n, 1, lay.members_per_node, "fp32", 1,
+                         8, intra, inter, time, algorithm=algo)

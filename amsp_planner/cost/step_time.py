@@ -1,50 +1,63 @@
-"""Compute time, and the overlap model that turns collective times into a step time.
+"""The step, unit by unit: prefetch, overlap, contention, and what stays exposed.
 
-Compute (PaLM appendix B): model FLOPs per token 6*N + 12*L*h*s, forward one third, backward
-two thirds; full recomputation adds one forward (x4/3 overall). Time = FLOPs / (peak x
-achievable fraction). MFU = model FLOPs per second / (N_gpus x peak); recomputation is not
-model FLOPs.
+Units run in order (embedding, blocks 1..L, head) forward and in reverse backward; the runtime
+(and FSDP2) prefetch one unit ahead: while unit i computes, the gather of the next unit is in
+flight (two gather buffers), and in backward also the gradient reduction of the unit just
+finished (two gradient buffers). Collectives of one step run in issue order on the network.
 
-Overlap, per micro-batch, with U units, forward compute T_f, backward compute T_b, and the
-collective times of the schedule grouped as
-  C_f = forward all-gathers,  C_b = backward all-gathers + gradient reduce-scatters / qgZ hops,
-  C_s = step-boundary gradient sync (grad_sync),  C_u = update all-gather + metrics:
+Per micro-batch and unit i, with c = its compute (forward: f_i; backward: g_i, which under
+checkpointing includes the recomputed forward) and m = the communication in flight during it:
 
-  forward:  E_f = C_f / U + (U-1)/U * max(0, C_f - eta T_f)
-            (the first unit's gather cannot hide; each later unit's gather, C_f/U, runs during
-            the previous unit's compute, T_f/U, and shows only by what that compute cannot
-            cover: summed over U-1 units, (U-1)/U * max(0, C_f - eta T_f))
-  backward: E_b = C_b / U + (U-1)/U * max(0, C_b - eta T_b)
-            (the same pipeline in reverse: the last unit's reduce-scatter runs after the last
-            backward compute)
-  last micro-batch: E_b' = (C_b + C_s)/U + (U-1)/U * max(0, C_b + C_s - eta T_b)
-            (the step-boundary sync of each unit starts as soon as its gradient is final, behind
-            the rest of the last backward)
-  update:   E_u = C_u (after the optimizer, exposed)
+  forward   m_i = a_{i+1}                         (the next unit's gather)
+  backward  m_i = b_{i-1} + r_{i+1} (+ s_{i+1})   (next gather, last reduction, and on the last
+                                                   micro-batch the step-boundary sync)
 
-With eta = 0 every phase is exposed exactly once (E_f = C_f); with eta = 1 and communication
-longer than compute, the step is communication-bound plus one unit's compute.
+a unit takes  v_i = max(m_i + (1 - eta) c_i,  c_i + sigma m_i)
 
-  step = n_micro (T_f + T_b) + T_opt + n_micro E_f + (n_micro - 1) E_b + E_b' + E_u
+sigma = ``gpu.comm_compute_slowdown``: NCCL's kernels share the SMs and HBM with the matmuls,
+so each second of communication under compute adds sigma seconds to it (with the collective
+spanning the whole compute, c' = c / (1 - sigma)). eta = ``overlap_efficiency``: the fraction of
+compute that can hide communication (1 on GPUs; 0 on CPU processes, whose collectives share the
+cores: then v = c + m, fully serialised). The form is exact for a compute kernel slowed while a
+collective overlaps it: if the collective ends first, v = c + sigma m; if it outlasts the
+compute, v = m (and max() picks the right one in both cases).
 
-The cluster's ``overlap_efficiency`` eta multiplies T_f and T_b inside the max(0, .) terms:
-eta = 1 hides communication fully behind compute (GPUs: collectives on their own engines),
-eta = 0 serialises them (CPU processes that share cores with their own communication).
+What is exposed, and why:
+- the first gather of each micro-batch forward, a_embedding (nothing computes before it; the
+  embedding has no compute, so the first block's gather shows too, as max(0 + ..., a_block));
+- the first gather of backward, b_head (the head's parameters were released after forward);
+- the last reduction of backward, r_embedding (+ its sync on the last micro-batch);
+- the optimizer step T_opt (it needs the synchronised gradient), and the update all-gather of
+  the new parameters and the metrics all-reduce after it (the next forward needs them);
+- any unit whose communication outlasts its compute: v_i - c_i.
+Quantization kernels (qwZ, qgZ) run on the compute stream: they add to the unit's compute and
+hide nothing.
+
+  step = n (a_E + sum_i v_i^fwd) + (n - 1)(b_H + sum_i v_i^bwd + r_E) + (b_H + sum_i v_i^last
+         + r_E + s_E) + T_opt + C_update
+
+With one unit, sigma = 0 and eta = 1 this is the closed form of earlier versions; with equal
+units it is the pipeline C/U + T + (U-1)/U max(0, C - T) per phase.
 
 Optimizer: T_opt = (Phi / s_OS) x bytes per element / ``gpu.optimizer_gbyte_per_s``: AdamW on
-the rank's optimizer shard after the gradients are final, before the parameters are gathered
-back; memory-bound, not hidden (it needs the synchronised gradient and the update needs it).
+the rank's optimizer shard, memory-bound.
 
-The ILP (solver/ilp.py) linearises exactly these max(0, .) terms with auxiliary variables.
+``stage_terms`` builds these terms once, for numbers (``step_time``) and for the ILP's linear
+expressions alike (solver/ilp.py passes its own max()), so both price a strategy the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from amsp_planner.cost.compute import unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import OPTIMIZER_BYTES
-from amsp_planner.cost.schedule import ScheduleEntry
+from amsp_planner.cost.schedule import CLASSES, ScheduleEntry
+
+ROLES = ("gather_fwd", "gather_bwd", "reduce", "sync")
+"""Per-unit communication roles (seconds per call, per unit class)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,10 @@ class StepTime:
     """All collective time of the step, overlapped or not."""
     optimizer_s: float = 0.0
     """The AdamW step on the rank's optimizer shard."""
+    contention_s: float = 0.0
+    """Compute slowed by communication running under it."""
+    kernel_s: float = 0.0
+    """Quantization kernels on the compute stream."""
 
     @property
     def exposed_comm_s(self) -> float:
@@ -64,22 +81,13 @@ class StepTime:
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.optimizer_s + self.exposed_comm_s
+        return (self.compute_s + self.kernel_s + self.optimizer_s + self.contention_s
+                + self.exposed_comm_s)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(exposed_comm_s=self.exposed_comm_s, step_s=self.step_s)
         return d
-
-
-def compute_times(job: Job, micro_batch: int, ckpt: bool) -> tuple[float, float]:
-    """(T_f, T_b): forward and backward compute seconds of one micro-batch."""
-    tokens = micro_batch * job.training.seq_len
-    flops = tokens * job.model.flops_per_token(job.training.seq_len)
-    rate = job.cluster.achievable_flop_per_s
-    fwd = flops / 3 / rate
-    bwd = 2 * flops / 3 / rate + (fwd if ckpt else 0.0)
-    return fwd, bwd
 
 
 def optimizer_bytes_per_element(param_bytes: int, grad_bytes: int) -> int:
@@ -96,40 +104,138 @@ def optimizer_time(job: Job, s_os: int) -> float:
     return job.phi / s_os * optimizer_bytes_per_element(t.param_bytes, t.grad_bytes) / rate
 
 
-def phase_times(schedule: tuple[ScheduleEntry, ...], n_micro: int) -> dict[str, float]:
-    """Collective seconds by phase: per micro-batch for forward/backward, per step otherwise."""
-    out = {"forward": 0.0, "backward": 0.0, "grad_sync": 0.0, "update": 0.0}
+# ----- the terms, for numbers and for linear expressions alike -------------------------------
+@dataclass
+class Stage:
+    """`count` units in a row with the same compute and communication."""
+
+    phase: str
+    """'forward', 'backward' (not the last micro-batch) or 'last' (the last backward)."""
+    count: int
+    compute: object
+    comm: object
+    key: tuple = ()
+    """The unit classes that make the stage (units with equal keys merge)."""
+
+
+def unit_sequence(num_layers: int) -> list[str]:
+    return ["embedding"] + ["block"] * num_layers + ["head"]
+
+
+def stages(num_layers: int, q: Callable[[str, str], object], zero) -> tuple[list[Stage], dict]:
+    """The stages of one micro-batch and the exposed ends (module docstring).
+
+    `q(role, cls)` gives a unit class's quantity: roles of ``ROLES`` (communication seconds) and
+    'fwd', 'bwd' (compute incl. its kernels). Returns (stages, ends) with ends the exposed
+    first gathers and last reductions per phase.
+    """
+    seq = unit_sequence(num_layers)
+    out: list[Stage] = []
+
+    def add(phase, key, compute, comm):
+        if out and out[-1].phase == phase and out[-1].key == key:
+            out[-1].count += 1
+        else:
+            out.append(Stage(phase, 1, compute, comm, key))
+
+    for i, cls in enumerate(seq):
+        nxt = seq[i + 1] if i + 1 < len(seq) else None
+        add("forward", (cls, nxt), q("fwd", cls), q("gather_fwd", nxt) if nxt else zero)
+    rev = seq[::-1]
+    for phase in ("backward", "last"):
+        for i, cls in enumerate(rev):
+            prev = rev[i - 1] if i else None
+            nxt = rev[i + 1] if i + 1 < len(rev) else None
+            comm = zero
+            if nxt:
+                comm = comm + q("gather_bwd", nxt)
+            if prev:
+                comm = comm + q("reduce", prev)
+                if phase == "last":
+                    comm = comm + q("sync", prev)
+            add(phase, (cls, prev, nxt), q("bwd", cls), comm)
+    first, last = seq[0], seq[-1]
+    ends = {"forward": q("gather_fwd", first), "backward": q("gather_bwd", last) + q("reduce", first),
+            "last": q("gather_bwd", last) + q("reduce", first) + q("sync", first)}
+    return out, ends
+
+
+def stage_time(compute, comm, sigma: float, eta: float, maxfn):
+    """v = max(m + (1 - eta) c, c + sigma m)."""
+    return maxfn(comm + (1.0 - eta) * compute, compute + sigma * comm)
+
+
+# ----- numbers --------------------------------------------------------------------------------
+def unit_quantities(job: Job, schedule: tuple[ScheduleEntry, ...], micro_batch: int,
+                    ckpt: bool) -> dict[tuple[str, str], float]:
+    """(role, class) -> seconds for one micro-batch: communication per call by role, and
+    compute ('fwd', 'bwd') with the quantization kernels of that unit."""
+    qty = {(r, c): 0.0 for r in ROLES + ("fwd", "bwd") for c in CLASSES}
     for e in schedule:
-        per = n_micro if e.phase in ("forward", "backward") else 1
-        out[e.phase] += e.time_s / per
-    return out
+        role = entry_role(e)
+        if role is None:
+            continue
+        for c, t, k in zip(CLASSES, e.unit_time_s, e.unit_kernel_s, strict=True):
+            qty[role, c] += t
+            qty["bwd" if role in ("gather_bwd", "reduce") else "fwd", c] += k
+    for c, uc in unit_computes(job, micro_batch, ckpt).items():
+        qty["fwd", c] += uc.forward
+        qty["bwd", c] += uc.backward
+    return qty
 
 
-def overlap(t_f: float, t_b: float, c: dict[str, float], n_micro: int, num_units: int,
-            efficiency: float = 1.0, t_opt: float = 0.0) -> StepTime:
-    """The overlap model of the module docstring; `efficiency` (the cluster's
-    ``overlap_efficiency``, eta) scales the compute time that can hide communication; `t_opt`
-    is the optimizer step, added as it is."""
-    u = num_units
-    w = (u - 1) / u  # the units whose communication can hide behind another unit's compute
-    h_f, h_b = efficiency * t_f, efficiency * t_b
-    e_f = w * max(0.0, c["forward"] - h_f) + c["forward"] / u
-    e_b = w * max(0.0, c["backward"] - h_b) + c["backward"] / u
-    last = c["backward"] + c["grad_sync"]
-    e_last = w * max(0.0, last - h_b) + last / u
-    comm = n_micro * (c["forward"] + c["backward"]) + c["grad_sync"] + c["update"]
-    return StepTime(
-        compute_s=n_micro * (t_f + t_b),
-        exposed_forward_s=n_micro * e_f,
-        exposed_backward_s=(n_micro - 1) * e_b + e_last,
-        exposed_update_s=c["update"],
-        comm_total_s=comm,
-        optimizer_s=t_opt,
-    )
+def entry_role(e: ScheduleEntry) -> str | None:
+    """The per-unit role of a schedule entry (None: the update phase, exposed as a whole)."""
+    if e.phase == "forward":
+        return "gather_fwd"
+    if e.phase == "backward":
+        return "gather_bwd" if e.op == "all_gather" else "reduce"
+    if e.phase == "grad_sync":
+        return "sync"
+    return None
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The micro-batch pipeline of a step, its parts apart (seconds per step)."""
+
+    compute: float
+    exposed_forward: float
+    exposed_backward: float
+    contention: float
+
+
+def pipeline(num_layers: int, qty: dict[tuple[str, str], float], n_micro: int, sigma: float,
+             eta: float = 1.0) -> Pipeline:
+    """Forward and backward of `n_micro` micro-batches over the units (module docstring);
+    `qty` as ``unit_quantities`` gives it. A stage whose compute bound wins counts its excess
+    over compute as contention; otherwise as exposed communication."""
+    sts, ends = stages(num_layers, lambda r, c: qty[r, c], 0.0)
+    weight = {"forward": n_micro, "backward": n_micro - 1, "last": 1}
+    compute = contention = 0.0
+    exposed = {"forward": ends["forward"] * n_micro,
+               "backward": ends["backward"] * (n_micro - 1) + ends["last"]}
+    for st in sts:
+        w = weight[st.phase] * st.count
+        v = stage_time(st.compute, st.comm, sigma, eta, max)
+        compute += w * st.compute
+        if st.compute + sigma * st.comm >= st.comm + (1.0 - eta) * st.compute:
+            contention += w * (v - st.compute)
+        else:
+            exposed["forward" if st.phase == "forward" else "backward"] += w * (v - st.compute)
+    return Pipeline(compute, exposed["forward"], exposed["backward"], contention)
 
 
 def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro_batch: int,
               ckpt: bool, s_os: int) -> StepTime:
-    t_f, t_b = compute_times(job, micro_batch, ckpt)
-    return overlap(t_f, t_b, phase_times(schedule, n_micro), n_micro, job.num_units,
-                   job.cluster.overlap_efficiency, optimizer_time(job, s_os))
+    """The step of the module docstring, with its parts apart."""
+    qty = unit_quantities(job, schedule, micro_batch, ckpt)
+    p = pipeline(job.model.num_layers, qty, n_micro, job.cluster.gpu.comm_compute_slowdown,
+                 job.cluster.overlap_efficiency)
+    kernels = sum(e.kernel_s for e in schedule)
+    update = sum(e.time_s for e in schedule if entry_role(e) is None)
+    return StepTime(
+        compute_s=p.compute - kernels, exposed_forward_s=p.exposed_forward,
+        exposed_backward_s=p.exposed_backward, exposed_update_s=update,
+        comm_total_s=sum(e.time_s for e in schedule), optimizer_s=optimizer_time(job, s_os),
+        contention_s=p.contention, kernel_s=kernels)

@@ -51,16 +51,18 @@ agree (``check_agreement``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time as _time
 import warnings
 from dataclasses import dataclass
 
+from amsp_planner.cost.compute import unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
-from amsp_planner.cost.schedule import build_schedule
-from amsp_planner.cost.step_time import compute_times, optimizer_time
+from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
+from amsp_planner.cost.step_time import optimizer_time, stage_time, stages
 from amsp_planner.solver.space import TIME_RTOL, SearchSpace
 from amsp_planner.strategy import Strategy
 
@@ -111,24 +113,44 @@ class IlpStats:
     solves: int = 0
 
 
-def _entries(job: Job, s: Strategy) -> dict[tuple[str, str], float]:
-    """(phase, group) -> seconds for one micro-batch (n_micro=1) of a probe strategy."""
-    return {(e.phase, e.group): e.time_s for e in build_schedule(job, s, n_micro=1)}
+def _entries(job: Job, s: Strategy) -> dict[tuple[str, str], ScheduleEntry]:
+    """(phase, group) -> entry for one micro-batch (n_micro=1) of a probe strategy."""
+    return {(e.phase, e.group): e for e in build_schedule(job, s, n_micro=1)}
+
+
+def _unit(e: ScheduleEntry | None, kernel: bool = False) -> tuple[float, ...]:
+    """Per unit class: seconds of one call (or of its kernels)."""
+    if e is None:
+        return (0.0,) * len(CLASSES)
+    return e.unit_kernel_s if kernel else e.unit_time_s
+
+
+def _top(i: int, *tables: dict) -> float:
+    """The largest class-`i` value in the tables (0 when empty)."""
+    return max([0.0] + [v[i] for d in tables for v in d.values()])
 
 
 @dataclass
 class _Tables:
+    """Coefficients. Time tables map a decision to a tuple over ``CLASSES`` (seconds per unit
+    call of that class), or to seconds per step (upd, metrics, opt)."""
+
     ag: dict
     agq: dict
+    kq: dict
+    """qwZ kernels per unit call (forward, and backward unless hpZ)."""
     hpz: dict
     rs: dict
     qgz: dict
+    kg: dict
+    """qgZ kernels per unit call."""
     osrs: dict
     ar: dict
     upd: dict
     metrics: float
-    tf: dict
-    tb: dict
+    fwd: dict
+    """option j -> compute seconds per unit class, forward."""
+    bwd: dict
     n: dict
     mem_p: dict
     mem_g: dict
@@ -152,35 +174,38 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     n = job.num_gpus
     t = job.training
     pb, gb = t.param_bytes, t.grad_bytes
-    ag, agq, rs, qg, ar = {}, {}, {}, {}, {}
+    ag, agq, kq, rs, qg, kg, ar = {}, {}, {}, {}, {}, {}, {}
     mem_p, mem_g, mem_o = {}, {}, {}
     buf_ag, buf_agq, buf_gr, buf_grq = {}, {}, {}, {}
     metrics = 0.0
     for f in F:
         base = Strategy(s_p=f, s_g=f, s_os=f)
         e = _entries(job, base)
-        ag[f] = e.get(("forward", "P"), 0.0)
-        rs[f] = e.get(("backward", "G"), 0.0)
-        ar[f] = e.get(("grad_sync", "OS_replica"), 0.0)
-        metrics = e.get(("update", "world"), 0.0)
+        ag[f] = _unit(e.get(("forward", "P")))
+        rs[f] = _unit(e.get(("backward", "G")))
+        ar[f] = _unit(e.get(("grad_sync", "OS_replica")))
+        w = e.get(("update", "world"))
+        metrics = w.time_s if w else 0.0
         st = model_state_bytes(job.phi, base, pb, gb)
         mem_p[f], mem_g[f], mem_o[f] = st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB
         b = buffer_bytes(job, base)
         buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB
         if f > 1 and True in sp.qwz:
-            eq = _entries(job, base.with_(qwz=True))
-            agq[f] = eq.get(("forward", "P"), 0.0)
+            eq = _entries(job, base.with_(qwz=True))[("forward", "P")]
+            agq[f], kq[f] = _unit(eq), _unit(eq, kernel=True)
             buf_agq[f] = buffer_bytes(job, base.with_(qwz=True))["gather_buffers"] / GIB
         if f > 1 and True in sp.qgz:
             sq = base.with_(qgz=True)
             eq = _entries(job, sq)
-            qg[f] = eq.get(("backward", "G_intra"), 0.0) + eq.get(("backward", "G_inter"), 0.0)
+            hops = [eq.get(("backward", "G_intra")), eq.get(("backward", "G_inter"))]
+            qg[f] = tuple(map(sum, zip(*(_unit(h) for h in hops), strict=True)))
+            kg[f] = tuple(map(sum, zip(*(_unit(h, True) for h in hops), strict=True)))
             buf_grq[f] = buffer_bytes(job, sq)["grad_buffers"] / GIB
     hpz, mem_h = {}, {}
     for z in sp.hpz:
         if z > 1:
             s = Strategy(s_p=n, s_g=n, s_os=n, hpz=z)
-            hpz[z] = _entries(job, s).get(("backward", "hpZ"), 0.0)
+            hpz[z] = _unit(_entries(job, s).get(("backward", "hpZ")))
             mem_h[z] = model_state_bytes(job.phi, s, pb, gb)["hpz"] / GIB
     osrs, upd, step_buf = {}, {}, {}
     for g in F:
@@ -189,26 +214,34 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
                 continue
             s = Strategy(s_p=g, s_g=g, s_os=o)
             e = _entries(job, s)
-            osrs[g, o] = e.get(("grad_sync", "OS_shard"), 0.0)
-            upd[g, o] = e.get(("update", "P_update"), 0.0)  # (p, o) with p = g here
+            osrs[g, o] = _unit(e.get(("grad_sync", "OS_shard")))
+            u = e.get(("update", "P_update"))  # (p, o) with p = g here
+            upd[g, o] = u.time_s if u else 0.0
             step_buf[g, o] = buffer_bytes(job, s)["step_buffer"] / GIB
     perm = job.max_unit * gb / GIB
-    tf, tb, nn, act = {}, {}, {}, {}
+    fwd, bwd, nn, act = {}, {}, {}, {}
     for mb in sp.micro_batches:
         for ck in sp.ckpt:
             j = (mb, ck)
-            tf[j], tb[j] = compute_times(job, mb, ck)
+            uc = unit_computes(job, mb, ck)
+            fwd[j] = tuple(uc[c].forward for c in CLASSES)
+            bwd[j] = tuple(uc[c].backward for c in CLASSES)
             nn[j] = job.seqs_per_gpu // mb
             act[j] = activation_bytes(job, mb, ck) / GIB
     # Times enter the model in units of one step's compute (objective about 1), so that solver
     # tolerances are relative to the job's scale.
-    unit = max(nn[j] * (tf[j] + tb[j]) for j in tf)
-    opt = {o: optimizer_time(job, o) for o in F}
-    for d in (ag, agq, hpz, rs, qg, osrs, ar, upd, tf, tb, opt):
+    counts = (1, job.model.num_layers, 1)
+    unit = max(nn[j] * sum(c * (x + y) for c, x, y in zip(counts, fwd[j], bwd[j], strict=True))
+               for j in fwd) or 1.0
+    opt = {o: optimizer_time(job, o) / unit for o in F}
+    for d in (ag, agq, kq, hpz, rs, qg, kg, osrs, ar, fwd, bwd):
         for k in d:
-            d[k] /= unit
-    tables = _Tables(ag, agq, hpz, rs, qg, osrs, ar, upd, metrics / unit, tf, tb, nn, mem_p,
-                     mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf, act, opt)
+            d[k] = tuple(x / unit for x in d[k])
+    for k in upd:
+        upd[k] /= unit
+    tables = _Tables(ag, agq, kq, hpz, rs, qg, kg, osrs, ar, upd, metrics / unit, fwd, bwd, nn,
+                     mem_p, mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf,
+                     act, opt)
     tables.time_unit = unit
     return tables
 
@@ -246,7 +279,7 @@ class StrategyIlp:
         self.xGq = {g: B(f"xGq_{g}", cat="Binary") for g in F if g in T.qgz}
         self.xO = {o: B(f"xO_{o}", cat="Binary") for o in F}
         self.h = {z: B(f"h_{z}", cat="Binary") for z in T.hpz}
-        J = list(T.tf)
+        J = list(T.fwd)
         self.y = {j: B(f"y_mb{j[0]}_{'ckpt' if j[1] else 'nockpt'}", cat="Binary") for j in J}
 
         def xP(f):
@@ -279,47 +312,7 @@ class StrategyIlp:
         self.zGO = pairs("GO", xG, lambda o: self.xO[o], F, F)
         self.zPO = pairs("PO", xP, lambda o: self.xO[o], F, F)
 
-        # collective times per micro-batch / per step
-        Cf = lin(self.xPn[f] * T.ag[f] for f in F) + lin(v * T.agq[f] for f, v in self.xPq.items())
-        big_ag = max([0.0] + list(T.ag.values()) + list(T.agq.values()))
-        Cbag = B("C_bag", lowBound=0)
-        prob += Cbag >= Cf - big_ag * lin(self.h.values()), "bwd_gather_without_hpz"
-        prob += Cbag >= lin(v * T.hpz[z] for z, v in self.h.items()), "bwd_gather_hpz"
-        Cg = lin(self.xGn[g] * T.rs[g] for g in F) + lin(v * T.qgz[g] for g, v in self.xGq.items())
-        Cb = Cbag + Cg
-        Cs = lin(v * T.osrs[k] for k, v in self.zGO.items()) + lin(self.xO[o] * T.ar[o] for o in F)
-        Cu = lin(v * T.upd[k] for k, v in self.zPO.items()) + T.metrics
-        Tf = lin(self.y[j] * T.tf[j] for j in J)
-        Tb = lin(self.y[j] * T.tb[j] for j in J)
-        U = job.num_units
-        w = (U - 1) / U
-        self.step_expr = None
-        if self.objective == "time":
-            ef, eb, el = B("e_f", lowBound=0), B("e_b", lowBound=0), B("e_l", lowBound=0)
-            eta = job.cluster.overlap_efficiency
-            prob += ef >= Cf - eta * Tf, "exposed_forward"
-            prob += eb >= Cb - eta * Tb, "exposed_backward"
-            prob += el >= Cb + Cs - eta * Tb, "exposed_last_backward"
-            EF, EB = B("E_F", lowBound=0), B("E_B", lowBound=0)
-            max_c = big_ag * 2 + max([0.0] + list(T.rs.values()) + list(T.qgz.values()))
-            max_t = max(T.tf.values())
-            for j in J:
-                nj = T.n[j]
-                mf = nj * (big_ag + max_t + big_ag / U)
-                mb_ = max(0, nj - 1) * (max_c + max_t + max_c / U)
-                prob += EF >= nj * (w * ef + Cf * (1.0 / U)) - mf * (1 - self.y[j]), f"fwd_x_n_{j[0]}_{int(j[1])}"
-                if nj > 1:
-                    prob += EB >= (nj - 1) * (w * eb + Cb * (1.0 / U)) - mb_ * (1 - self.y[j]), f"bwd_x_n_{j[0]}_{int(j[1])}"
-            compute = lin(self.y[j] * T.n[j] * (T.tf[j] + T.tb[j]) for j in J)
-            t_opt = lin(self.xO[o] * T.opt[o] for o in F)
-            self.step_expr = compute + t_opt + EF + EB + w * el + (Cb + Cs) * (1.0 / U) + Cu
-        else:
-            CC = B("C_micro", lowBound=0)
-            max_c = 2 * max([0.0] + list(T.ag.values()) + list(T.agq.values())) + max(
-                [0.0] + list(T.rs.values()) + list(T.qgz.values()))
-            for j in J:
-                prob += CC >= T.n[j] * (Cf + Cb) - T.n[j] * max_c * (1 - self.y[j]), f"comm_x_n_{j[0]}_{int(j[1])}"
-            self.step_expr = CC + Cs + Cu
+        self._add_time(xP, xG, J)
 
         # memory
         st = B("staging", lowBound=0)
@@ -344,6 +337,99 @@ class StrategyIlp:
         if self.memory_limit != float("inf"):
             prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
         prob.setObjective(self.step_expr)
+
+    def _add_time(self, xP, xG, J) -> None:
+        """The step model (cost/step_time.py) as linear constraints: every stage's
+        max(m + (1 - eta) c, c + sigma m) an auxiliary variable, the per-micro-batch sums times
+        n_j linearised per activation option j (big-M on y_j). Sets ``step_expr``."""
+        pulp, T, job, prob = self.pulp, self.T, self.job, self.prob
+        B, lin, F = prob.add_variable, pulp.lpSum, self.space.factors
+        idx = {c: i for i, c in enumerate(CLASSES)}
+        hz = lin(self.h.values())
+
+        def col(d, vars_, i):
+            return lin(v * d[k][i] for k, v in vars_.items())
+
+        q: dict = {}
+        for c, i in idx.items():
+            fwd_gather = col(T.ag, self.xPn, i) + col(T.agq, self.xPq, i)
+            bwd_gather = B(f"gather_bwd_{c}", lowBound=0)
+            big = max([0.0] + [v[i] for v in (*T.ag.values(), *T.agq.values())])
+            prob += bwd_gather >= fwd_gather - big * hz, f"bwd_gather_{c}_without_hpz"
+            prob += bwd_gather >= col(T.hpz, self.h, i), f"bwd_gather_{c}_hpz"
+            kq_bwd = B(f"qwz_kernel_bwd_{c}", lowBound=0)
+            big_k = max([0.0] + [v[i] for v in T.kq.values()])
+            prob += kq_bwd >= col(T.kq, self.xPq, i) - big_k * hz, f"qwz_kernel_bwd_{c}"
+            q["gather_fwd", c] = fwd_gather
+            q["gather_bwd", c] = bwd_gather
+            q["reduce", c] = col(T.rs, self.xGn, i) + col(T.qgz, self.xGq, i)
+            q["sync", c] = col(T.osrs, self.zGO, i) + col(T.ar, self.xO, i)
+            q["fwd", c] = col(T.fwd, self.y, i) + col(T.kq, self.xPq, i)
+            q["bwd", c] = col(T.bwd, self.y, i) + kq_bwd + col(T.kg, self.xGq, i)
+        Cu = lin(v * T.upd[k] for k, v in self.zPO.items()) + T.metrics
+        t_opt = lin(self.xO[o] * T.opt[o] for o in F)
+        counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
+        if self.objective == "comm":
+            per_mb = lin(counts[c] * (q["gather_fwd", c] + q["gather_bwd", c] + q["reduce", c])
+                         for c in CLASSES)
+            bound = self._bound_comm()
+            CC = B("C_micro", lowBound=0)
+            for j in J:
+                prob += CC >= T.n[j] * per_mb - T.n[j] * bound * (1 - self.y[j]), \
+                    f"comm_x_n_{j[0]}_{int(j[1])}"
+            self.step_expr = CC + lin(counts[c] * q["sync", c] for c in CLASSES) + Cu
+            return
+        gpu, eta = job.cluster.gpu, job.cluster.overlap_efficiency
+        sig = gpu.comm_compute_slowdown
+        n_aux = iter(range(10**6))
+
+        def vmax(a, b):
+            v = B(f"stage_{next(n_aux)}", lowBound=0)
+            prob.addConstraint(v >= a, f"{v.name}_comm")
+            prob.addConstraint(v >= b, f"{v.name}_compute")
+            return v
+
+        sts, ends = stages(job.model.num_layers, lambda r, c: q[r, c], 0)
+        phase = {p: ends[p] + lin(st.count * stage_time(st.compute, st.comm, sig, eta, vmax)
+                                  for st in sts if st.phase == p)
+                 for p in ("forward", "backward", "last")}
+        EF, EB = B("E_F", lowBound=0), B("E_B", lowBound=0)
+        for j in J:
+            nj, tag = T.n[j], f"{j[0]}_{int(j[1])}"
+            prob += EF >= nj * phase["forward"] - nj * self._bound_phase("forward") * (
+                1 - self.y[j]), f"fwd_x_n_{tag}"
+            if nj > 1:
+                prob += EB >= (nj - 1) * phase["backward"] - (nj - 1) * self._bound_phase(
+                    "backward") * (1 - self.y[j]), f"bwd_x_n_{tag}"
+        self.step_expr = EF + EB + phase["last"] + t_opt + Cu
+
+    def _qmax(self) -> dict:
+        """Each (role, class) quantity's largest value over the space (for big-M bounds)."""
+        T = self.T
+        out = {}
+        for i, c in enumerate(CLASSES):
+            top = functools.partial(_top, i)
+            out["gather_fwd", c] = top(T.ag, T.agq)
+            out["gather_bwd", c] = top(T.ag, T.agq, T.hpz)
+            out["reduce", c] = top(T.rs, T.qgz)
+            out["sync", c] = top(T.osrs) + top(T.ar)
+            out["fwd", c] = top(T.fwd) + top(T.kq)
+            out["bwd", c] = top(T.bwd) + top(T.kq) + top(T.kg)
+        return out
+
+    def _bound_phase(self, phase: str) -> float:
+        """An upper bound of one micro-batch's phase time: every stage at c + m, all maximal."""
+        qm = self._qmax()
+        sts, ends = stages(self.job.model.num_layers, lambda r, c: qm[r, c], 0.0)
+        return ends[phase] + sum(st.count * (st.compute + st.comm) for st in sts
+                                 if st.phase == phase)
+
+    def _bound_comm(self) -> float:
+        """An upper bound of one micro-batch's collective time."""
+        qm = self._qmax()
+        L = self.job.model.num_layers
+        return sum((L if c == "block" else 1) * (qm["gather_fwd", c] + qm["gather_bwd", c]
+                                                 + qm["reduce", c]) for c in CLASSES)
 
     # ----- solving ----------------------------------------------------------------------------
     def _solver(self):

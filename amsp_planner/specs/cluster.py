@@ -8,6 +8,8 @@ present, override the alpha-beta model for the (op, scope) they cover.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -17,18 +19,38 @@ GIB = 1024**3
 CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
 
 
+GpuArch = Literal["volta", "ampere", "hopper", "blackwell", "cpu"]
+
+
 class GpuSpec(BaseModel):
-    """One accelerator type."""
+    """One accelerator type. Presets live in ``presets/gpus.yaml`` (each value with its source);
+    a cluster spec names one (``gpu: A100-SXM4-80GB``) or gives the fields inline."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=100)
+    arch: GpuArch = "ampere"
+    """Generation: selects NCCL's per-architecture tuning constants (cost/collectives.py)."""
     memory_gib: float = Field(gt=0, le=4096)
     """Device memory in GiB."""
     peak_bf16_tflop_per_s: float = Field(gt=0, le=100000)
     """Dense 16-bit tensor-core peak, TFLOP/s (V100: its fp16 peak)."""
+    peak_fp32_tflop_per_s: float | None = Field(default=None, gt=0, le=100000)
+    """fp32 matmul peak, TFLOP/s (PyTorch's default: no TF32 for matmuls); None: the bf16 peak
+    (CPU processes, where both are the same cores)."""
+    hbm_gbyte_per_s: float | None = Field(default=None, gt=0, le=100000)
+    """Memory bandwidth the memory-bound (elementwise) kernels reach, GB/s; None: those kernels
+    are not priced apart (CPU processes: ``achievable_fraction`` covers them)."""
     achievable_fraction: float = Field(default=0.55, gt=0, le=1)
-    """Fraction of peak that training matmuls reach (model FLOPs per second / peak)."""
+    """Fraction of peak that large training matmuls reach (cost/compute.py)."""
+    attention_fraction: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of peak that the flash-attention kernels reach; None: ``achievable_fraction``."""
+    kernel_overhead_us: float = Field(default=0.0, ge=0, le=100000)
+    """Fixed time per matmul kernel (launch and tail), microseconds: small matmuls run below
+    the large-matrix efficiency."""
+    comm_compute_slowdown: float = Field(default=0.0, ge=0, le=1)
+    """Seconds added to compute per second of communication that overlaps it (collective
+    kernels share the SMs and HBM with the matmuls)."""
     context_reserve_gib: float = Field(default=1.0, ge=0, le=64)
     """Memory taken by the CUDA context, NCCL and the allocator's own state."""
     fragmentation_fraction: float = Field(default=0.05, ge=0, le=0.5)
@@ -40,6 +62,37 @@ class GpuSpec(BaseModel):
     optimizer shard it reads and writes the fp32 master and both moments, reads the gradient
     and writes the new 16-bit parameter (``cost.step_time.optimizer_bytes_per_element``).
     Presets: about 70% of the HBM bandwidth; ``amsp calibrate`` measures the runtime's own."""
+
+    def peak_flop_per_s(self, dtype: str = "bf16") -> float:
+        if dtype == "fp32" and self.peak_fp32_tflop_per_s is not None:
+            return self.peak_fp32_tflop_per_s * 1e12
+        return self.peak_bf16_tflop_per_s * 1e12
+
+
+def gpu_presets() -> dict[str, dict]:
+    """The GPU table (``presets/gpus.yaml``): name -> fields."""
+    return dict(_gpu_table())
+
+
+@lru_cache(maxsize=1)
+def _gpu_table() -> tuple:
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "presets" / "gpus.yaml"
+    rows = yaml.safe_load(path.read_text())
+    return tuple((r["name"], r) for r in rows)
+
+
+def resolve_gpu(data: dict) -> dict:
+    """A cluster spec's mapping with ``gpu: NAME`` replaced by that GPU's preset fields."""
+    gpu = data.get("gpu")
+    if isinstance(gpu, str):
+        table = gpu_presets()
+        if gpu not in table:
+            raise ValueError(f"gpu '{gpu}' is not in the GPU table: use one of "
+                             f"{', '.join(sorted(table))} or give the fields inline")
+        data = {**data, "gpu": dict(table[gpu])}
+    return data
 
 
 class MeasuredPoint(BaseModel):
@@ -98,6 +151,10 @@ class ClusterSpec(BaseModel):
     overlap_efficiency: float = Field(default=1.0, ge=0, le=1)
     """Fraction of compute time that can hide communication: 1 when collectives run on their own
     engines (GPUs with NCCL), 0 when they compete for the same cores (CPU processes)."""
+    nvlink_sharp: bool = False
+    """NVLink SHARP (NVLS, Hopper NVSwitch): in-switch reductions inside the node."""
+    ib_sharp: bool = False
+    """InfiniBand SHARP (NCCL CollNet): in-network all-reduce across nodes."""
     measured: list[MeasuredTable] = Field(default_factory=list)
     """Measured bandwidth tables (from `amsp calibrate`) that override the alpha-beta model."""
 
@@ -129,11 +186,17 @@ class ClusterSpec(BaseModel):
 
     @property
     def peak_flop_per_s(self) -> float:
+        """The 16-bit peak (the MFU denominator)."""
         return self.gpu.peak_bf16_tflop_per_s * 1e12
 
     @property
     def achievable_flop_per_s(self) -> float:
         return self.peak_flop_per_s * self.gpu.achievable_fraction
+
+    @property
+    def collective_library(self) -> str:
+        """'gloo' for CPU processes on shared memory, else 'nccl'."""
+        return "gloo" if self.intra_fabric == "shm" else "nccl"
 
     def table(self, op: str, scope: str) -> MeasuredTable | None:
         for t in self.measured:

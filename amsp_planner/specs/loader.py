@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from amsp_planner.errors import AmspUserError, format_validation_error
-from amsp_planner.specs.cluster import ClusterSpec
+from amsp_planner.specs.cluster import ClusterSpec, resolve_gpu
 from amsp_planner.specs.model import ModelSpec
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
@@ -166,6 +166,10 @@ def load_cluster(name: str | None = None, overrides: dict[str, Any] | None = Non
     path = _resolve(name or DEFAULT_CLUSTER, "cluster")
     data = _read_mapping(path)
     data.setdefault("name", path.stem)
+    try:
+        data = resolve_gpu(data)
+    except ValueError as e:
+        raise AmspUserError(f"{path}: field 'gpu': {e}") from None
     if overrides:
         for key, value in overrides.items():
             target = data

@@ -1,0 +1,119 @@
+"""Compute time of each unit, by GPU, dtype and matrix shape.
+
+Each unit's forward and backward is priced kernel by kernel with a roofline and a fixed
+per-kernel overhead (in the spirit of Calculon's size-dependent matmul efficiency):
+
+  matmul (T x K) @ (K x N):  max(2TKN / (peak x e_mm), bytes / hbm) + t0
+  attention (flash, causal):  2 x T x s x h forward (QK^T and PV over the causal half),
+                              2.5x that backward (recomputed scores, dV, dP, dQ, dK), at
+                              peak x e_attn
+  elementwise (norms, RoPE, SwiGLU's product, residual adds; eager PyTorch): bytes / hbm
+
+T = tokens of one micro-batch (micro-batch x sequence), peak = the GPU's peak in the job's
+dtype (fp32 jobs: the fp32 peak; PyTorch runs fp32 matmuls without TF32 by default), e_mm =
+``achievable_fraction``, e_attn = ``attention_fraction``, t0 = ``kernel_overhead_us``, hbm =
+``hbm_gbyte_per_s``. Backward runs each matmul twice (input and weight gradients). Small
+micro-batches and small models therefore run below the large-matrix efficiency: t0 and the
+memory-bound kernels weigh more.
+
+Units (as the runtime shards them): the embedding (a lookup: no FLOPs), each block
+(QKV, output, MLP matmuls, attention, elementwise), and the head (final norm, LM head matmul,
+and the fp32 cross-entropy over the vocabulary). Full activation checkpointing recomputes each
+block's forward during backward; the head is not recomputed.
+
+Elementwise bytes per token and block, forward (eager, a = activation bytes per element):
+  2 RMSNorms 2 x 14h a  (upcast to fp32, variance, normalise, downcast, weight: ~7 passes of h)
+  RoPE on q and k 6(h + d_kv) a,  2 residual adds 6h a,  SwiGLU SiLU + product 5f a (GELU 2f a)
+backward twice the forward. Head: cross-entropy in fp32, 12V bytes per token forward and
+18V backward (bf16 logits upcast, log-softmax, its gradient).
+
+On CPU processes (no ``hbm_gbyte_per_s``, no overhead) this reduces to matmul FLOPs / (peak x
+``achievable_fraction``) (attention over its causal half), the rate ``amsp calibrate`` measures
+for the runtime's own model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amsp_planner.cost.job import Job
+
+
+@dataclass(frozen=True)
+class UnitCompute:
+    """Seconds of one micro-batch for one unit class."""
+
+    forward: float
+    backward: float
+    """Including the recomputed forward under checkpointing."""
+
+
+@dataclass(frozen=True)
+class _Rates:
+    flop: float
+    attn: float
+    hbm: float | None
+    t0: float
+    act_bytes: int
+
+
+def _rates(job: Job) -> _Rates:
+    gpu, t = job.cluster.gpu, job.training
+    peak = gpu.peak_flop_per_s(t.dtype_name)
+    return _Rates(flop=peak * gpu.achievable_fraction,
+                  attn=peak * (gpu.attention_fraction or gpu.achievable_fraction),
+                  hbm=gpu.hbm_gbyte_per_s * 1e9 if gpu.hbm_gbyte_per_s else None,
+                  t0=gpu.kernel_overhead_us * 1e-6, act_bytes=t.param_bytes)
+
+
+def _matmul(r: _Rates, t: int, k: int, n: int) -> float:
+    flops = 2.0 * t * k * n
+    time = flops / r.flop
+    if r.hbm is not None:
+        time = max(time, r.act_bytes * (t * k + k * n + t * n) / r.hbm)
+    return time + r.t0
+
+
+def _block_matmuls(job: Job) -> list[tuple[int, int]]:
+    """(K, N) of each forward matmul of a block."""
+    m = job.model
+    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
+    q = m.num_heads * m.head_dim
+    mlp = [(h, f), (h, f), (f, h)] if m.ffn_type == "swiglu" else [(h, f), (f, h)]
+    return [(h, q + 2 * kv), (q, h)] + mlp
+
+
+def _elementwise_block(job: Job) -> float:
+    """Forward elementwise bytes per token of one block (module docstring)."""
+    m = job.model
+    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
+    a = job.training.param_bytes
+    act = 5 * f if m.ffn_type == "swiglu" else 2 * f
+    return (28 * h + 6 * (h + kv) + 6 * h + act) * a
+
+
+def block_compute(job: Job, micro_batch: int, ckpt: bool) -> UnitCompute:
+    r = _rates(job)
+    m, s = job.model, job.training.seq_len
+    t = micro_batch * s
+    mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job))
+    attn = 2.0 * t * s * m.num_heads * m.head_dim / r.attn
+    elem = t * _elementwise_block(job) / r.hbm if r.hbm else 0.0
+    fwd = mm + attn + elem
+    bwd = 2 * mm + 2.5 * attn + 2 * elem
+    return UnitCompute(fwd, bwd + (fwd if ckpt else 0.0))
+
+
+def head_compute(job: Job, micro_batch: int) -> UnitCompute:
+    r = _rates(job)
+    m = job.model
+    t = micro_batch * job.training.seq_len
+    mm = _matmul(r, t, m.hidden_size, m.vocab_size)
+    ce = t * m.vocab_size / r.hbm if r.hbm else 0.0
+    return UnitCompute(mm + 12 * ce, 2 * mm + 18 * ce)
+
+
+def unit_computes(job: Job, micro_batch: int, ckpt: bool) -> dict[str, UnitCompute]:
+    """Per unit class ('embedding', 'block', 'head'): one micro-batch's compute seconds."""
+    return {"embedding": UnitCompute(0.0, 0.0), "block": block_compute(job, micro_batch, ckpt),
+            "head": head_compute(job, micro_batch)}
