@@ -100,18 +100,29 @@ def unit_elements(job: Job) -> tuple[int, int, int]:
 
 def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dtype: str,
            per_unit: int, n_micro: int, full: Callable[[int], int],
-           kernel_elements: Callable[[int], int] | None = None) -> ScheduleEntry:
+           kernel_elements: Callable[[int], int] | None = None,
+           copies: bool = False) -> ScheduleEntry:
     """One entry: `per_unit` calls per unit and micro-batch (``n_micro`` of them), each call
     moving ``full(unit elements)`` bytes; ``kernel_elements(unit elements)``: the 16-bit
     elements the (de)quantization kernels read or write per call, at the GPU's
-    ``quant_gbyte_per_s``."""
-    topo, rate = job.topology, job.cluster.gpu.quant_gbyte_per_s * 1e9
+    ``quant_gbyte_per_s``. With `copies`, unquantized all-gathers and reduce-scatters of a
+    micro-batch on GPUs copy their buffer once (the gathered unit out to the parameters, the gradients into the send buffer:
+    read + write of the full tensor at ``hbm_gbyte_per_s``), as FSDP's copy-out / copy-in do."""
+    topo, gpu = job.topology, job.cluster.gpu
+    rate = gpu.quant_gbyte_per_s * 1e9
     lay = topo.layout(size, stride)
     sizes = unit_elements(job)
     counts = (1, job.model.num_layers, 1)
     unit_t = tuple(topo.collective_time(op, size, stride, full(u)) * per_unit for u in sizes)
-    unit_k = tuple((kernel_elements(u) * 2 / rate if kernel_elements else 0.0) * per_unit
-                   for u in sizes)
+
+    def kernel(u: int) -> float:
+        if kernel_elements:
+            return kernel_elements(u) * 2 / rate
+        if copies and gpu.hbm_gbyte_per_s and op in ("all_gather", "reduce_scatter"):
+            return 2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in of the buffer
+        return 0.0
+
+    unit_k = tuple(kernel(u) * per_unit for u in sizes)
     total = n_micro * sum(c * full(u) for c, u in zip(counts, sizes, strict=True)) * per_unit
     intra, inter = split_bytes(op, total, lay)
     time = n_micro * sum(c * t for c, t in zip(counts, unit_t, strict=True))
@@ -137,7 +148,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
 
     def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True):
         out.append(_entry(job, phase, op, group, size, stride, dtype, 1,
-                          n_micro if per_mb else 1, full, kernel))
+                          n_micro if per_mb else 1, full, kernel, copies=per_mb))
 
     if s.s_p > 1:
         if s.qwz:

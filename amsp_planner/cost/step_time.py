@@ -175,9 +175,10 @@ def unit_quantities(job: Job, schedule: tuple[ScheduleEntry, ...], micro_batch: 
         role = entry_role(e)
         if role is None:
             continue
+        assert role != "sync" or not e.kernel_s, "per-step entries have no compute-stream kernels"
         for c, t, k in zip(CLASSES, e.unit_time_s, e.unit_kernel_s, strict=True):
             qty[role, c] += t
-            qty["bwd" if role in ("gather_bwd", "reduce") else "fwd", c] += k
+            qty["fwd" if role == "gather_fwd" else "bwd", c] += k
     for c, uc in unit_computes(job, micro_batch, ckpt).items():
         qty["fwd", c] += uc.forward
         qty["bwd", c] += uc.backward

@@ -137,10 +137,15 @@ class _Tables:
 
     ag: dict
     agq: dict
+    ka: dict
+    """Copy-out kernels of a plain gather per unit call (forward, and backward unless hpZ)."""
     kq: dict
     """qwZ kernels per unit call (forward, and backward unless hpZ)."""
     hpz: dict
+    khz: dict
     rs: dict
+    krs: dict
+    """Copy-in kernels of a plain reduce-scatter per unit call."""
     qgz: dict
     kg: dict
     """qgZ kernels per unit call."""
@@ -174,15 +179,15 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     n = job.num_gpus
     t = job.training
     pb, gb = t.param_bytes, t.grad_bytes
-    ag, agq, kq, rs, qg, kg, ar = {}, {}, {}, {}, {}, {}, {}
+    ag, agq, ka, kq, rs, krs, qg, kg, ar = {}, {}, {}, {}, {}, {}, {}, {}, {}
     mem_p, mem_g, mem_o = {}, {}, {}
     buf_ag, buf_agq, buf_gr, buf_grq = {}, {}, {}, {}
     metrics = 0.0
     for f in F:
         base = Strategy(s_p=f, s_g=f, s_os=f)
         e = _entries(job, base)
-        ag[f] = _unit(e.get(("forward", "P")))
-        rs[f] = _unit(e.get(("backward", "G")))
+        ag[f], ka[f] = _unit(e.get(("forward", "P"))), _unit(e.get(("forward", "P")), True)
+        rs[f], krs[f] = _unit(e.get(("backward", "G"))), _unit(e.get(("backward", "G")), True)
         ar[f] = _unit(e.get(("grad_sync", "OS_replica")))
         w = e.get(("update", "world"))
         metrics = w.time_s if w else 0.0
@@ -201,11 +206,12 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
             qg[f] = tuple(map(sum, zip(*(_unit(h) for h in hops), strict=True)))
             kg[f] = tuple(map(sum, zip(*(_unit(h, True) for h in hops), strict=True)))
             buf_grq[f] = buffer_bytes(job, sq)["grad_buffers"] / GIB
-    hpz, mem_h = {}, {}
+    hpz, khz, mem_h = {}, {}, {}
     for z in sp.hpz:
         if z > 1:
             s = Strategy(s_p=n, s_g=n, s_os=n, hpz=z)
-            hpz[z] = _unit(_entries(job, s).get(("backward", "hpZ")))
+            eh = _entries(job, s).get(("backward", "hpZ"))
+            hpz[z], khz[z] = _unit(eh), _unit(eh, True)
             mem_h[z] = model_state_bytes(job.phi, s, pb, gb)["hpz"] / GIB
     osrs, upd, step_buf = {}, {}, {}
     for g in F:
@@ -234,12 +240,12 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     unit = max(nn[j] * sum(c * (x + y) for c, x, y in zip(counts, fwd[j], bwd[j], strict=True))
                for j in fwd) or 1.0
     opt = {o: optimizer_time(job, o) / unit for o in F}
-    for d in (ag, agq, kq, hpz, rs, qg, kg, osrs, ar, fwd, bwd):
+    for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd):
         for k in d:
             d[k] = tuple(x / unit for x in d[k])
     for k in upd:
         upd[k] /= unit
-    tables = _Tables(ag, agq, kq, hpz, rs, qg, kg, osrs, ar, upd, metrics / unit, fwd, bwd, nn,
+    tables = _Tables(ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, upd, metrics / unit, fwd, bwd, nn,
                      mem_p, mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf,
                      act, opt)
     tables.time_unit = unit
@@ -357,15 +363,18 @@ class StrategyIlp:
             big = max([0.0] + [v[i] for v in (*T.ag.values(), *T.agq.values())])
             prob += bwd_gather >= fwd_gather - big * hz, f"bwd_gather_{c}_without_hpz"
             prob += bwd_gather >= col(T.hpz, self.h, i), f"bwd_gather_{c}_hpz"
-            kq_bwd = B(f"qwz_kernel_bwd_{c}", lowBound=0)
-            big_k = max([0.0] + [v[i] for v in T.kq.values()])
-            prob += kq_bwd >= col(T.kq, self.xPq, i) - big_k * hz, f"qwz_kernel_bwd_{c}"
+            fwd_kernel = col(T.ka, self.xPn, i) + col(T.kq, self.xPq, i)
+            k_bwd = B(f"gather_kernel_bwd_{c}", lowBound=0)
+            big_k = _top(i, T.ka, T.kq)
+            prob += k_bwd >= fwd_kernel - big_k * hz, f"gather_kernel_bwd_{c}_without_hpz"
+            prob += k_bwd >= col(T.khz, self.h, i), f"gather_kernel_bwd_{c}_hpz"
             q["gather_fwd", c] = fwd_gather
             q["gather_bwd", c] = bwd_gather
             q["reduce", c] = col(T.rs, self.xGn, i) + col(T.qgz, self.xGq, i)
             q["sync", c] = col(T.osrs, self.zGO, i) + col(T.ar, self.xO, i)
-            q["fwd", c] = col(T.fwd, self.y, i) + col(T.kq, self.xPq, i)
-            q["bwd", c] = col(T.bwd, self.y, i) + kq_bwd + col(T.kg, self.xGq, i)
+            q["fwd", c] = col(T.fwd, self.y, i) + fwd_kernel
+            q["bwd", c] = (col(T.bwd, self.y, i) + k_bwd + col(T.krs, self.xGn, i)
+                           + col(T.kg, self.xGq, i))
         Cu = lin(v * T.upd[k] for k, v in self.zPO.items()) + T.metrics
         t_opt = lin(self.xO[o] * T.opt[o] for o in F)
         counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
@@ -413,8 +422,8 @@ class StrategyIlp:
             out["gather_bwd", c] = top(T.ag, T.agq, T.hpz)
             out["reduce", c] = top(T.rs, T.qgz)
             out["sync", c] = top(T.osrs) + top(T.ar)
-            out["fwd", c] = top(T.fwd) + top(T.kq)
-            out["bwd", c] = top(T.bwd) + top(T.kq) + top(T.kg)
+            out["fwd", c] = top(T.fwd) + top(T.ka, T.kq)
+            out["bwd", c] = top(T.bwd) + top(T.ka, T.kq, T.khz) + top(T.krs, T.kg)
         return out
 
     def _bound_phase(self, phase: str) -> float:
