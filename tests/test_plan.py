@@ -155,3 +155,19 @@ def test_plan_picks_no_worse_than_every_baseline():
     for name, b in doc["baselines"].items():
         if b["fits"]:
             assert step <= b["step_s"] * (1 + 1e-9), name
+
+
+def test_explain_names_the_step_parts_that_separate_the_plan_from_each_baseline():
+    from amsp_planner.plan import load_plan
+    from amsp_planner.report.explain import explain_plan
+
+    plan = load_plan(GOLDEN / GOLDEN_CASES[0][0])
+    step = plan.evaluation.step_s
+    facts = explain_plan(plan)
+    alts = {a["name"]: a for a in facts["alternatives"]}
+    for name in ("zero3", "zeropp", "mics"):
+        parts = alts[name]["step_parts_s"]
+        assert set(parts) & {"contention", "exposed forward", "exposed backward", "kernels"}
+        # the parts named add up to the step difference, up to the small ones left unnamed
+        assert sum(parts.values()) == pytest.approx(alts[name]["step_rel"] * step,
+                                                    abs=0.01 * step)

@@ -23,7 +23,24 @@ def _diff(a, b) -> str:
     return ", ".join(out) or "same sharding"
 
 
+STEP_PARTS = (("compute", "compute_s"), ("kernels", "kernel_s"), ("optimizer", "optimizer_s"),
+              ("contention", "contention_s"), ("exposed forward", "exposed_forward_s"),
+              ("exposed backward", "exposed_backward_s"), ("exposed update", "exposed_update_s"))
+
+
+def step_differences(chosen, other, threshold: float = 0.002) -> list[tuple[str, float]]:
+    """The parts of the step (other minus chosen, seconds) that make the difference, largest
+    first: each part whose change is at least `threshold` of the chosen step."""
+    out = []
+    for name, field in STEP_PARTS:
+        d = getattr(other.time, field) - getattr(chosen.time, field)
+        if abs(d) >= threshold * chosen.step_s:
+            out.append((name, d))
+    return sorted(out, key=lambda kv: -abs(kv[1]))
+
+
 def explain_plan(p) -> dict:
+    from amsp_planner.cost.evaluate import evaluate
     from amsp_planner.errors import InfeasibleError
     from amsp_planner.solver import solve
     from amsp_planner.strategy import Strategy
@@ -68,8 +85,9 @@ def explain_plan(p) -> dict:
               t.exposed_backward_s, "update (after the optimizer)": t.exposed_update_s}
     top = max(phases, key=phases.get)
     facts["dominant_exposed_phase"] = top
-    lines.append(f"step {secs(t.step_s)} = compute {secs(t.compute_s)} + optimizer "
-                 f"{secs(t.optimizer_s)} + exposed communication {secs(t.exposed_comm_s)}; most "
+    lines.append(f"step {secs(t.step_s)} = compute {secs(t.compute_s)} + kernels "
+                 f"{secs(t.kernel_s)} + optimizer {secs(t.optimizer_s)} + contention "
+                 f"{secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)}; most "
                  f"exposed: {top} ({secs(phases[top])})")
     if e.schedule:
         big = max(e.schedule, key=lambda s: s.time_s)
@@ -92,9 +110,14 @@ def explain_plan(p) -> dict:
         d_step = r["step_s"] / e.step_s - 1
         d_mem = (r["memory_bytes"] - e.memory.total) / GIB
         fit = "" if r["fits"] else " (does not fit)"
+        parts = step_differences(e, evaluate(job, other, limit))
         lines.append(f"  {name:10s} {r['strategy']}: {d_step * 100:+.2f}% step time, "
                      f"{d_mem:+.2f} GiB{fit}; differs by {_diff(e.strategy, other)}")
+        if parts:
+            lines.append("             " + ", ".join(
+                f"{k} {v * 1e3:+.1f} ms" for k, v in parts))
         facts["alternatives"].append({"name": name, "strategy": r["strategy"],
-                                      "step_rel": d_step, "memory_gib_delta": d_mem})
+                                      "step_rel": d_step, "memory_gib_delta": d_mem,
+                                      "step_parts_s": dict(parts)})
     facts["lines"] = lines
     return facts
