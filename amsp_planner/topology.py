@@ -113,6 +113,7 @@ class Topology:
         self.num_gpus = num_gpus
         self.gpus_per_node = min(cluster.gpus_per_node, num_gpus)
         self.num_nodes = max(1, num_gpus // cluster.gpus_per_node)
+        self._choices: dict[tuple, collectives.Choice] = {}
 
     # ----- the graph ------------------------------------------------------------------------
     @cached_property
@@ -222,8 +223,14 @@ class Topology:
             ib_sharp=c.ib_sharp)
 
     def algorithm(self, op: str, size: int, stride: int, per_call: float) -> collectives.Choice:
-        """The algorithm and protocol NCCL runs for one call, with its seconds."""
-        return collectives.best(op, self.fabric(self.layout(size, stride)), per_call)
+        """The algorithm and protocol NCCL runs for one call, with its seconds (memoised: the
+        planner prices the same calls for many strategies)."""
+        key = (op, size, stride, per_call)
+        hit = self._choices.get(key)
+        if hit is None:
+            hit = collectives.best(op, self.fabric(self.layout(size, stride)), per_call)
+            self._choices[key] = hit
+        return hit
 
     def collective_time(self, op: str, size: int, stride: int, full_bytes: float,
                         calls: int = 1) -> float:
@@ -239,7 +246,7 @@ class Topology:
         if inter is not None:
             return calls * self._measured_ring(op, lay, per_call, intra, inter)
         if self.cluster.collective_library == "nccl":
-            return calls * collectives.best(op, self.fabric(lay), per_call).seconds
+            return calls * self.algorithm(op, size, stride, per_call).seconds
         return calls * min(self._hierarchical(op, lay, per_call), self._ring(op, lay, per_call))
 
     def _measured_ring(self, op: str, lay: GroupLayout, per_call: float, intra, inter) -> float:
