@@ -22,8 +22,12 @@ the all-to-all send buffer):
   with ``model``, the runtime's forward + backward of that model sets ``achievable_fraction``
   (model FLOP/s over the matmul rate).
 - matmul: every rank multiplies square matrices at the same time (on a CPU "cluster" they share
-  the cores, as the runtime's ranks do); the mean per-rank FLOP/s becomes the GPU's
+  the cores, as the runtime's ranks do); on CPU the mean per-rank FLOP/s becomes the
   ``peak_bf16_tflop_per_s`` (the base preset's ``achievable_fraction`` still applies on top).
+- on GPUs: the matmul curve, (T x 4096) @ (4096 x 11008) at several T in bf16 and fp32, fitted
+  to t = FLOPs / (peak x fraction) + overhead (``achievable_fraction``, ``kernel_overhead_us``,
+  ``peak_fp32_tflop_per_s``); and ``comm_compute_slowdown``: a matmul loop timed alone and under
+  a concurrent all-gather + reduce-scatter on another stream.
 
 Each point: one untimed warm-up call, one timed probe that fixes how many calls fit in the
 point's time budget (every member agrees: the probe time is max-reduced), a barrier, then the
@@ -274,6 +278,90 @@ def measure_matmul(cfg: CalibrationConfig, device: str) -> float:
     return 2 * n**3 * calls / (time.perf_counter() - t0)
 
 
+CURVE_TOKENS = (256, 1024, 4096, 16384)
+"""Tokens of the (T x 4096) @ (4096 x 11008) matmuls the GPU curve is measured at: a
+LLaMA-7B MLP projection at micro-batches from a quarter to four sequences of 4096."""
+
+
+def fit_rate(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(FLOP/s at large sizes, overhead seconds) from (FLOPs, seconds) of single matmuls: the
+    least-squares line t = FLOPs / rate + overhead (cost/compute.py)."""
+    import numpy as np
+
+    flops, secs = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    slope, icpt = np.polyfit(flops, secs, 1)
+    return float(1.0 / slope), float(max(0.0, icpt))
+
+
+def fit_curve(points: list[tuple[float, float]], peak: float) -> tuple[float, float]:
+    """(achievable_fraction, kernel_overhead_us) of the matmul curve against `peak`."""
+    rate, over = fit_rate(points)
+    return min(1.0, rate / peak), over * 1e6
+
+
+def _time_loop(fn, device: str, seconds: float) -> float:
+    fn()
+    _sync(device)
+    t0, calls = time.perf_counter(), 0
+    while calls < 3 or time.perf_counter() - t0 < seconds:
+        fn()
+        calls += 1
+        _sync(device)
+    return (time.perf_counter() - t0) / calls
+
+
+def measure_matmul_curve(cfg: CalibrationConfig, device: str, dtype_name: str
+                         ) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) of one matmul at each of ``CURVE_TOKENS`` (GPU)."""
+    import torch
+
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    w = torch.randn(4096, 11008, device=device, dtype=dt)
+    out = []
+    for t in CURVE_TOKENS:
+        x = torch.randn(t, 4096, device=device, dtype=dt)
+        secs = _time_loop(lambda x=x: torch.mm(x, w), device, cfg.matmul_seconds / 4)
+        out.append((2.0 * t * 4096 * 11008, secs))
+    return out
+
+
+def measure_slowdown(cfg: CalibrationConfig, device: str, group) -> float:
+    """comm_compute_slowdown (GPU): a matmul loop timed alone and while an all-gather and a
+    reduce-scatter run on another stream for longer than it; with the collectives spanning the
+    compute, c' = c / (1 - s), so s = 1 - alone / under."""
+    import torch
+    import torch.distributed as dist
+
+    m = dist.get_world_size(group)
+    a = torch.randn(8192, 4096, device=device, dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    elems = 32 * 2**20 // m * m
+    full = torch.empty(elems, device=device, dtype=torch.bfloat16)
+    part = torch.empty(elems // m, device=device, dtype=torch.bfloat16)
+
+    def matmuls():
+        for _ in range(20):
+            torch.mm(a, b)
+
+    alone = _time_loop(matmuls, device, cfg.matmul_seconds / 2)
+    side = torch.cuda.Stream()
+    runs = []
+    for _ in range(3):
+        dist.barrier(group)
+        with torch.cuda.stream(side):
+            for _ in range(max(4, int(4 * alone / 1e-3))):
+                dist.all_gather_into_tensor(full, part, group=group)
+                dist.reduce_scatter_tensor(part, full, group=group)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        matmuls()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / 1e3)
+        side.synchronize()
+    return max(0.0, min(1.0, 1.0 - alone / statistics.median(runs)))
+
+
 # ----- the whole run ----------------------------------------------------------------------
 def run(cfg: CalibrationConfig, base, name: str | None = None):
     """Measure; returns the calibrated ClusterSpec on rank 0 (None elsewhere) after a world
@@ -350,10 +438,24 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
         + (f", {cfg.model} forward+backward ({cfg.micro_batch} x {cfg.seq_len} tokens) "
            f"{train_rate / 1e12:.4f} model TFLOP/s = {train_rate / flops:.1%} of matmul"
            if train_rate else ""))
+    gpu = None
+    if device.startswith("cuda"):
+        peak = base.gpu.peak_flop_per_s("bf16")
+        bf16 = fit_curve(measure_matmul_curve(cfg, device, "bf16"), peak)
+        fp32 = fit_rate(measure_matmul_curve(cfg, device, "fp32"))
+        gpu = {"achievable_fraction": bf16[0], "kernel_overhead_us": bf16[1],
+               "peak_fp32_tflop_per_s": fp32[0] / bf16[0] / 1e12}
+        if world.size > 1:
+            gpu["comm_compute_slowdown"] = mean_over_world(measure_slowdown(cfg, device, None))
+        say(f"matmul curve (bf16): {bf16[0]:.1%} of peak at large sizes, {bf16[1]:.1f} us per "
+            f"kernel; fp32 {fp32[0] / 1e12:.1f} TFLOP/s"
+            + (f"; compute slowdown under collectives {gpu['comm_compute_slowdown']:.3f}"
+               if "comm_compute_slowdown" in gpu else ""))
     dist.barrier()  # every rank finished: only now may rank 0 write
     if world.rank != 0:
         return None
-    return build_spec(base, world.local_size, results, flops, name, train_rate, quant, opt)
+    return build_spec(base, world.local_size, results, flops, name, train_rate, quant, opt,
+                      gpu=gpu)
 
 
 def measure_quant(cfg: CalibrationConfig, device: str, elems: int = 2**20) -> float:
@@ -444,10 +546,12 @@ def measure_training(cfg: CalibrationConfig, device: str) -> float:
 
 def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: str | None = None,
                train_flop_per_s: float | None = None, quant_bytes_per_s: float | None = None,
-               optimizer_bytes_per_s: float | None = None):
-    """The base ClusterSpec with R = local_size, measured tables, the measured matmul rate
-    (and, when the training rate was measured, achievable_fraction = training / matmul), the
-    measured (de)quantization throughput and optimizer-step traffic."""
+               optimizer_bytes_per_s: float | None = None, gpu: dict | None = None):
+    """The base ClusterSpec with R = local_size, measured tables, the measured (de)quantization
+    throughput and optimizer-step traffic. On CPU processes the measured matmul rate becomes
+    the peak (and, when the training rate was measured, achievable_fraction = training /
+    matmul); on GPUs (`gpu`: the fitted matmul curve, fp32 peak and compute slowdown) the
+    preset's peak stays and the curve sets the fraction of it."""
     from amsp_planner.specs.cluster import ClusterSpec
 
     tables = []
@@ -461,10 +565,13 @@ def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: st
     data = base.model_dump(mode="json")
     data.update(name=name or f"{base.name}-calibrated", gpus_per_node=local_size,
                 measured=tables)
-    peak = max(flop_per_s, train_flop_per_s or 0.0)
-    data["gpu"]["peak_bf16_tflop_per_s"] = max(peak / 1e12, 1e-9)
-    if train_flop_per_s:
-        data["gpu"]["achievable_fraction"] = train_flop_per_s / peak
+    if gpu:
+        data["gpu"].update(gpu)
+    else:
+        peak = max(flop_per_s, train_flop_per_s or 0.0)
+        data["gpu"]["peak_bf16_tflop_per_s"] = max(peak / 1e12, 1e-9)
+        if train_flop_per_s:
+            data["gpu"]["achievable_fraction"] = train_flop_per_s / peak
     if quant_bytes_per_s:
         data["gpu"]["quant_gbyte_per_s"] = quant_bytes_per_s / 1e9
     if optimizer_bytes_per_s:

@@ -186,3 +186,27 @@ def test_each_point_is_the_median_over_passes():
     (table,) = spec.measured
     assert [(p.size_bytes, p.busbw_gbyte_per_s) for p in table.points] == [(4096, 1.0),
                                                                           (65536, 6.0)]
+
+
+def test_gpu_matmul_curve_fit_recovers_fraction_and_overhead():
+    from amsp_planner.calibrate import CURVE_TOKENS, fit_curve
+
+    # synthetic timings of a GPU at 70 % of a 312 TFLOP/s peak with 12 us per kernel
+    pts = [(2.0 * t * 4096 * 11008, 2.0 * t * 4096 * 11008 / (312e12 * 0.7) + 12e-6)
+           for t in CURVE_TOKENS]
+    frac, over = fit_curve(pts, 312e12)
+    assert frac == pytest.approx(0.7, rel=1e-6)
+    assert over == pytest.approx(12.0, rel=1e-6)
+
+
+def test_gpu_figures_keep_the_preset_peak():
+    from amsp_planner.calibrate import build_spec
+    from amsp_planner.specs import load_cluster
+
+    base = load_cluster("dgx-h100-ndr")
+    spec = build_spec(base, 8, {}, 5e14, gpu={"achievable_fraction": 0.7,
+                                              "kernel_overhead_us": 8.0,
+                                              "comm_compute_slowdown": 0.2})
+    assert spec.gpu.peak_bf16_tflop_per_s == base.gpu.peak_bf16_tflop_per_s
+    assert (spec.gpu.achievable_fraction, spec.gpu.kernel_overhead_us,
+            spec.gpu.comm_compute_slowdown) == (0.7, 8.0, 0.2)
