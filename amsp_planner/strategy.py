@@ -229,7 +229,9 @@ def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
                 f"--strategy: unknown baseline '{name}': write mics (groups of 2 nodes) or mics-P with a "
                 "group size P >= 1, e.g. mics-16"
             )
-        p = int(size) if size else min(n, 2 * r)
+        # default: groups of two nodes, or the largest valid group below that when two nodes
+        # do not divide the job (24 GPUs of 8 per node: one node)
+        p = int(size) if size else max(f for f in factor_options(n, r) if f <= 2 * r)
         return base.with_(s_p=p, s_g=p, s_os=p)
     if key == "zeropp":
         hz = min(n, r)

@@ -163,3 +163,10 @@ def test_baseline_aliases_and_options():
     assert parse_strategy_or_baseline("p=2,g=8,os=16", 32, 8) == Strategy(s_p=2, s_g=8, s_os=16)
     with pytest.raises(AmspUserError, match="unknown baseline"):
         baseline("zero4", 32, 8)
+
+
+@pytest.mark.parametrize("n", [24, 40, 56, 8, 16, 1024])
+def test_default_mics_adapts_to_jobs_two_nodes_do_not_divide(n):
+    s = baseline("mics", n, 8)
+    s.check(n, 8)  # every named baseline can run on the job
+    assert s.s_p == (16 if n % 16 == 0 else min(n, 8))
