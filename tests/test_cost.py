@@ -588,3 +588,15 @@ def test_bigger_shard_factors_never_more_model_state_memory():
                 base = memory(job, Strategy(s_p=sp, s_g=sg, s_os=so)).model_states
                 if so * 2 in opts and (so * 2) % sg == 0:
                     assert memory(job, Strategy(s_p=sp, s_g=sg, s_os=so * 2)).model_states < base
+
+
+def test_the_embedding_gather_is_priced_at_its_own_size_and_exposed():
+    # Llama-3-8B: embedding 128,256 x 4,096 = 525M parameters, a block 218M: its gather is
+    # 2.4x a block's, and with no compute before it (nor in it) it shows in full.
+    job = make_job(64, load_model("llama3-8b"), seq_len=8192, batch_seqs=128)
+    ev = evaluate(job, baseline("zero3", 64, 8).with_(micro_batch=1))
+    fwd = entries(ev.schedule)[("forward", "all_gather", "P")]
+    emb, block, head = fwd.unit_time_s
+    # (its fixed ring latency is the same as a block's, so the time ratio is a little below)
+    assert 2.0 < emb / block <= 525_336_576 / 218_112_000
+    assert ev.time.exposed_forward_s >= ev.n_micro * emb
