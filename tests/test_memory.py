@@ -100,3 +100,34 @@ def test_activation_profile_option(tmp_path):
     code, _, err = run_cli(["compare", "-m", "llama-7b", "-n", "64",
                             "--activation-profile", "compiled"])
     assert code == 2 and "activation-profile" in err
+
+
+def test_deepspeed_buffers_are_the_counted_ones():
+    pytest.importorskip("deepspeed")
+    import json
+
+    from amsp_planner.exports import deepspeed as ds
+    from amsp_planner.specs import load_model
+
+    job = make_job(64, model=load_model("llama-7b"), seq_len=2048)
+    # LLaMA-7B block: 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 = 202,383,360 elements, padded
+    # to a multiple of 64 x 256 = 16,384: 12,353 x 16,384 = 202,391,552 = U (the largest unit;
+    # the 32,000 x 4,096 embedding is 131,072,000)
+    u = 202_391_552
+    s = baseline("zero3", 64, 8)
+    cfg = json.loads(ds.export(job, s).text)
+    zero = cfg["zero_optimization"]
+    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"],
+            zero["stage3_max_live_parameters"], zero["stage3_param_persistence_threshold"]) == (
+        u, u, 2 * u, 0)
+    # DeepSpeed's own classes read them back
+    assert ds.parse_with_deepspeed(cfg, 64)["buffers"] == {
+        "reduce_bucket_size": u, "stage3_prefetch_bucket_size": u,
+        "stage3_max_live_parameters": 2 * u, "stage3_param_persistence_threshold": 0}
+    # and they are the memory model's buffers: two gathered units, two gradient buckets (bf16)
+    m = memory(job, s)
+    assert m.gather_buffers == zero["stage3_max_live_parameters"] * 2
+    assert m.grad_buffers == 2 * zero["reduce_bucket_size"] * 2
+    z2 = json.loads(ds.export(job, baseline("zero2", 64, 8)).text)["zero_optimization"]
+    assert z2["allgather_bucket_size"] == z2["reduce_bucket_size"] == u
+    assert "stage3_max_live_parameters" not in z2
