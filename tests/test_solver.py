@@ -62,6 +62,7 @@ instances = st.fixed_dictionaries({
     "zeropp": st.booleans(),
     "objective": st.sampled_from(["time", "time", "comm"]),
     "overlap": st.sampled_from([1.0, 1.0, 0.5, 0.0]),
+    "profile": st.sampled_from(["eager", "fused"]),
 })
 
 
@@ -71,7 +72,8 @@ instances = st.fixed_dictionaries({
 def test_ilp_equals_brute_force(p):
     gpus = p["gpus_per_node"] * p["nodes"]
     job = make_job(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
-                   gpus_per_node=p["gpus_per_node"], overlap=p["overlap"])
+                   gpus_per_node=p["gpus_per_node"], overlap=p["overlap"],
+                   activation_profile=p["profile"])
     # memory limits from "nothing fits" to "everything fits" relative to DDP's need
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
     check_against_brute_force(job, ddp * p["limit_frac"], p["zeropp"], p["objective"])
