@@ -36,6 +36,13 @@ class RowResult:
     step_s: float | None = None
     fits: bool | None = None
     memory_gib: float | None = None
+    published_memory_gib: float | None = None
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.published_memory_gib is None or self.memory_gib is None:
+            return None
+        return self.memory_gib / self.published_memory_gib - 1
 
     @property
     def error(self) -> float | None:
@@ -54,6 +61,8 @@ def load_rows() -> dict:
 def _metric(ev, job, metric: str) -> float:
     m, t, n = job.model, job.training, job.num_gpus
     tps = ev.tokens_per_s / n
+    if metric == "memory":
+        return ev.memory.total / 2**30
     if metric == "tps_per_gpu":
         return tps
     if metric == "tflops_model":
@@ -95,12 +104,15 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
         ev = evaluate(job, s)
         r.predicted, r.step_s = _metric(ev, job, row["metric"]), ev.step_s
         r.fits, r.memory_gib = ev.fits, ev.memory.total / 2**30
+        if row["metric"] == "memory" or "memory_gib" in row:
+            r.published_memory_gib = float(row.get("memory_gib", row["value"]))
         out.append(r)
     return out
 
 
 def orderings(results: list[RowResult]) -> dict[str, bool]:
     """Per order group: does the prediction keep the published order of throughput?"""
+    results = [r for r in results if r.metric != "memory"]
     groups: dict[str, list[RowResult]] = {}
     for r in results:
         if r.order and r.scope == "in":
@@ -109,8 +121,14 @@ def orderings(results: list[RowResult]) -> dict[str, bool]:
             == [x.id for x in sorted(rs, key=lambda x: -x.predicted)] for g, rs in groups.items()}
 
 
-def summary(results: list[RowResult]) -> dict:
-    errs = sorted(abs(r.error) for r in results if r.scope == "in")
+def summary(results: list[RowResult], memory: bool = False) -> dict:
+    """Median, 90th percentile and worst |error| of the rows in scope (throughput, or with
+    `memory` the published peak memory)."""
+    if memory:
+        errs = sorted(abs(r.memory_error) for r in results
+                      if r.scope == "in" and r.memory_error is not None)
+    else:
+        errs = sorted(abs(r.error) for r in results if r.scope == "in" and r.metric != "memory")
     if not errs:
         return {"rows": 0}
     p90 = errs[min(len(errs) - 1, int(round(0.9 * (len(errs) - 1))))]
@@ -127,3 +145,8 @@ def error_bands() -> dict:
 def step_time_band() -> float:
     """The relative step-time band the planner states: the validated 90th-percentile error."""
     return float(error_bands()["step_time"]["p90_abs_error"])
+
+
+def memory_band() -> float:
+    """The relative memory band: the validated worst |error| of the published peak memory."""
+    return float(error_bands()["memory"]["max_abs_error"])

@@ -9,8 +9,9 @@ from amsp_testlib import make_job, small_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from amsp_planner.cost.activations import saved_bytes_per_token
 from amsp_planner.cost.evaluate import evaluate
-from amsp_planner.cost.memory import activation_bytes_per_token, memory, model_state_bytes
+from amsp_planner.cost.memory import memory, model_state_bytes
 from amsp_planner.cost.schedule import build_schedule
 from amsp_planner.cost.step_time import pipeline
 from amsp_planner.specs import load_model
@@ -352,14 +353,14 @@ def test_fp32_gradient_accumulation_doubles_gradient_bytes():
 
 
 # ===== activations, compute and the overlap model =============================================
-def test_activation_bytes_by_hand():
-    job = make_job(8)
+def test_fused_activation_bytes_by_hand():
+    job = make_job(8, activation_profile="fused")
     # small_model: h = 128, d_kv = 128, f = 256, a = 4 heads, V = 512, bf16 (2 B).
     # per block: (6h + 2 d_kv + 3f) x 2 + 4a = (768 + 256 + 768) x 2 + 16 = 3,600
     # head: 2h x 2 + 4V = 512 + 2,048 = 2,560
-    assert activation_bytes_per_token(job, ckpt=False) == 2 * 3_600 + 2_560
+    assert saved_bytes_per_token(job, ckpt=False) == 2 * 3_600 + 2_560
     # checkpointing: each block's input (h x 2 = 256) + one block being recomputed + head
-    assert activation_bytes_per_token(job, ckpt=True) == 2 * 256 + 3_600 + 2_560
+    assert saved_bytes_per_token(job, ckpt=True) == 2 * 256 + 3_600 + 2_560
 
 
 def _qty(a=0.0, b=0.0, r=0.0, sync=0.0, f=0.0, g=0.0, **per_class):

@@ -71,6 +71,7 @@ def test_deepspeed_parses_what_we_write(job, text):
         "stage": ds.stage_of(s, N), "hpz": s.hpz if got["stage"] == 3 else 1,
         "qwz": s.qwz, "qgz": s.qgz, "micro_batch": s.micro_batch,
         "grad_accum": job.n_micro(s), "bf16": True, "grad_accum_dtype": "bf16",
+        "buffers": ds.buffers(job, got["stage"]) if got["stage"] else {},
     }
 
 

@@ -30,6 +30,8 @@ def job_options(f):
                      default="auto", show_default=True,
                      help="Full activation checkpointing; auto lets the planner choose."),
         click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations."),
+        click.option("--activation-profile", type=click.Choice(["eager", "fused"]), default="eager",
+                     show_default=True, help="Activations of eager PyTorch or of fused kernels."),
         click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16",
                      show_default=True, help="bf16 mixed precision or fp32 everywhere."),
         click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
@@ -56,7 +58,7 @@ def parse_sets(sets: tuple[str, ...]) -> dict:
 
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
-              memory_limit=None, **_ignored):
+              memory_limit=None, activation_profile="eager", **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -74,7 +76,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
         t = TrainingSpec(seq_len=seq_len, global_batch_tokens=tokens,
                          global_batch_seqs=global_batch_seqs, micro_batch=micro_batch,
                          activation_checkpointing=ckpt, flash_attention=not no_flash_attention,
-                         precision=precision, grad_accum_dtype=grad_accum_dtype)
+                         precision=precision, grad_accum_dtype=grad_accum_dtype,
+                         activation_profile=activation_profile)
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, "training options")) from None
     job = Job.create(m, c, t, gpus)

@@ -22,24 +22,22 @@ Buffers (U = largest padded unit, in elements), exactly what the runtime allocat
               start of backward and the lookup's at the end (runtime/engine.py, [Note: tied
               embeddings]).
 
-Activations per micro-batch (after Korthikanti et al. 2022, arXiv 2205.05198, section 4.1,
-adapted: no dropout, GQA, SwiGLU, bytes a_b = p_b per element). Per token and block, the
-tensors saved for backward:
-  attention: norm input h, norm output h, Q h, K d_kv, V d_kv, attention output h
-  MLP:       norm input h, norm output h, SwiGLU gate f, up f, product f (GELU: fc1 f, act f)
-  softmax:   FlashAttention keeps 4 bytes (fp32 log-sum-exp) per head; without it the scores
-             and probabilities, 2*a*s elements.
-  => (6h + 2 d_kv + 3f) * a_b + 4a   [SwiGLU, FlashAttention]
-Head, per token: final-norm input and output 2h * a_b + fp32 logits 4V.
-With full checkpointing only each block's input (h * a_b per token) is kept, plus one block's
-activations while it is recomputed.
-Totals: (states + buffers + activations) * (1 + fragmentation) + context reserve.
+Activations per micro-batch: ``cost/activations.py`` (eager or fused profile; the saved
+tensors, and the cross-entropy backward's peak above them). NCCL communicator buffers per
+process group the strategy uses: ``cost/communicators.py``.
+Totals: (states + buffers + activations + loss peak) * (1 + fragmentation) + communicators
++ context reserve. The fragmentation reserve covers what the caching allocator holds beyond the
+live tensors (rounding to its block sizes, split blocks it cannot return) and the short-lived
+tensors of backward (activation gradients, SDPA workspaces); NCCL's buffers are allocated
+outside it, and the context reserve is the CUDA context and the libraries' process-wide state.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from amsp_planner.cost.activations import loss_peak_bytes, saved_bytes
+from amsp_planner.cost.communicators import communicator_bytes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule import quantized_bytes
 from amsp_planner.strategy import Strategy
@@ -58,7 +56,9 @@ class MemoryBreakdown:
     staging: float
     step_buffer: float
     activations: float
+    loss_peak: float
     fragmentation: float
+    communicators: float
     context: float
 
     @property
@@ -77,7 +77,8 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return self.runtime_tensors + self.activations + self.fragmentation + self.context
+        return (self.runtime_tensors + self.activations + self.loss_peak + self.fragmentation
+                + self.communicators + self.context)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -96,22 +97,9 @@ def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes:
     }
 
 
-def activation_bytes_per_token(job: Job, ckpt: bool) -> float:
-    """Activation bytes per token of one micro-batch (see module docstring)."""
-    m, t = job.model, job.training
-    ab = t.param_bytes
-    h, f, kv, a = m.hidden_size, m.ffn_hidden_size, m.kv_dim, m.num_heads
-    mlp = 3 * f if m.ffn_type == "swiglu" else 2 * f
-    block = (6 * h + 2 * kv + mlp) * ab
-    block += 4 * a if t.flash_attention else 2 * a * t.seq_len * ab
-    head = 2 * h * ab + 4 * m.vocab_size
-    if ckpt:
-        return m.num_layers * h * ab + block + head
-    return m.num_layers * block + head
-
-
 def activation_bytes(job: Job, micro_batch: int, ckpt: bool) -> float:
-    return activation_bytes_per_token(job, ckpt) * micro_batch * job.training.seq_len
+    """Saved activations of one micro-batch and the loss peak above them."""
+    return saved_bytes(job, micro_batch, ckpt) + loss_peak_bytes(job, micro_batch)
 
 
 def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
@@ -138,7 +126,10 @@ def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     t = job.training
     states = model_state_bytes(job.phi, s, t.param_bytes, t.grad_bytes)
     bufs = buffer_bytes(job, s)
-    act = activation_bytes(job, s.micro_batch, s.ckpt)
-    frag = job.cluster.gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act)
-    ctx = job.cluster.gpu.context_reserve_gib * 1024**3
-    return MemoryBreakdown(**states, **bufs, activations=act, fragmentation=frag, context=ctx)
+    act = saved_bytes(job, s.micro_batch, s.ckpt)
+    peak = loss_peak_bytes(job, s.micro_batch)
+    gpu = job.cluster.gpu
+    frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak)
+    return MemoryBreakdown(**states, **bufs, activations=act, loss_peak=peak, fragmentation=frag,
+                           communicators=communicator_bytes(job, s),
+                           context=gpu.context_reserve_gib * 1024**3)

@@ -19,6 +19,15 @@ No partial factors (s < N) other than hpZ's secondary group: ``mics_shard_size``
 current DeepSpeed (it rejects the key), so a MiCS/HSDP plan exports as the best of the stages
 above, with the difference priced; FSDP2 expresses it exactly (``--to fsdp2``).
 
+Buffers: the config sizes DeepSpeed's buffers as the memory model counts them (``buffers``), in
+elements of the largest padded unit U (a block, or the embedding / head when larger): one
+unit per gradient bucket (``reduce_bucket_size``; with overlap_comm DeepSpeed fills one bucket
+while the other is reduced: the two gradient buffers), one unit per all-gather bucket
+(``allgather_bucket_size``, stages 1-2), stage 3 prefetching one unit
+(``stage3_prefetch_bucket_size``) with at most two units gathered
+(``stage3_max_live_parameters``: the two gather buffers) and every parameter partitioned
+(``stage3_param_persistence_threshold`` 0: the model keeps no parameter whole).
+
 qwZ/qgZ: DeepSpeed picks its own quantization group size (thousands of elements); the planner
 prices them with its default block of 256 elements, i.e. slightly more scale bytes.
 """
@@ -81,6 +90,18 @@ def stage_of(s: Strategy, num_gpus: int) -> int:
     return table[key]
 
 
+def buffers(job: Job, stage: int) -> dict[str, int]:
+    """The zero_optimization buffer fields, in elements, the memory model counts (module text)."""
+    u = job.max_unit
+    out = {"reduce_bucket_size": u}
+    if stage in (1, 2):
+        out["allgather_bucket_size"] = u
+    if stage == 3:
+        out.update(stage3_prefetch_bucket_size=u, stage3_max_live_parameters=2 * u,
+                   stage3_param_persistence_threshold=0)
+    return out
+
+
 def config_dict(job: Job, s: Strategy) -> dict[str, Any]:
     """The ds_config for strategy `s` (one of ``candidates``) on `job`."""
     t = job.training
@@ -89,6 +110,7 @@ def config_dict(job: Job, s: Strategy) -> dict[str, Any]:
     if stage == 0 and not _stage0_allowed(job):
         stage = 1  # only at N = 1, where stage 1 shards over one GPU: the same strategy
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    zero.update(buffers(job, stage) if stage > 0 else {})
     if stage == 3:
         zero.update(zero_hpz_partition_size=s.hpz, zero_quantized_weights=s.qwz,
                     zero_quantized_gradients=s.qgz)
@@ -157,7 +179,17 @@ def parse_with_deepspeed(config: dict[str, Any], num_gpus: int) -> dict[str, Any
         "grad_accum": ga,
         "bf16": ds.bfloat16_config.enabled,
         "grad_accum_dtype": ds.grad_accum_dtype,
+        "buffers": {k: getattr(zero, attr) for k, attr in _BUFFER_ATTRS.items()
+                    if k in config.get("zero_optimization", {})},
     }
+
+
+_BUFFER_ATTRS = {"reduce_bucket_size": "reduce_bucket_size",
+                 "allgather_bucket_size": "allgather_bucket_size",
+                 "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+                 "stage3_max_live_parameters": "max_live_parameters",
+                 "stage3_param_persistence_threshold": "param_persistence_threshold"}
+"""ds_config buffer field -> the DeepSpeedZeroConfig attribute it sets."""
 
 
 # ----- ds_config -> strategy ------------------------------------------------------------------

@@ -12,6 +12,10 @@ which calls ``fully_shard`` on each block, then on the root. What FSDP2 expresse
   hpZ (``hpz=h``). FSDP2 frees that copy after backward; ZeRO++ keeps it, but both hold it
   for every unit at the forward/backward boundary, where memory peaks.
 
+Prefetch: FSDP2's default, implicit, one block ahead in forward and in backward, so two blocks'
+unsharded parameters (and in backward two blocks' gradients) are live at a time: the two gather
+and two gradient buffers of the largest unit that the memory model counts (cost/memory.py).
+
 Not expressed, so never chosen as "closest": s_P < s_G or s_G < s_OS (FSDP2 shards the three
 together), qwZ and qgZ (no quantized collectives). ``reshard_after_forward=False`` (gather once
 per micro-batch, keep full parameters until backward ends) is ZeRO-2-like in traffic but holds

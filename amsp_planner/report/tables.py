@@ -49,7 +49,8 @@ def memory_table(e: Evaluation):
     t.add_column("GiB", justify="right")
     m = e.memory
     for name in ("params", "grads", "optimizer", "hpz", "gather_buffers", "grad_buffers",
-                 "staging", "step_buffer", "activations", "fragmentation", "context"):
+                 "staging", "step_buffer", "activations", "loss_peak", "fragmentation",
+                 "communicators", "context"):
         v = getattr(m, name)
         if v:
             t.add_row(name, gib(v))

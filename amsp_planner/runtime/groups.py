@@ -22,6 +22,7 @@ world       N                1
 
 from __future__ import annotations
 
+from amsp_planner.cost.communicators import group_kinds
 from amsp_planner.runtime.collectives import Group
 
 _PG_CACHE: dict[tuple[int, ...], tuple[object, object]] = {}
@@ -43,23 +44,6 @@ def partition(world: int, size: int, stride: int) -> list[tuple[int, ...]]:
             seen.add(g)
             out.append(g)
     return out
-
-
-def group_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int, int]]:
-    """name -> (size, stride) for a Strategy on `world` ranks with R per node."""
-    s, R = strategy, gpus_per_node
-    s0_g, s1_g = s.mesh("g", R)
-    return {
-        "P": (s.s_p, 1),
-        "hpZ": (s.hpz, 1),
-        "G": (s.s_g, 1),
-        "G_intra": (s0_g, 1),
-        "G_inter": (s1_g, R),
-        "OS_shard": (s.s_os // s.s_g, s.s_g),
-        "OS_replica": (world // s.s_os, s.s_os),
-        "P_update": (s.s_os // s.s_p, s.s_p),
-        "world": (world, 1),
-    }
 
 
 def _process_group(ranks: tuple[int, ...], world: int):

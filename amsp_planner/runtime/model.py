@@ -109,6 +109,15 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm in fp32, scaled in the input dtype (as Hugging Face's LlamaRMSNorm), written out
+    so that autograd saves the same tensors on every device (F.rms_norm is one fused kernel on
+    CUDA and a different decomposition on CPU): docs/memory.md."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + NORM_EPS)
+    return weight * y.to(x.dtype)
+
+
 def embed(tokens: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.embedding(tokens, p["tok_emb"])
 
@@ -116,7 +125,7 @@ def embed(tokens: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
 def block(x: torch.Tensor, p: dict[str, torch.Tensor], model) -> torch.Tensor:
     b, s, h = x.shape
     a, kvh, hd = model.num_heads, model.kv_heads, model.head_dim
-    y = F.rms_norm(x, (h,), p["attn_norm"], NORM_EPS)
+    y = rms_norm(x, p["attn_norm"])
     q, k, v = F.linear(y, p["wqkv"]).split([h, kvh * hd, kvh * hd], dim=-1)
     q = q.view(b, s, a, hd).transpose(1, 2)
     k = k.view(b, s, kvh, hd).transpose(1, 2)
@@ -125,7 +134,7 @@ def block(x: torch.Tensor, p: dict[str, torch.Tensor], model) -> torch.Tensor:
     q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kvh != a)
     x = x + F.linear(o.transpose(1, 2).reshape(b, s, h), p["wo"])
-    y = F.rms_norm(x, (h,), p["mlp_norm"], NORM_EPS)
+    y = rms_norm(x, p["mlp_norm"])
     gate, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, p["w2"])
 
@@ -133,7 +142,7 @@ def block(x: torch.Tensor, p: dict[str, torch.Tensor], model) -> torch.Tensor:
 def head_loss(x: torch.Tensor, p: dict[str, torch.Tensor], lm_weight: torch.Tensor,
               targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (fp32 logits) of one micro-batch."""
-    y = F.rms_norm(x, (x.shape[-1],), p["norm"], NORM_EPS)
+    y = rms_norm(x, p["norm"])
     logits = F.linear(y, lm_weight).float()
     return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 

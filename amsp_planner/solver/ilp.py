@@ -38,9 +38,14 @@ With `objective="comm"`: comm >= n_j (C_f + C_b) - M (1 - y_j), + C_s + C_u.
 Memory per GPU (GiB), every term linear:
   tensors = sum_f xP_f P(f) + sum_g xG_g G(g) + sum_o xO_o O(o) + sum_z h_z H(z)
           + sum_f (xPn_f B_ag(f) + xPq_f B_agq(f)) + sum_g (xGn_g B_gr(g) + xGq_g B_grq(g))
-          + st + sum_GO zGO S_step(g, o) + sum_j y_j A_j
+          + st + sum_GO zGO S_step(g, o) + sum_j y_j A_j        (A_j: activations + loss peak)
   st >= S_perm sum_{1<p<g} zPG_pg,  st >= S_perm sum_g xGq_g         [permuted gradient copy]
-  [memory]  tensors (1 + frag) + context <= limit
+  comms = C_comm (sum_k u_k + [N > 1]) + sum_g xGq_g A2A(g)          [NCCL communicators]
+  u_k >= every decision variable that puts a used group kind on ranks k = (size, stride):
+        xP_f -> (f, 1), h_z -> (z, 1), xGn_g -> (g, 1), xGq_g -> (s0_g, 1) and (s1_g, R),
+        zGO_go -> (o/g, g), xO_o -> (N/o, o), zPO_po -> (o/p, p)  (size > 1; world (N, 1) is
+        always used, so its key has no u). Kinds on the same ranks share one communicator.
+  [memory]  tensors (1 + frag) + comms + context <= limit
 
 Objective: minimise step (or comm); then, with it fixed within 1e-7 relative, minimise memory
 (equal step times are broken toward headroom). Runners-up come from no-good cuts on the
@@ -58,6 +63,7 @@ import time as _time
 import warnings
 from dataclasses import dataclass
 
+from amsp_planner.cost.communicators import communicator_bytes, used_kinds
 from amsp_planner.cost.compute import unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
@@ -169,6 +175,10 @@ class _Tables:
     step_buf: dict
     act: dict
     opt: dict
+    comm: float = 0.0
+    """GiB per NCCL communicator (0 on gloo)."""
+    a2a: dict | None = None
+    """G factor -> GiB of qgZ's all-to-all buffers beyond its communicators."""
     time_unit: float = 1.0
     """Seconds per model time unit."""
 
@@ -248,8 +258,22 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     tables = _Tables(ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, upd, metrics / unit, fwd, bwd, nn,
                      mem_p, mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf,
                      act, opt)
+    _comm_tables(job, tables)
     tables.time_unit = unit
     return tables
+
+
+def _comm_tables(job: Job, tables: _Tables) -> None:
+    """Communicator GiB, read off the cost model: one communicator (ZeRO-1's OS_replica and
+    world groups coincide, so it has one when N > 1), and qgZ's all-to-all extra per G factor."""
+    n = job.num_gpus
+    ddp = communicator_bytes(job, Strategy())
+    tables.comm = ddp / GIB if n > 1 else 0.0
+    tables.a2a = {}
+    for g in tables.qgz:
+        s = Strategy(s_p=g, s_g=g, s_os=g, qgz=True)
+        keys = set(used_kinds(s, n, job.gpus_per_node).values())
+        tables.a2a[g] = communicator_bytes(job, s) / GIB - tables.comm * len(keys)
 
 
 class StrategyIlp:
@@ -336,7 +360,8 @@ class StrategyIlp:
             + lin(self.y[j] * T.act[j] for j in J)
         )
         gpu = job.cluster.gpu
-        self.mem_expr = tensors * (1 + gpu.fragmentation_fraction) + gpu.context_reserve_gib
+        self.mem_expr = (tensors * (1 + gpu.fragmentation_fraction) + self._comm_expr(xP)
+                         + gpu.context_reserve_gib)
         # phase 2 caps the objective through this variable's upper bound (None: no cap)
         self.cap = B("objective_cap")
         prob += self.step_expr <= self.cap, "objective_cap"
@@ -440,6 +465,33 @@ class StrategyIlp:
         return sum((L if c == "block" else 1) * (qm["gather_fwd", c] + qm["gather_bwd", c]
                                                  + qm["reduce", c]) for c in CLASSES)
 
+    def _comm_expr(self, xP):
+        """GiB of NCCL communicators: one per distinct (size, stride) of the used group kinds."""
+        T, job, lin = self.T, self.job, self.pulp.lpSum
+        self.u_bounds = {}
+        if not T.comm:
+            return 0
+        n, r = job.num_gpus, job.gpus_per_node
+        world = (n, 1)
+        uses = [((f, 1), xP(f)) for f in self.xPn if f > 1]
+        uses += [((z, 1), v) for z, v in self.h.items()]
+        uses += [((g, 1), v) for g, v in self.xGn.items() if g > 1]
+        for g, v in self.xGq.items():
+            uses += [((min(g, r), 1), v), ((max(1, g // r), r), v)]
+        uses += [((o // g, g), v) for (g, o), v in self.zGO.items() if o > g]
+        uses += [((n // o, o), v) for o, v in self.xO.items() if o < n]
+        uses += [((o // p, p), v) for (p, o), v in self.zPO.items() if o > p]
+        for key, v in uses:
+            if key[0] > 1 and key != world:
+                self.u_bounds.setdefault(key, []).append(v)
+        self.u = {k: self.prob.add_variable(f"u_{k[0]}_{k[1]}", lowBound=0)
+                  for k in self.u_bounds}
+        for k, bounds in self.u_bounds.items():
+            for i, b in enumerate(bounds):
+                self.prob += self.u[k] >= b, f"comm_{k[0]}_{k[1]}_{i}"
+        a2a = lin(v * T.a2a[g] for g, v in self.xGq.items())
+        return T.comm * (lin(self.u.values()) + (1 if n > 1 else 0)) + a2a
+
     # ----- solving ----------------------------------------------------------------------------
     def _solver(self):
         pulp = self.pulp
@@ -497,7 +549,10 @@ class StrategyIlp:
         val = self.pulp.value
         true_st = max(val(b) or 0.0 for b in self.st_bounds)
         frag = self.job.cluster.gpu.fragmentation_fraction
-        return val(self.mem_expr) - (1 + frag) * ((val(self.st) or 0.0) - true_st)
+        extra_u = sum((val(self.u[k]) or 0.0) - max(val(b) or 0.0 for b in bounds)
+                      for k, bounds in self.u_bounds.items())
+        return (val(self.mem_expr) - (1 + frag) * ((val(self.st) or 0.0) - true_st)
+                - self.T.comm * extra_u)
 
     def _decision_vars(self):
         for d in (self.xPn, self.xPq, self.xGn, self.xGq, self.xO, self.h, self.y):

@@ -103,11 +103,13 @@ def infeasible_message(job: Job, space: SearchSpace, limit: float, solver: str =
     e = min_memory_strategy(job, space, solver, time_limit_s)
     m = e.memory
     need = m.total / GIB
-    terms = {"model states": m.model_states, "activations": m.activations,
-             "buffers": m.buffers, "context + fragmentation": m.context + m.fragmentation}
+    act = m.activations + m.loss_peak
+    terms = {"model states": m.model_states, "activations": act, "buffers": m.buffers,
+             "context + fragmentation + communicators": m.context + m.fragmentation
+             + m.communicators}
     top = max(terms, key=terms.get)
     fixes = []
-    if top == "activations" or m.activations > 0.25 * m.total:
+    if top == "activations" or act > 0.25 * m.total:
         if not e.strategy.ckpt and True not in space.ckpt:
             fixes.append("allow activation checkpointing (--activation-checkpointing auto|on)")
         if e.strategy.micro_batch > 1:

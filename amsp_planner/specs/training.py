@@ -26,6 +26,9 @@ class TrainingSpec(BaseModel):
     """Full per-block recomputation; None lets the planner choose (compare uses off)."""
     flash_attention: bool = True
     """FlashAttention (no s^2 attention-score activations)."""
+    activation_profile: Literal["eager", "fused"] = "eager"
+    """What autograd saves: eager PyTorch with SDPA (the bundled runtime, FSDP2, DeepSpeed on
+    Hugging Face models) or compiled / fused kernels (torch.compile, Liger); docs/memory.md."""
     precision: Literal["bf16", "fp32"] = "bf16"
     """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests)."""
     grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"

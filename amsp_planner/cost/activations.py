@@ -1,0 +1,98 @@
+"""Activation memory of one micro-batch, by implementation profile (docs/memory.md).
+
+Bytes per token, a_b = bytes of an activation element (2 in bf16, 4 in fp32), h hidden size,
+d_kv = kv_heads x head_dim, f FFN size, a heads, V vocabulary, L blocks.
+
+``eager`` (the default): what eager PyTorch saves for backward with SDPA / FlashAttention, as
+the bundled runtime, FSDP2 and DeepSpeed run LLaMA-style models, each tensor counted once per
+storage (tests/test_saved_tensors.py counts them with ``saved_tensors_hooks``):
+  per RMSNorm     4h (fp32 copy of the input) + 4 (fp32 1/rms) + 2h a_b (normalized, weighted);
+                  LayerNorm: the input and output 2h a_b + 8 (fp32 mean and 1/std)
+  attention       (h + 2 d_kv) a_b  QKV projection output (V is a view of it, so it stays whole)
+                  (h + d_kv) a_b    rotated Q and K (RoPE; learned positions rotate nothing)
+                  2h a_b            attention output and its head-merged copy (the out-proj input)
+                  4a                fp32 log-sum-exp per head (FlashAttention; without it the
+                                    scores and probabilities, 2 a s a_b)
+  MLP             4f a_b  SwiGLU: gate/up output (2f), SiLU output, product; GELU: 2f
+  per block       2 norms + attention + MLP (the residual adds save nothing)
+  head            final norm + 4V (fp32 log-probabilities) + 8 (int64 targets) + 8 (int64 tokens
+                  kept by the embedding lookup); RoPE tables s x head_dim x a_b per micro-batch
+  loss peak       8V more while cross-entropy runs backward: the fp32 gradients of the
+                  log-probabilities and of the logits exist together with the saved 4V, 12V in
+                  all (measured by tests/test_saved_tensors.py on CPU: 12.0 bytes per entry).
+
+``fused`` (compiled or fused-kernel stacks: torch.compile, Liger, Apex fused norms): the
+Korthikanti et al. 2022 (arXiv 2205.05198) count adapted to no dropout, GQA and SwiGLU,
+(6h + 2 d_kv + 3f) a_b + 4a per block, head 2h a_b + 4V, no loss peak (a fused linear
+cross-entropy never holds the fp32 logits of the whole micro-batch).
+
+Full checkpointing keeps each block's input (h a_b per token) and one block's activations
+while it is recomputed, plus the head.
+"""
+
+from __future__ import annotations
+
+from amsp_planner.cost.job import Job
+
+INDEX_BYTES = 8
+"""int64 token ids (embedding backward) and targets (cross-entropy backward)."""
+
+
+def _norm(job: Job) -> float:
+    m, ab = job.model, job.training.param_bytes
+    if m.norm_type == "layernorm":
+        return 2 * m.hidden_size * ab + 8
+    return 4 * m.hidden_size + 4 + 2 * m.hidden_size * ab
+
+
+def block_bytes_per_token(job: Job) -> float:
+    """Bytes one block saves per token in the job's activation profile."""
+    m, t = job.model, job.training
+    ab = t.param_bytes
+    h, f, kv, a = m.hidden_size, m.ffn_hidden_size, m.kv_dim, m.num_heads
+    softmax = 4 * a if t.flash_attention else 2 * a * t.seq_len * ab
+    if t.activation_profile == "fused":
+        mlp = 3 * f if m.ffn_type == "swiglu" else 2 * f
+        return (6 * h + 2 * kv + mlp) * ab + softmax
+    rope = (h + kv) * ab if m.position_embedding == "rope" else 0
+    mlp = 4 * f if m.ffn_type == "swiglu" else 2 * f
+    attention = (h + 2 * kv) * ab + rope + 2 * h * ab + softmax
+    return 2 * _norm(job) + attention + mlp * ab
+
+
+def head_bytes_per_token(job: Job) -> float:
+    """Bytes the head (final norm, logits, loss) and the embedding save per token."""
+    m, t = job.model, job.training
+    if t.activation_profile == "fused":
+        return 2 * m.hidden_size * t.param_bytes + 4 * m.vocab_size
+    return _norm(job) + 4 * m.vocab_size + 2 * INDEX_BYTES
+
+
+def saved_bytes_per_token(job: Job, ckpt: bool) -> float:
+    """Bytes autograd holds per token at the end of forward (one block's more when
+    checkpointing: the one being recomputed)."""
+    m, ab = job.model, job.training.param_bytes
+    block = block_bytes_per_token(job)
+    kept = m.num_layers * m.hidden_size * ab + block if ckpt else m.num_layers * block
+    return kept + head_bytes_per_token(job)
+
+
+def rope_table_bytes(job: Job) -> float:
+    """The cos and sin tables of one micro-batch (eager; one per position, shared by blocks)."""
+    m, t = job.model, job.training
+    if t.activation_profile == "fused" or m.position_embedding != "rope":
+        return 0.0
+    return t.seq_len * m.head_dim * t.param_bytes
+
+
+def saved_bytes(job: Job, micro_batch: int, ckpt: bool) -> float:
+    """Bytes of every tensor autograd saves for one micro-batch (what the tests measure)."""
+    tokens = micro_batch * job.training.seq_len
+    return saved_bytes_per_token(job, ckpt) * tokens + rope_table_bytes(job)
+
+
+def loss_peak_bytes(job: Job, micro_batch: int) -> float:
+    """The cross-entropy backward's transient above the saved tensors (eager: 8V per token)."""
+    if job.training.activation_profile == "fused":
+        return 0.0
+    return 8 * job.model.vocab_size * micro_batch * job.training.seq_len
