@@ -171,3 +171,18 @@ def test_explain_names_the_step_parts_that_separate_the_plan_from_each_baseline(
         # the parts named add up to the step difference, up to the small ones left unnamed
         assert sum(parts.values()) == pytest.approx(alts[name]["step_rel"] * step,
                                                     abs=0.01 * step)
+
+
+def test_plan_says_a_margin_inside_the_validated_band_is_a_tie():
+    from amsp_testlib import run_cli
+
+    from amsp_planner.report.plan_report import margin_words
+    from amsp_planner.validation import step_time_band
+
+    band = step_time_band()
+    assert 0 < band < 0.35  # read from presets/error_bands.json, written by the validation
+    assert margin_words(band / 2, band).endswith("a tie")
+    assert "beyond" in margin_words(2 * band, band)
+    code, out, _ = run_cli(["plan", "--model", "llama-7b", "--gpus", "1024", "-o", "-"])
+    assert code == 0
+    assert "band of the step-time model" in out

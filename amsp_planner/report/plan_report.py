@@ -32,21 +32,31 @@ def components_table(e: Evaluation, gpus_per_node: int):
     return t
 
 
+def margin_words(gain: float, band: float) -> str:
+    """What a relative margin means against the validated band."""
+    if abs(gain) <= band:
+        return f"within the +/-{band * 100:.0f} % band of the step-time model: a tie"
+    return f"beyond the +/-{band * 100:.0f} % band of the step-time model"
+
+
 def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None) -> list[str]:
-    t = e.time
+    from amsp_planner.validation import step_time_band
+
+    t, band = e.time, step_time_band()
     lines = [
-        f"step time {secs(t.step_s)} = compute {secs(t.compute_s)} + optimizer "
-        f"{secs(t.optimizer_s)} + exposed communication {secs(t.exposed_comm_s)} (forward {secs(t.exposed_forward_s)}, backward "
-        f"{secs(t.exposed_backward_s)}, update {secs(t.exposed_update_s)}); all collectives "
-        f"{secs(t.comm_total_s)}",
+        f"step time {secs(t.step_s)} (+/-{band * 100:.0f} %, docs/validation.md) = compute "
+        f"{secs(t.compute_s)} + kernels {secs(t.kernel_s)} + optimizer {secs(t.optimizer_s)} + "
+        f"contention {secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)} "
+        f"(forward {secs(t.exposed_forward_s)}, backward {secs(t.exposed_backward_s)}, update "
+        f"{secs(t.exposed_update_s)}); all collectives {secs(t.comm_total_s)}",
         f"{e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu * 100:.1f}%, memory {gib(e.memory.total)} of "
         f"{gib(e.memory_limit)} GiB per GPU",
     ]
     if best_baseline is not None:
         name, b = best_baseline
         gain = b.step_s / e.step_s - 1
-        lines.append(f"vs best named baseline {name} ({b.strategy}): {gain * 100:+.2f}% tokens/s, "
-                     f"{gib(b.memory.total)} GiB per GPU")
+        lines.append(f"vs best named baseline {name} ({b.strategy}): {gain * 100:+.2f}% tokens/s "
+                     f"({margin_words(gain, band)}), {gib(b.memory.total)} GiB per GPU")
     else:
         lines.append("no named baseline fits in memory")
     return lines
