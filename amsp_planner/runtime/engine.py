@@ -158,14 +158,6 @@ class ShardedEngine:
         return {k: sum(t.nbytes for t in v) for k, v in self.state_tensors().items()}
 
     # ----- initial values ---------------------------------------------------------------------
-    def load_full_units(self, units: list[torch.Tensor]) -> None:
-        """Set parameters (P shards and fp32 masters) from the unpadded full units; Adam
-        moments are zeroed."""
-        for i, full in enumerate(units):
-            flat = torch.zeros(self.layouts[i].size, dtype=torch.float32, device=self.device)
-            flat[:full.numel()] = full.to(self.device, torch.float32)
-            self._load_unit(i, flat)
-
     def _load_unit(self, i: int, flat: torch.Tensor) -> None:
         """This rank's shards of unit i from its padded full fp32 values."""
         lay = self.layouts[i]

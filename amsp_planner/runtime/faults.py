@@ -77,7 +77,8 @@ _PEER = ("connection closed by peer", "connection reset by peer", "broken pipe",
 
 def cause(exc: BaseException) -> tuple[str, bool]:
     """(the cause in words, whether it is primary). Peer losses are not primary."""
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = str(exc).strip()
+    msg = text.splitlines()[0] if text else type(exc).__name__
     doing = _NOW["doing"]
     if isinstance(exc, RunFault):
         return str(exc), True
@@ -87,9 +88,9 @@ def cause(exc: BaseException) -> tuple[str, bool]:
                 errno.EACCES: "permission denied", errno.EDQUOT: "disk quota exceeded",
                 errno.ENOMEM: "out of memory"}.get(exc.errno, exc.strerror or msg)
         return f"{what} while {doing}{where}", True
-    low = msg.lower()
+    low = text.lower()
     if isinstance(exc, MemoryError) or "can't allocate memory" in low or "out of memory" in low:
-        m = _ALLOC.search(msg)
+        m = _ALLOC.search(text)
         need = ""
         if m:
             need = f" (an allocation of {_bytes_h(float(m[1]) * _UNITS[m[2].lower()])} failed)"
@@ -139,7 +140,8 @@ def records(run_dir: str | Path) -> list[dict]:
     return sorted(out, key=lambda d: d["rank"])
 
 
-_ROOT = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.S)
+_ROOT = re.compile(r"^\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+"""A rank's entry in torchrun's failure report (``rank : 1 (local_rank: 1)``, ``exitcode : 9``)."""
 
 
 def summary(run_dir: str | Path, world: int, log_text: str, code: int) -> str:

@@ -112,7 +112,8 @@ def check_outputs(opts: dict, inputs: list[str]) -> None:
         if os.path.realpath(ck) in ins:
             raise AmspUserError(f"--checkpoint-dir {ck}: is an input of this run: give another "
                                 "folder")
-        _probe(_existing(p.absolute()), "--checkpoint-dir", ck)
+        if opts.get("checkpoint_every"):  # a resume alone only reads it
+            _probe(_existing(p.absolute()), "--checkpoint-dir", ck)
 
 
 def check_resume(job, opts: dict) -> None:

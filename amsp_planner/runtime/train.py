@@ -159,7 +159,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
         dt = time.perf_counter() - t0
         if not (math.isfinite(loss) and math.isfinite(gnorm)):
             if cfg.on_nonfinite != "skip":
-                raise faults.RunFault(_nonfinite(loss, gnorm, cfg))
+                raise faults.RunFault(_nonfinite(loss, gnorm))
             skipped.append(step + 1)
             _log(rank, f"step {step + 1:>5}/{cfg.steps}  skipped: non-finite loss or gradients "
                        "(--on-nonfinite skip): no update")
@@ -220,16 +220,9 @@ def check_steps(step: int, steps: int, directory) -> None:
                             f"already, so there is nothing to run: give --steps above {step}")
 
 
-def _nonfinite(loss: float, gnorm: float, cfg: RunConfig) -> str:
-    kept = ""
-    if cfg.checkpoint_dir:
-        from amsp_planner.runtime.checkpoint import latest_step
-
-        k = latest_step(cfg.checkpoint_dir)
-        kept = (f"; the last good checkpoint step_{k} in {cfg.checkpoint_dir} is kept"
-                if k is not None else "; no checkpoint was saved yet")
+def _nonfinite(loss: float, gnorm: float) -> str:
     return (f"non-finite training (loss {loss:.4g}, grad-norm {gnorm:.4g}): stopped before "
-            f"saving{kept} (--on-nonfinite skip skips such steps instead)")
+            "saving (--on-nonfinite skip skips such steps instead)")
 
 
 def _inject(mode: str, rank: int, step: int, scale: float) -> float:
