@@ -1,6 +1,7 @@
 """Runtime benchmark: our runtime vs PyTorch FSDP2 and DeepSpeed ZeRO, same model, batch, world.
 
-    python bench/runtime.py --nproc 4 --steps 8 [--out results.json]
+    python bench/runtime.py --nproc 4 --steps 8 [--seq-len 512] [--out results.json]
+    python bench/runtime.py --size 92m --steps 0 --warmup 0     # start-up memory only
 
 One torchrun launch (gloo, CPU) per system x strategy, so each has a fresh process and a clean
 peak-memory mark. Systems: our runtime under ZeRO-1, ZeRO-2, ZeRO-3 and the planner's choice
@@ -10,8 +11,9 @@ with a torch AdamW, bf16). All train the same LLaMA-style model code
 (``amsp_planner.runtime.model``), bf16 compute with fp32 master weights, on the same batches
 of the stdlib corpus.
 
-Per rank we report the median step time (after warm-up steps) and the peak resident memory
-growth over the process's state before the model is built (Linux VmHWM, reset through
+Per rank we report the median step time (after warm-up steps), the peak resident memory
+growth before the first step (start-up) and over the whole run, both over the process's state
+once every system's code is imported and before the model is built (Linux VmHWM, reset through
 /proc/self/clear_refs), the max over ranks. The model is larger than the `tiny` preset so model
 states (about 16 B/param) stand out of the allocator's noise.
 """
@@ -138,11 +140,10 @@ def worker(system: str, strategy: str, steps: int, warmup: int, out: str, size: 
     source = TokenSource("stdlib", spec.vocab_size, seq_len, training.batch_seqs, seed=0)
     rows = slice(rank * SEQS_PER_RANK, (rank + 1) * SEQS_PER_RANK)
     total = steps + warmup
-    base_rss = reset_peak()
-    times: list[float] = []
-    losses: list[float] = []
-    extra: dict = {}
+    # every system's code is imported (and the strategy priced) before the mark, so what is
+    # measured is what building the model, its states and the steps take
     if system == "amsp":
+        from amsp_planner.cost.evaluate import evaluate
         from amsp_planner.runtime.train import RunConfig, train
 
         if strategy == "planner":
@@ -151,7 +152,15 @@ def worker(system: str, strategy: str, steps: int, warmup: int, out: str, size: 
             s = solve(job, zeropp=True, micro_batch=1, ckpt=False).best.strategy
         else:
             s = baseline(strategy, world, job.gpus_per_node)
-        rep = train(job, s, RunConfig(steps=total, data="stdlib", log_every=0))
+        ev = evaluate(job, s)
+    elif system == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    base_rss = reset_peak()
+    times: list[float] = []
+    losses: list[float] = []
+    extra: dict = {}
+    if system == "amsp":
+        rep = train(job, s, RunConfig(steps=total, data="stdlib", log_every=0), ev)
         eng = rep.pop("_engine")
         times, losses = rep["step_s"], rep["loss"]
         extra = {"resolved": str(s), "model_state_bytes": sum(eng.state_bytes().values()),
@@ -162,8 +171,6 @@ def worker(system: str, strategy: str, steps: int, warmup: int, out: str, size: 
         net = build_module(spec, seed=0)
         n_micro = SEQS_PER_RANK
         if system == "fsdp2":
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
             for b in net.blocks:
                 fully_shard(b, mp_policy=mp, reshard_after_forward=True)
@@ -221,7 +228,7 @@ def worker(system: str, strategy: str, steps: int, warmup: int, out: str, size: 
             times.append(time.perf_counter() - t0)
             losses.append(float(loss))
     peak = _status("VmHWM") - base_rss
-    meas = sorted(times[warmup:])
+    meas = sorted(times[warmup:]) or [float("nan")]  # --steps 0: start-up only
     res = {"system": system, "strategy": strategy, "rank": rank,
            "median_step_s": meas[len(meas) // 2], "peak_rss_growth": peak,
            "loss": losses, **extra}
@@ -265,7 +272,7 @@ def table(results: list[list[dict]]) -> str:
         if "resolved" in r0:
             label += f" (`{r0['resolved']}`)"
         lines.append(f"| {r0['system']} | {label} | {step:.1f} | {start:.1f} | {peak:.1f} | "
-                     f"{r0['loss'][-1]:.4f} |")
+                     f"{_last(r0['loss']):.4f} |")
     return "\n".join(lines)
 
 
@@ -292,13 +299,18 @@ def main() -> None:
         for system, strategy in rows:
             t0 = time.time()
             res = run_one(system, strategy, a.nproc, a.steps, a.warmup, a.size, a.seq_len)
-            if res and ((system, strategy) not in best or _step(res) < _step(best[system, strategy])):
+            if res and ((system, strategy) not in best
+                    or _step(res) < _step(best[system, strategy])):
                 best[system, strategy] = res
             _print_row(system, strategy, res, t0)
     results = [best[k] for k in rows if k in best]
     print(table(results))
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))
+
+
+def _last(losses: list) -> float:
+    return losses[-1] if losses else float("nan")
 
 
 def _step(res: list[dict]) -> float:
@@ -310,7 +322,7 @@ def _print_row(system: str, strategy: str, res: list[dict], t0: float) -> None:
         print(f"{system:>9} {strategy:<14} median {_step(res) * 1e3:8.1f} ms  peak "
               f"{max(r['peak_rss_growth'] for r in res) / 2**20:7.1f} MiB  start-up "
               f"{max(r['startup_peak_growth'] for r in res) / 2**20:7.1f} MiB  "
-              f"loss {res[0]['loss'][-1]:.4f}  {res[0].get('resolved', '')} "
+              f"loss {_last(res[0]['loss']):.4f}  {res[0].get('resolved', '')} "
               f"({time.time() - t0:.0f} s)", flush=True)
 
 

@@ -145,7 +145,11 @@ def save(engine, directory: str | os.PathLike, step: int, die=None) -> Path:
     engine.comm.barrier(world)
     sd = _state_dict(engine)
     sd["meta"] = _meta(engine)
-    dcp.save(sd, checkpoint_id=str(tmp), planner=_SavePlanner())
+    try:
+        dcp.save(sd, checkpoint_id=str(tmp), planner=_SavePlanner())
+    except BaseException as e:
+        _raise_if_full(root, sd, step, e)
+        raise
     _write_json(tmp / f".sums_{rank}.json", _digests(tmp, f"__{rank}_*.distcp"))
     if die is not None:
         die()
@@ -163,6 +167,19 @@ def save(engine, directory: str | os.PathLike, step: int, die=None) -> Path:
             shutil.rmtree(root / f"step_{old}", ignore_errors=True)
     engine.comm.barrier(world)
     return final
+
+
+def _raise_if_full(root: Path, sd: dict, step: int, exc: BaseException) -> None:
+    """A full disk shows in DCP as torch's zip writer failing ("unexpected pos"): name it
+    when the folder has less room than this rank's shards."""
+    from amsp_planner.report.fmt import bytes_h
+    from amsp_planner.runtime.faults import RunFault
+
+    need = sum(v.tensor.nbytes for v in sd.values() if isinstance(v, FlatShard))
+    free = shutil.disk_usage(root).free
+    if free < need:
+        raise RunFault(f"no space left on device while saving checkpoint step_{step} in {root} "
+                       f"({bytes_h(free)} free, this rank writes {bytes_h(need)})") from exc
 
 
 def _write_json(path: Path, doc, text: str | None = None) -> None:

@@ -118,8 +118,7 @@ class ShardedEngine:
         self.p_shard = [self._new(x.p_len, self.pdt) for x in L]
         self.g_shard = [self._new(x.g_len, self.gdt) for x in L]
         self.master = [self._new(x.os_len, torch.float32) for x in L]
-        self.exp_avg = [self._new(x.os_len, torch.float32) for x in L]
-        self.exp_avg_sq = [self._new(x.os_len, torch.float32) for x in L]
+        self._moments: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.hpz = [self._new(x.hpz_len, self.pdt) for x in L] if s.hpz > 1 else []
         e = self.job.units[0]
         self.gather = [self._new(u_max, self.pdt) for _ in range(2)] if s.s_p > 1 else []
@@ -137,6 +136,24 @@ class ShardedEngine:
         self._qslot = 0
         self._rslot = 0
         self._pending: list[tuple[Work, object, object]] = []
+
+    def _adam_moments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The Adam moments, zero until the first step: allocated at first use (the first
+        step, a checkpoint save or load), as torch's AdamW and DeepSpeed do, so they are not
+        in the start-up peak."""
+        if self._moments is None:
+            L = self.layouts
+            self._moments = ([self._new(x.os_len, torch.float32) for x in L],
+                             [self._new(x.os_len, torch.float32) for x in L])
+        return self._moments
+
+    @property
+    def exp_avg(self) -> list[torch.Tensor]:
+        return self._adam_moments()[0]
+
+    @property
+    def exp_avg_sq(self) -> list[torch.Tensor]:
+        return self._adam_moments()[1]
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """The runtime's own model-state tensors and buffers, by the memory model's terms."""
@@ -159,19 +176,19 @@ class ShardedEngine:
 
     # ----- initial values ---------------------------------------------------------------------
     def _load_unit(self, i: int, flat: torch.Tensor) -> None:
-        """This rank's shards of unit i from its padded full fp32 values."""
+        """This rank's shards of unit i from its padded full fp32 values (the Adam moments of
+        a new engine are zero)."""
         lay = self.layouts[i]
         po = lay.p_off(self.i_p)
         self.p_shard[i].copy_(flat[po:po + lay.p_len])
         oo = lay.os_off(self.i_os)
         self.master[i].copy_(flat[oo:oo + lay.os_len])
-        self.exp_avg[i].zero_()
-        self.exp_avg_sq[i].zero_()
 
     def init_params(self, seed: int) -> None:
         """The initial values, unit by unit: each unit is drawn in full (deterministic from
         the seed, the same on every rank and plan), this rank keeps its shards, and the unit
-        is freed before the next, so start-up memory is the model states plus one unit."""
+        is freed before the next, so start-up memory is the model states (less the Adam
+        moments, allocated at the first step) plus one unit."""
         for i, lay in enumerate(self.layouts):
             flat = torch.zeros(lay.size, dtype=torch.float32)
             M.init_unit(self.job.model, i, seed, out=flat)

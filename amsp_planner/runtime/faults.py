@@ -23,6 +23,8 @@ import os
 import re
 from pathlib import Path
 
+from amsp_planner.report.fmt import bytes_h
+
 EXIT_REFUSED = 2
 """Refused input: one line naming the field and the fix."""
 EXIT_INFEASIBLE = 3
@@ -60,14 +62,6 @@ class RunFault(Exception):
     checkpoint that cannot be written): its message is the cause."""
 
 
-def _bytes_h(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n} B"
-
-
 _ALLOC = re.compile(r"tried to allocate (\d+(?:\.\d+)?) ?(bytes|[KMGT]i?B)", re.I)
 _UNITS = {"bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}
@@ -93,7 +87,7 @@ def cause(exc: BaseException) -> tuple[str, bool]:
         m = _ALLOC.search(text)
         need = ""
         if m:
-            need = f" (an allocation of {_bytes_h(float(m[1]) * _UNITS[m[2].lower()])} failed)"
+            need = f" (an allocation of {bytes_h(float(m[1]) * _UNITS[m[2].lower()])} failed)"
         return f"out of memory while {doing}{need}", True
     if "no space left on device" in low or "errno 28" in low:
         return f"no space left on device while {doing}", True

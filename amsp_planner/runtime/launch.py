@@ -109,6 +109,13 @@ def _train(plan_path: str, opts: dict) -> int:
     _slurm_env()
     plan = load_plan(plan_path)
     check_outputs(opts, [plan_path, opts.get("data")])
+    if opts.get("resume") and opts.get("checkpoint_dir"):
+        from amsp_planner.runtime.checkpoint import resume_step
+        from amsp_planner.runtime.train import check_steps
+
+        step = resume_step(opts["checkpoint_dir"], opts.get("resume_from"))
+        if step is not None:
+            check_steps(step, opts.get("steps", 10), opts["checkpoint_dir"])
     cuda = torch.cuda.is_available() and not opts.get("cpu")
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -141,7 +148,10 @@ def worker(plan_path: str, opts: dict) -> int:
             # Rank 0 reports the one line; the others give it time to do so before torchrun,
             # seeing them exit, stops the whole job (and rank 0 with it).
             time.sleep(5)
-    except Exception as e:  # noqa: BLE001 - a rank's fault: one line with its cause
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a rank's fault (DCP's CheckpointException is a
+        # BaseException): one line with its cause
         rank = int(os.environ.get("RANK", "0"))
         faults.record(e, rank)
         code = faults.EXIT_RANK_FAILED

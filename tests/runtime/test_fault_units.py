@@ -104,13 +104,13 @@ def test_named_causes_of_known_exceptions():
     faults.at(doing="running the forward of unit 7")
     oom = RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't "
                        "allocate memory: you tried to allocate 2254857830 bytes. Error code 12")
-    # 2254857830 B = 2.1 GiB
+    # 2254857830 B = 2.10 GiB
     assert faults.cause(oom) == ("out of memory while running the forward of unit 7 (an "
-                                 "allocation of 2.1 GiB failed)", True)
+                                 "allocation of 2.10 GiB failed)", True)
     peer = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:389")
     assert faults.cause(peer)[1] is False
     assert faults.line(oom, 5) == ("rank 5, step 3: out of memory while running the forward of "
-                                   "unit 7 (an allocation of 2.1 GiB failed)")
+                                   "unit 7 (an allocation of 2.10 GiB failed)")
 
 
 def test_exit_codes_are_fixed():

@@ -149,8 +149,8 @@ def test_full_checkpoint_folder(base, tmpfs):
              "--checkpoint-every", 2, cwd=base["dir"])
     line = one_error_line(r, "rank ", code=4)
     assert re.fullmatch(rf"error: rank [01], step 4: no space left on device while saving "
-                        rf"checkpoint step_4 in {ck}.*; last complete checkpoint: "
-                        rf"{ck}/step_2{LOG}", line), line
+                        rf"checkpoint step_4 in {ck} \([\d.,]+ (B|[KM]iB) free, this rank writes "
+                        rf"[\d.]+ [KM]iB\); last complete checkpoint: {ck}/step_2{LOG}", line), line
     _latest_verifies(ck, 2)
     resumes_to_the_same_losses(base, ck)
 
@@ -200,8 +200,7 @@ def test_nonfinite_gradients_stop_keeping_the_checkpoint(base):
                         rf"{base['loss'][3]:.4g}, grad-norm nan\): stopped before saving "
                         rf"\(--on-nonfinite skip skips such steps instead\); last complete "
                         rf"checkpoint: {ck}/step_2{LOG}", line), line
-    _latest_verifies(ck, 2)
-    resumes_to_the_same_losses(base, ck)
+    _latest_verifies(ck, 2)  # byte for byte what a resume test resumes
 
 
 @pytest.mark.multiprocess
