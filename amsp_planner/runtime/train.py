@@ -146,16 +146,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
         faults.at(step=step + 1, doing="running the step")
         fault = cfg.fail_mode if cfg.fail_at_step == step + 1 and cfg.fail_rank == rank else None
         t0 = time.perf_counter()
-        batch = source.batch(step, rows)
-        loss_sum = 0.0
-        for m in range(n_micro):
-            chunk = batch[m * mb:(m + 1) * mb]
-            chunk = chunk.to(engine.device, non_blocking=True)
-            scale = 1.0 / (N * n_micro)
-            if fault is not None and m == 0:
-                scale = _inject(fault, rank, step + 1, scale)
-            loss_sum += engine.forward_backward(chunk[:, :-1], chunk[:, 1:], m, scale) / (N * n_micro)
-        loss, gnorm = engine.optimizer_step(loss_sum, guard=cfg.on_nonfinite == "skip")
+        loss, gnorm = _step(engine, source.batch(step, rows), n_micro, mb, N, cfg, fault, step)
         dt = time.perf_counter() - t0
         if not (math.isfinite(loss) and math.isfinite(gnorm)):
             if cfg.on_nonfinite != "skip":
@@ -181,21 +172,39 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
             save(engine, cfg.checkpoint_dir, step + 1, die)  # counted under "checkpoint"
     report = _finish(job, strategy, evaluation, engine, comm, losses, norms, times, start,
                      skipped, startup_peak)
-    good = [t for t, x in zip(times, losses, strict=True) if x is not None]
-    if good:
-        med = sorted(good)[len(good) // 2]
-        last = [x for x in losses if x is not None][-1]
-        _log(rank, f"done: {len(times)} steps, final loss {last:.4f}, median step "
-                   f"{med * 1e3:.1f} ms (predicted {predicted * 1e3:.1f} ms), "
-                   f"{tokens_per_step / med:,.0f} tok/s, model states "
-                   f"{sum(report['memory']['measured'].values()) / 2**20:.2f} MiB/rank "
-                   f"(plan {report['memory']['predicted_total'] / 2**20:.2f} MiB)")
+    _log(rank, _done_line(report, losses, times, predicted, tokens_per_step))
     _log(rank, report["verdict"]["line"])
     if cfg.report_path and rank == 0:
         faults.at(doing=f"writing the report {cfg.report_path}")
         write_report(cfg.report_path, report)
     report["_engine"] = engine
     return report
+
+
+def _step(engine, batch, n_micro: int, mb: int, N: int, cfg: RunConfig, fault, step: int
+          ) -> tuple[float, float]:
+    """One optimizer step over the rank's rows of the global batch; (loss, grad norm)."""
+    loss_sum = 0.0
+    for m in range(n_micro):
+        chunk = batch[m * mb:(m + 1) * mb].to(engine.device, non_blocking=True)
+        scale = 1.0 / (N * n_micro)
+        if fault is not None and m == 0:
+            scale = _inject(fault, engine.rank, step + 1, scale)
+        loss_sum += engine.forward_backward(chunk[:, :-1], chunk[:, 1:], m, scale) / (N * n_micro)
+    return engine.optimizer_step(loss_sum, guard=cfg.on_nonfinite == "skip")
+
+
+def _done_line(report: dict, losses: list, times: list, predicted: float, tokens: int) -> str:
+    good = [t for t, x in zip(times, losses, strict=True) if x is not None]
+    if not good:
+        return f"done: {len(times)} steps"
+    med = sorted(good)[len(good) // 2]
+    last = [x for x in losses if x is not None][-1]
+    mem = report["memory"]
+    return (f"done: {len(times)} steps, final loss {last:.4f}, median step {med * 1e3:.1f} ms "
+            f"(predicted {predicted * 1e3:.1f} ms), {tokens / med:,.0f} tok/s, model states "
+            f"{sum(mem['measured'].values()) / 2**20:.2f} MiB/rank "
+            f"(plan {mem['predicted_total'] / 2**20:.2f} MiB)")
 
 
 def _start(engine, cfg: RunConfig, rank: int) -> int:
