@@ -40,6 +40,13 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         from amsp_planner.errors import AmspUserError
 
         raise AmspUserError("give --strategy or --strategy-from, not both")
+    if strategy is not None and opts.get("activation_checkpointing", "auto") != "auto":
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(f"--activation-checkpointing {opts['activation_checkpointing']}: "
+                            f"--strategy {strategy} fixes the strategy, its checkpointing "
+                            "included: write ckpt in a strategy string (e.g. p=8,g=8,os=8,ckpt) "
+                            "or drop the option")
     if strategy is not None or strategy_from is not None:
         if strategy_from is not None:
             from amsp_planner.exports.deepspeed import strategy_for_job

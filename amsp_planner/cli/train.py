@@ -21,6 +21,15 @@ import click
               help="Save every K steps (0: never).")
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint (any plan of "
                                              "the same model).")
+@click.option("--resume-from", type=click.IntRange(min=1), default=None,
+              help="With --resume: the checkpoint step to resume from (default: the latest).")
+@click.option("--on-nonfinite", type=click.Choice(["stop", "skip"]), default="stop",
+              show_default=True,
+              help="A NaN/Inf loss or gradient norm: stop (the last checkpoint is kept) or skip "
+                   "the step (no update; one more small all-reduce per step).")
+@click.option("--force", is_flag=True,
+              help="Run even when the host checks (device type, ranks per core or GPU, memory) "
+                   "say the plan does not suit this host.")
 @click.option("--report", "report", type=click.Path(dir_okay=False), default=None,
               help="Write the run report (JSON): measured vs planned bytes, times, memory, loss.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
@@ -38,9 +47,11 @@ import click
 @click.option("--cpu", is_flag=True, help="Use gloo on CPU even when CUDA is available.")
 @click.option("--fail-at-step", type=int, default=None, hidden=True)
 @click.option("--fail-rank", type=int, default=-1, hidden=True)
-def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, report, lr, seed,
-          local_nodes, node_rank, master_addr, master_port, nproc_per_node, timeout_s, cpu,
-          fail_at_step, fail_rank):
+@click.option("--fail-mode", type=click.Choice(["step", "save", "nan", "oom"]), default="step",
+              hidden=True)
+def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resume_from,
+          on_nonfinite, force, report, lr, seed, local_nodes, node_rank, master_addr,
+          master_port, nproc_per_node, timeout_s, cpu, fail_at_step, fail_rank, fail_mode):
     """Train the plan's model under the plan's sharding (torchrun; gloo on CPU, NCCL on GPU)."""
     import os
 
@@ -56,15 +67,22 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, repo
 
     if resume and not checkpoint_dir:
         raise AmspUserError("--resume needs --checkpoint-dir DIR: the directory to resume from")
+    if checkpoint_every and not checkpoint_dir:
+        raise AmspUserError(f"--checkpoint-every {checkpoint_every}: needs --checkpoint-dir DIR, "
+                            "the folder to save to: add it or drop --checkpoint-every")
+    if resume_from is not None and not resume:
+        raise AmspUserError(f"--resume-from {resume_from}: only applies with --resume: add "
+                            "--resume or drop --resume-from")
     opts = {"steps": steps, "data": data, "checkpoint_dir": checkpoint_dir,
-            "checkpoint_every": checkpoint_every, "resume": resume,
+            "checkpoint_every": checkpoint_every, "resume": resume, "resume_from": resume_from,
+            "on_nonfinite": on_nonfinite,
             "report": os.path.abspath(report) if report else None, "seed": seed,
             "optim": {"lr": lr}, "timeout_s": timeout_s, "cpu": cpu,
-            "fail_at_step": fail_at_step, "fail_rank": fail_rank}
+            "fail_at_step": fail_at_step, "fail_rank": fail_rank, "fail_mode": fail_mode}
     plan_path = os.path.abspath(plan_file)
     if L.inside_launch():
         return L.worker(plan_path, opts)
     plan = load_plan(plan_path)
     return L.launch(plan_path, plan, opts, local_nodes=local_nodes, node_rank=node_rank,
                     master_addr=master_addr, master_port=master_port,
-                    nproc_per_node=nproc_per_node)
+                    nproc_per_node=nproc_per_node, force=force)

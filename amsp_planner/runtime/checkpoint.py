@@ -12,13 +12,20 @@ its new OS shard. Parameters are then rebuilt from the masters with the update a
 
 Atomic: a checkpoint is written to ``step_K.tmp``, renamed to ``step_K`` once every rank has
 finished, and only then does ``latest`` (replaced atomically) point to it; a crash during a
-save leaves the previous checkpoint and ``latest`` untouched. The two newest are kept.
+save leaves the previous checkpoint and ``latest`` untouched, and the next save removes the
+``.tmp`` folders such a crash left. The two newest are kept.
+
+Verified: every rank hashes the shard files it wrote; ``checksums.json`` (size and SHA-256 of
+every shard and of ``.metadata``) is written before the rename. ``verify`` checks a checkpoint
+against it before anything reads it, and names the first file that is missing, truncated or
+altered.
 DCP's own coordination (plan exchange) uses torch.distributed directly and is not in the
 runtime's byte counts; the runtime's collectives around it are.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -39,6 +46,7 @@ from amsp_planner.errors import AmspUserError
 
 STATES = ("master", "exp_avg", "exp_avg_sq")
 KEEP = 2
+SUMS = "checksums.json"
 
 
 class FlatShard:
@@ -119,57 +127,167 @@ def latest_step(directory: str | os.PathLike) -> int | None:
                             "another directory") from None
 
 
-def save(engine, directory: str | os.PathLike, step: int) -> Path:
-    """Save the engine's state at `step` atomically; returns the checkpoint's directory."""
+def save(engine, directory: str | os.PathLike, step: int, die=None) -> Path:
+    """Save the engine's state at `step` atomically; returns the checkpoint's directory.
+    `die`: a testing aid called once this rank's shards are written (a crash mid-save)."""
+    from amsp_planner.runtime import faults
+
     root = Path(directory)
     final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
     rank = dist.get_rank()
     world = engine.groups["world"]
     engine.comm.phase = "checkpoint"
+    faults.at(doing=f"saving checkpoint step_{step} in {root}")
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in root.glob("step_*.tmp"):  # this save's, or an earlier crash's
+            shutil.rmtree(stale, ignore_errors=True)
     engine.comm.barrier(world)
     sd = _state_dict(engine)
     sd["meta"] = _meta(engine)
-    dcp.save(sd, checkpoint_id=str(tmp), planner=_SavePlanner())
+    try:
+        dcp.save(sd, checkpoint_id=str(tmp), planner=_SavePlanner())
+    except BaseException as e:
+        _raise_if_full(root, sd, step, e)
+        raise
+    _write_json(tmp / f".sums_{rank}.json", _digests(tmp, f"__{rank}_*.distcp"))
+    if die is not None:
+        die()
     engine.comm.barrier(world)
     if rank == 0:
+        sums = _digests(tmp, ".metadata")
+        for part in tmp.glob(".sums_*.json"):
+            sums.update(json.loads(part.read_text()))
+            part.unlink()
+        _write_json(tmp / SUMS, sums)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        pointer = root / "latest.tmp"
-        pointer.write_text(f"step_{step}\n")
-        os.replace(pointer, root / "latest")
-        done = sorted(int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit())
-        for old in done[:-KEEP]:
+        _write_json(root / "latest", None, text=f"step_{step}\n")
+        for old in complete_steps(root)[:-KEEP]:
             shutil.rmtree(root / f"step_{old}", ignore_errors=True)
     engine.comm.barrier(world)
     return final
 
 
+def _raise_if_full(root: Path, sd: dict, step: int, exc: BaseException) -> None:
+    """A full disk shows in DCP as torch's zip writer failing ("unexpected pos"): name it
+    when the folder has less room than this rank's shards."""
+    from amsp_planner.report.fmt import bytes_h
+    from amsp_planner.runtime.faults import RunFault
+
+    need = sum(v.tensor.nbytes for v in sd.values() if isinstance(v, FlatShard))
+    free = shutil.disk_usage(root).free
+    if free < need:
+        raise RunFault(f"no space left on device while saving checkpoint step_{step} in {root} "
+                       f"({bytes_h(free)} free, this rank writes {bytes_h(need)})") from exc
+
+
+def _write_json(path: Path, doc, text: str | None = None) -> None:
+    """Write a small file atomically (a temporary name, then a rename)."""
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text if text is not None else json.dumps(doc, sort_keys=True, indent=1))
+    os.replace(tmp, path)
+
+
+def _digests(folder: Path, pattern: str) -> dict[str, list]:
+    """{file name: [size, sha256]} of the files of `folder` matching `pattern`."""
+    out = {}
+    for p in sorted(folder.glob(pattern)):
+        with open(p, "rb") as f:
+            out[p.name] = [p.stat().st_size, hashlib.file_digest(f, "sha256").hexdigest()]
+    return out
+
+
+def complete_steps(directory: str | os.PathLike) -> list[int]:
+    """Steps of the finished checkpoints in `directory` (renamed, with their checksums)."""
+    root = Path(directory)
+    return sorted(int(p.name[5:]) for p in root.glob("step_*")
+                  if p.name[5:].isdigit() and (p / SUMS).exists())
+
+
+def verify(path: str | os.PathLike, option: str = "--resume") -> None:
+    """Check a checkpoint against its checksums; refuse in one line naming the first file
+    that is missing, truncated, grown or altered."""
+    path = Path(path)
+    this = int(path.name[5:]) if path.name[5:].isdigit() else 0
+    earlier = [k for k in complete_steps(path.parent) if k < this]
+    fix = (f"resume an earlier one with --resume-from {earlier[-1]}, or remove {path}"
+           if earlier else f"remove {path} and start again")
+    head = f"{option}: checkpoint {path.name}:"
+    try:
+        sums = json.loads((path / SUMS).read_text())
+    except FileNotFoundError:
+        raise AmspUserError(f"{head} {SUMS} missing, so it cannot be verified: {fix}") from None
+    except (OSError, ValueError):
+        raise AmspUserError(f"{head} {SUMS} is unreadable: {fix}") from None
+    for name, (size, digest) in sorted(sums.items(), key=lambda kv: kv[0] != ".metadata"):
+        kind = "metadata" if name == ".metadata" else "shard"
+        p = path / name
+        if not p.exists():
+            raise AmspUserError(f"{head} {kind} {name} deleted: {fix}")
+        got = p.stat().st_size
+        if got != size:
+            how = "truncated" if got < size else "grown"
+            raise AmspUserError(f"{head} {kind} {name} {how} ({got:,} of {size:,} bytes): {fix}")
+        with open(p, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != digest:
+                raise AmspUserError(f"{head} {kind} {name} altered (checksum mismatch): {fix}")
+
+
 def read_meta(path: str | os.PathLike) -> dict:
     """The step, model and precision a checkpoint was saved with (any process, no group)."""
+    import warnings
+
     head = {"meta": ""}
-    dcp.load(head, checkpoint_id=str(path), planner=_LoadPlanner(),
-             no_dist=not dist.is_initialized())
-    return json.loads(head["meta"])
+    try:
+        with warnings.catch_warnings():  # DCP warns that a load without a group is local
+            warnings.simplefilter("ignore")
+            dcp.load(head, checkpoint_id=str(path), planner=_LoadPlanner(),
+                     no_dist=not dist.is_initialized())
+        return json.loads(head["meta"])
+    except Exception as e:  # noqa: BLE001 - any fault of the files is one line
+        raise AmspUserError(f"--resume: checkpoint {Path(path).name}: its metadata cannot be "
+                            f"read ({type(e).__name__}): remove {path} or resume another "
+                            "with --resume-from K") from None
 
 
-def load(engine, directory: str | os.PathLike, step: int | None = None) -> int:
+def resume_step(directory: str | os.PathLike, step: int | None = None) -> int | None:
+    """The step to resume from: `step` (``--resume-from``) or the latest; None when the
+    directory holds no checkpoint. Refuses a requested step that is not there."""
+    if step is None:
+        return latest_step(directory)
+    if not (Path(directory) / f"step_{step}").is_dir():
+        have = ", ".join(map(str, complete_steps(directory))) or "none"
+        raise AmspUserError(f"--resume-from {step}: {directory} has no checkpoint step_{step} "
+                            f"(complete ones: {have}): give one of those")
+    return step
+
+
+def check_model(meta: dict, job, path) -> None:
+    want = json.loads(json.dumps(job.model.model_dump()))
+    if meta.get("model") != want:
+        name = meta.get("model", {}).get("name")
+        raise AmspUserError(f"--resume: {path} holds a checkpoint of model '{name}', the "
+                            f"plan trains '{job.model.name}': use a matching plan or "
+                            "another --checkpoint-dir")
+
+
+def load(engine, directory: str | os.PathLike, step: int | None = None,
+         verified: bool = False) -> int:
     """Load the latest (or given) checkpoint into the engine, under its own plan; returns the
-    step it was saved at. Parameters are rebuilt from the loaded masters."""
-    step = latest_step(directory) if step is None else step
+    step it was saved at. Parameters are rebuilt from the loaded masters. Unless the launcher
+    `verified` it already, rank 0 checks the checksums first and every rank refuses alike."""
+    from amsp_planner.runtime import faults
+
+    step = resume_step(directory, step)
     if step is None:
         raise AmspUserError(f"--resume: no checkpoint in {directory}: run without --resume first")
     path = Path(directory) / f"step_{step}"
-    if not (path / ".metadata").exists():
-        raise AmspUserError(f"--resume: {path} is not a complete checkpoint: point --checkpoint-dir "
-                            "at a directory written by amsp train")
+    faults.at(doing=f"loading checkpoint step_{step} from {directory}")
+    if not verified:
+        _agree(lambda: verify(path))
     meta = read_meta(path)
-    if meta.get("model") != json.loads(json.dumps(engine.job.model.model_dump())):
-        raise AmspUserError(f"--resume: {path} was written for model "
-                            f"'{meta.get('model', {}).get('name')}', the plan trains "
-                            f"'{engine.job.model.name}': use a matching plan or another directory")
+    check_model(meta, engine.job, directory)
     sd = _state_dict(engine)
     dcp.load(sd, checkpoint_id=str(path), planner=_LoadPlanner())
     engine.step_count = int(meta["step"])
@@ -180,3 +298,17 @@ def load(engine, directory: str | os.PathLike, step: int | None = None) -> int:
         if work is not None:
             work.wait()
     return engine.step_count
+
+
+def _agree(check) -> None:
+    """Run `check` on rank 0; every rank raises its refusal (one uncounted broadcast, like
+    DCP's own coordination)."""
+    msg = [None]
+    if dist.get_rank() == 0:
+        try:
+            check()
+        except AmspUserError as e:
+            msg[0] = str(e)
+    dist.broadcast_object_list(msg, src=0)
+    if msg[0]:
+        raise AmspUserError(msg[0])

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from amsp_planner.runtime import faults
 from amsp_planner.runtime import model as M
 from amsp_planner.runtime.collectives import Comm, Group, Work
 from amsp_planner.runtime.layout import UnitLayout
@@ -117,8 +118,7 @@ class ShardedEngine:
         self.p_shard = [self._new(x.p_len, self.pdt) for x in L]
         self.g_shard = [self._new(x.g_len, self.gdt) for x in L]
         self.master = [self._new(x.os_len, torch.float32) for x in L]
-        self.exp_avg = [self._new(x.os_len, torch.float32) for x in L]
-        self.exp_avg_sq = [self._new(x.os_len, torch.float32) for x in L]
+        self._moments: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.hpz = [self._new(x.hpz_len, self.pdt) for x in L] if s.hpz > 1 else []
         e = self.job.units[0]
         self.gather = [self._new(u_max, self.pdt) for _ in range(2)] if s.s_p > 1 else []
@@ -136,6 +136,24 @@ class ShardedEngine:
         self._qslot = 0
         self._rslot = 0
         self._pending: list[tuple[Work, object, object]] = []
+
+    def _adam_moments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The Adam moments, zero until the first step: allocated at first use (the first
+        step, a checkpoint save or load), as torch's AdamW and DeepSpeed do, so they are not
+        in the start-up peak."""
+        if self._moments is None:
+            L = self.layouts
+            self._moments = ([self._new(x.os_len, torch.float32) for x in L],
+                             [self._new(x.os_len, torch.float32) for x in L])
+        return self._moments
+
+    @property
+    def exp_avg(self) -> list[torch.Tensor]:
+        return self._adam_moments()[0]
+
+    @property
+    def exp_avg_sq(self) -> list[torch.Tensor]:
+        return self._adam_moments()[1]
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """The runtime's own model-state tensors and buffers, by the memory model's terms."""
@@ -157,22 +175,25 @@ class ShardedEngine:
         return {k: sum(t.nbytes for t in v) for k, v in self.state_tensors().items()}
 
     # ----- initial values ---------------------------------------------------------------------
-    def load_full_units(self, units: list[torch.Tensor]) -> None:
-        """Set parameters (P shards and fp32 masters) from the unpadded full units; Adam
-        moments are zeroed."""
-        for i, full in enumerate(units):
-            lay = self.layouts[i]
-            flat = torch.zeros(lay.size, dtype=torch.float32, device=self.device)
-            flat[:full.numel()] = full.to(self.device, torch.float32)
-            po = lay.p_off(self.i_p)
-            self.p_shard[i].copy_(flat[po:po + lay.p_len])
-            oo = lay.os_off(self.i_os)
-            self.master[i].copy_(flat[oo:oo + lay.os_len])
-            self.exp_avg[i].zero_()
-            self.exp_avg_sq[i].zero_()
+    def _load_unit(self, i: int, flat: torch.Tensor) -> None:
+        """This rank's shards of unit i from its padded full fp32 values (the Adam moments of
+        a new engine are zero)."""
+        lay = self.layouts[i]
+        po = lay.p_off(self.i_p)
+        self.p_shard[i].copy_(flat[po:po + lay.p_len])
+        oo = lay.os_off(self.i_os)
+        self.master[i].copy_(flat[oo:oo + lay.os_len])
 
     def init_params(self, seed: int) -> None:
-        self.load_full_units([M.init_unit(self.job.model, i, seed) for i in range(self.num_units)])
+        """The initial values, unit by unit: each unit is drawn in full (deterministic from
+        the seed, the same on every rank and plan), this rank keeps its shards, and the unit
+        is freed before the next, so start-up memory is the model states (less the Adam
+        moments, allocated at the first step) plus one unit."""
+        for i, lay in enumerate(self.layouts):
+            flat = torch.zeros(lay.size, dtype=torch.float32)
+            M.init_unit(self.job.model, i, seed, out=flat)
+            self._load_unit(i, flat.to(self.device))
+            del flat
 
     # ----- gathers ----------------------------------------------------------------------------
     def _fetch(self, i: int, phase: str) -> _Fetch:
@@ -327,6 +348,7 @@ class ShardedEngine:
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             x = None
             for i in range(U):
+                faults.at(doing=f"running the forward of unit {i}")
                 buf = fetch.wait()
                 if i + 1 < U:
                     fetch = self._fetch(i + 1, "forward")
@@ -362,6 +384,7 @@ class ShardedEngine:
         grad_y = None
         emb_target = None
         for j in range(head, -1, -1):
+            faults.at(doing=f"running the backward of unit {j}")
             if j == 0 and self.tied:
                 buf = emb_fetch.wait()
             else:
@@ -400,9 +423,27 @@ class ShardedEngine:
         return float(loss.detach())
 
     # ----- the step boundary -------------------------------------------------------------------
-    def optimizer_step(self, loss_sum: float) -> tuple[float, float]:
-        """Grad sync, AdamW, parameter update; returns (global mean loss, grad norm)."""
+    def nonfinite(self, loss_sum: float) -> bool:
+        """Whether any rank has a non-finite loss or gradient before the step: one world
+        all-reduce (phase 'guard'). Every gradient element lands in some rank's G shard, so
+        a NaN anywhere is seen by the rank that owns it."""
+        bad = sum(int(not torch.isfinite(g).all()) for g in self.g_shard)
+        flag = torch.tensor([float(bad) + float(not math.isfinite(loss_sum))],
+                            dtype=torch.float32, device=self.device)
+        self.comm.phase = "guard"
+        self.comm.all_reduce(flag, self.groups["world"])
+        return float(flag) > 0
+
+    def optimizer_step(self, loss_sum: float, guard: bool = False) -> tuple[float, float]:
+        """Grad sync, AdamW, parameter update; returns (global mean loss, grad norm).
+        `guard`: skip the step (no update, gradients dropped; returns NaN, NaN) when any rank
+        has a non-finite loss or gradient."""
+        if guard and self.nonfinite(loss_sum):
+            for g in self.g_shard:
+                g.zero_()
+            return math.nan, math.nan
         o = self.optim
+        faults.at(doing="running the optimizer step")
         self.step_count += 1
         norm2 = torch.zeros((), dtype=torch.float32, device=self.device)
         gathers = []

@@ -6,12 +6,16 @@ torchrun / SLURM launch. Also the worker entry point torchrun runs.
     amsp train plan64.json --node-rank 3 --master-addr head-node   # one node of a cluster
     torchrun --nproc-per-node=4 -m amsp_planner.runtime.launch plan.json   # inside torchrun
 
-Safety: a world that does not match the plan (size, processes per node, node-major ranks,
-model of the checkpoint) is refused with one line before any work (exit 2). Workers write
-user errors to ``AMSP_ERROR_FILE``; the launcher prints that one line instead of torchrun's
-report. When an agent fails (a rank died), the launcher stops the others at once, so the job
-exits non-zero within a few seconds on one host; across hosts the process-group timeout
-(``--timeout``) bounds the wait of the surviving ranks.
+Safety: what can be checked before launching is (``preflight.py``: the host, the outputs,
+the checkpoint); a world that does not match the plan (size, processes per node, node-major
+ranks) is refused by the ranks before any work. Either way: one line, exit 2. The launcher owns
+a run folder (``faults.RUN_DIR_ENV``): the agents' log goes to its ``log.txt``, every rank
+writes its first exception there, and the launcher prints one line naming the failed rank and
+the cause (exit 4), with the log's path; rank 0 leaves the verdict there (exit 5 when the
+collectives differ from the plan). When an agent fails (a rank died), the launcher stops the
+others at once, so the job exits within a few seconds on one host; across hosts the
+process-group timeout (``--timeout``) bounds the wait of the surviving ranks. Under an external
+torchrun or srun each rank prints its own line and exits with the same codes.
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from amsp_planner.errors import AmspUserError
-
-ERROR_FILE_ENV = "AMSP_ERROR_FILE"
+from amsp_planner.runtime import faults
 
 
 def inside_launch() -> bool:
@@ -81,47 +84,79 @@ def leave(code: int) -> NoReturn:
 
 
 # ----- the worker (one rank) --------------------------------------------------------------------
-def worker(plan_path: str, opts: dict) -> int:
-    """One rank: load the plan, check the world, train. Returns the exit code."""
+def run_config(opts: dict):
+    from amsp_planner.runtime.engine import OptimConfig
+    from amsp_planner.runtime.train import RunConfig
+
+    keys = ("steps", "seed", "data", "checkpoint_dir", "checkpoint_every", "resume",
+            "resume_from", "verified", "on_nonfinite", "log_every", "fail_at_step",
+            "fail_rank", "fail_mode")
+    kw = {k: opts[k] for k in keys if opts.get(k) is not None}
+    return RunConfig(optim=OptimConfig(**opts.get("optim", {})), report_path=opts.get("report"),
+                     **kw)
+
+
+def _train(plan_path: str, opts: dict) -> int:
+    """One rank's work; returns 0, or EXIT_DIFFERS when the verdict fails and no launcher
+    collects it."""
     import torch
     import torch.distributed as dist
 
     from amsp_planner.plan import load_plan
-    from amsp_planner.runtime.engine import OptimConfig
-    from amsp_planner.runtime.train import RunConfig, train
+    from amsp_planner.runtime.preflight import check_outputs
+    from amsp_planner.runtime.train import train
 
-    err_file = os.environ.get(ERROR_FILE_ENV)
-    code = 0
+    _slurm_env()
+    plan = load_plan(plan_path)
+    check_outputs(opts, [plan_path, opts.get("data")])
+    if opts.get("resume") and opts.get("checkpoint_dir"):
+        from amsp_planner.runtime.checkpoint import resume_step
+        from amsp_planner.runtime.train import check_steps
+
+        step = resume_step(opts["checkpoint_dir"], opts.get("resume_from"))
+        if step is not None:
+            check_steps(step, opts.get("steps", 10), opts["checkpoint_dir"])
+    cuda = torch.cuda.is_available() and not opts.get("cpu")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo",
+                            timeout=timedelta(seconds=opts.get("timeout_s", 300)))
+    device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+    rep = train(plan.job, plan.strategy, run_config(opts), plan.evaluation, device=device)
+    dist.barrier()
+    ok = rep["verdict"]["ok"]
+    run = os.environ.get(faults.RUN_DIR_ENV)
+    if run and dist.get_rank() == 0:
+        Path(run, "verdict.json").write_text(json.dumps(rep["verdict"]))
+        return 0
+    return 0 if ok or run else faults.EXIT_DIFFERS
+
+
+def worker(plan_path: str, opts: dict) -> int:
+    """One rank: load the plan, check the world, train; leaves with the exit code. Its first
+    exception goes to the run folder (under ``amsp train``) or to stderr as one line."""
+    launched = bool(os.environ.get(faults.RUN_DIR_ENV))
     try:
-        _slurm_env()
-        plan = load_plan(plan_path)
-        cuda = torch.cuda.is_available() and not opts.get("cpu")
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl" if cuda else "gloo",
-                                timeout=timedelta(seconds=opts.get("timeout_s", 300)))
-        optim = OptimConfig(**opts.get("optim", {}))
-        cfg = RunConfig(steps=opts.get("steps", 10), seed=opts.get("seed", 0),
-                        data=opts.get("data"), optim=optim,
-                        checkpoint_dir=opts.get("checkpoint_dir"),
-                        checkpoint_every=opts.get("checkpoint_every", 0),
-                        resume=opts.get("resume", False), log_every=opts.get("log_every", 1),
-                        report_path=opts.get("report"), fail_at_step=opts.get("fail_at_step"),
-                        fail_rank=opts.get("fail_rank", -1))
-        device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-        train(plan.job, plan.strategy, cfg, plan.evaluation, device=device)
-        dist.barrier()
+        code = _train(plan_path, opts)
     except AmspUserError as e:
-        code = 2
-        rank = os.environ.get("RANK", "0")
-        if err_file and rank == "0":
-            Path(err_file).write_text(str(e))
-        elif not err_file and rank == "0":
+        rank = int(os.environ.get("RANK", "0"))
+        faults.record(e, rank)
+        code = faults.EXIT_REFUSED
+        if rank == 0 and not launched:
             print(f"error: {e}", file=sys.stderr, flush=True)
-        if rank != "0":
+        if rank != 0:
             # Rank 0 reports the one line; the others give it time to do so before torchrun,
             # seeing them exit, stops the whole job (and rank 0 with it).
             time.sleep(5)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a rank's fault (DCP's CheckpointException is a
+        # BaseException): one line with its cause
+        rank = int(os.environ.get("RANK", "0"))
+        faults.record(e, rank)
+        code = faults.EXIT_RANK_FAILED
+        if not launched and faults.cause(e)[1]:
+            print(f"error: {faults.line(e, rank)}", file=sys.stderr, flush=True)
     leave(code)
 
 
@@ -132,9 +167,13 @@ def _torchrun(nproc: int, nnodes: int, node_rank: int, addr: str, port: int, pla
         "-m", "amsp_planner.runtime.launch", plan, "--opts", json.dumps(opts)]
 
 
-def preflight(plan, opts: dict, nproc_per_node: int | None) -> None:
-    """Refuse what can be refused before starting any process."""
+def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, ranks_here: int,
+              force: bool = False) -> None:
+    """Refuse what can be refused before starting any process (one line, exit 2)."""
+    import torch
+
     from amsp_planner.runtime.model import check_supported
+    from amsp_planner.runtime.preflight import check_outputs, check_resume, host_problems
 
     job = plan.job
     check_supported(job.model)
@@ -143,27 +182,21 @@ def preflight(plan, opts: dict, nproc_per_node: int | None) -> None:
         raise AmspUserError(f"--nproc-per-node {nproc_per_node}: the plan expects {r} processes "
                             f"per node ({job.num_gpus} in all): drop the option or re-plan with "
                             f"--gpus {nproc_per_node * job.num_nodes}")
-    ck = opts.get("checkpoint_dir")
-    if opts.get("resume") and ck:
-        from amsp_planner.runtime.checkpoint import latest_step, read_meta
-
-        step = latest_step(ck)
-        if step is not None:
-            meta = read_meta(Path(ck) / f"step_{step}")
-            want = json.loads(json.dumps(job.model.model_dump()))
-            if meta.get("model") != want:
-                name = meta.get("model", {}).get("name")
-                raise AmspUserError(f"--resume: {ck} holds a checkpoint of model '{name}', the "
-                                    f"plan trains '{job.model.name}': use a matching plan or "
-                                    "another --checkpoint-dir")
+    check_outputs(opts, [plan_path, opts.get("data")])
+    check_resume(job, opts)
+    cuda = torch.cuda.is_available() and not opts.get("cpu")
+    problems = host_problems(job, plan.evaluation, cuda, ranks_here)
+    if problems and not force:
+        raise AmspUserError(f"{problems[0]}; or --force to run anyway")
+    for p in problems:
+        print(f"warning: --force: running although {p}", flush=True)
 
 
 def launch(plan_path: str, plan, opts: dict, *, local_nodes: bool = False,
            node_rank: int | None = None, master_addr: str | None = None,
            master_port: int | None = None, nproc_per_node: int | None = None,
-           env: dict | None = None) -> int:
+           env: dict | None = None, force: bool = False) -> int:
     """Start torchrun agent(s) for the plan's world; returns the job's exit code."""
-    preflight(plan, opts, nproc_per_node)
     job = plan.job
     n, r = job.num_nodes, job.gpus_per_node
     if n > 1 and not local_nodes and node_rank is None:
@@ -171,34 +204,52 @@ def launch(plan_path: str, plan, opts: dict, *, local_nodes: bool = False,
             f"the plan is for {n} nodes of {r}: run `amsp train` on every node with "
             "--node-rank I --master-addr HOST, or simulate them on this host with --local-nodes"
         )
+    ranks = range(n) if local_nodes or n == 1 else [node_rank]
+    preflight(plan, plan_path, opts, nproc_per_node, r * len(ranks), force)
     addr = master_addr or "127.0.0.1"
     port = master_port or free_port()
-    ranks = range(n) if local_nodes or n == 1 else [node_rank]
-    fd, err_file = tempfile.mkstemp(prefix="amsp-error-")
-    os.close(fd)
+    try:
+        run = Path(tempfile.mkdtemp(prefix="amsp-run-"))
+    except OSError as e:
+        raise AmspUserError(f"cannot create the run folder in {tempfile.gettempdir()} "
+                            f"({e.strerror}): set TMPDIR to a writable folder") from None
     e = dict(env or os.environ)
-    e[ERROR_FILE_ENV] = err_file
+    e[faults.RUN_DIR_ENV] = str(run)
     e.setdefault("OMP_NUM_THREADS", "1")
     if addr in ("127.0.0.1", "localhost"):
         e.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    logs = [tempfile.TemporaryFile(mode="w+") for _ in ranks]
-    procs = [subprocess.Popen(_torchrun(r, n, nr, addr, port, plan_path, opts), env=e,
-                              stderr=log, start_new_session=True)
-             for nr, log in zip(ranks, logs, strict=True)]
-    code = wait_all(procs)
-    err = Path(err_file).read_text().strip()
-    Path(err_file).unlink(missing_ok=True)
-    if err:
-        raise AmspUserError(err)
+    with open(run / faults.LOG_NAME, "w+") as log:
+        procs = [subprocess.Popen(_torchrun(r, n, nr, addr, port, plan_path, opts), env=e,
+                                  stderr=log, start_new_session=True) for nr in ranks]
+        code = wait_all(procs)
+        log.seek(0)
+        text = log.read()
+    return _outcome(run, code, text, job.num_gpus, opts)
+
+
+def _outcome(run: Path, code: int, log_text: str, world: int, opts: dict) -> int:
+    """The job's exit code, and its one line when it failed."""
+    import shutil
+
+    recs = faults.records(run)
+    refused = [x for x in recs if x["type"] == "AmspUserError"]
+    if refused:
+        shutil.rmtree(run, ignore_errors=True)
+        raise AmspUserError(refused[0]["message"])
     if code:
-        for log in logs:
-            log.seek(0)
-            tail = log.read()[-3000:]
-            if tail.strip():
-                print(tail, file=sys.stderr)
-        print(f"error: the training job failed (exit code {code}); the last good checkpoint, "
-              "if any, is intact", file=sys.stderr)
-    return code
+        line = faults.summary(run, world, log_text, code)
+        ck = opts.get("checkpoint_dir")
+        if ck:
+            from amsp_planner.runtime.checkpoint import latest_step
+
+            k = latest_step(ck) if (Path(ck) / "latest").exists() else None
+            line += f"; last complete checkpoint: {ck}/step_{k}" if k is not None else ""
+        print(f"error: {line} (full log: {run / faults.LOG_NAME})", file=sys.stderr, flush=True)
+        return faults.EXIT_RANK_FAILED
+    verdict = json.loads((run / "verdict.json").read_text()) if (run / "verdict.json").exists() \
+        else {"ok": True}
+    shutil.rmtree(run, ignore_errors=True)
+    return 0 if verdict["ok"] else faults.EXIT_DIFFERS
 
 
 def wait_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> int:

@@ -75,18 +75,24 @@ def offsets(specs: list[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, in
     return out
 
 
-def init_unit(model, index: int, seed: int) -> torch.Tensor:
-    """The unpadded fp32 initial values of unit `index` (same on every rank and plan)."""
+def init_unit(model, index: int, seed: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The unpadded fp32 initial values of unit `index` (same on every rank and plan),
+    drawn parameter by parameter from one generator per (seed, unit); written into the
+    first elements of `out` when given (no other copy of the unit is made)."""
     specs = unit_param_specs(model)[index]
+    n = sum(math.prod(shape) for _, shape in specs)
+    flat = torch.empty(n) if out is None else out[:n]
     g = torch.Generator().manual_seed(seed * 100003 + index)
-    parts = []
-    for name, shape in specs:
+    for name, (off, size) in offsets(specs).items():
+        shape = dict(specs)[name]
+        dst = flat[off:off + size].view(shape)
         if len(shape) == 1:
-            parts.append(torch.ones(shape))
+            dst.fill_(1.0)
             continue
         std = INIT_STD / math.sqrt(2 * model.num_layers) if name in ("wo", "w2") else INIT_STD
-        parts.append(torch.randn(shape, generator=g) * std)
-    return torch.cat([p.reshape(-1) for p in parts])
+        torch.randn(shape, generator=g, out=dst)
+        dst.mul_(std)
+    return flat
 
 
 # ----- the compute -------------------------------------------------------------------------

@@ -10,8 +10,10 @@ model-state bytes next to the memory model's, loss per step.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from amsp_planner.errors import AmspUserError
+from amsp_planner.runtime import faults
 from amsp_planner.runtime.collectives import Comm, Group
 from amsp_planner.runtime.data import TokenSource
 from amsp_planner.runtime.engine import OptimConfig, ShardedEngine
@@ -45,9 +48,21 @@ class RunConfig:
     log_every: int = 1
     """Print progress every K steps on rank 0 (0: quiet)."""
     report_path: str | None = None
+    resume_from: int | None = None
+    """Resume from this checkpoint step instead of the latest."""
+    verified: bool = False
+    """The launcher verified the checkpoint's checksums already."""
+    on_nonfinite: str = "stop"
+    """A NaN/Inf loss or gradient norm: 'stop' the run (the last checkpoint is kept), or
+    'skip' the step (checked before any update: one extra world all-reduce per step, phase
+    'guard')."""
     fail_at_step: int | None = None
-    """Testing aid: this rank (``fail_rank``) dies hard at the start of that step."""
+    """Testing aid: at that step this rank (``fail_rank``) fails the ``fail_mode`` way:
+    'step' dies hard in the middle of the step, 'save' dies in that step's checkpoint save
+    once its shards are written, 'nan' makes its gradients NaN, 'oom' limits its address
+    space so the step runs out of memory."""
     fail_rank: int = -1
+    fail_mode: str = "step"
 
 
 def world_info() -> tuple[int, int, int, int]:
@@ -111,43 +126,38 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
 
     evaluation = evaluation or evaluate(job, strategy)
     comm = Comm(device)
+    faults.at(doing="checking the world against the plan")
     groups, rank = setup(job, strategy, comm)
     engine = ShardedEngine(job, strategy, comm, groups, rank, cfg.optim, device)
     N, n_micro, mb = job.num_gpus, evaluation.n_micro, strategy.micro_batch
     seq = job.training.seq_len
     source = TokenSource(cfg.data, job.model.vocab_size, seq, job.training.batch_seqs, cfg.seed)
-    start = 0
-    if cfg.resume and cfg.checkpoint_dir:
-        from amsp_planner.runtime.checkpoint import latest_step, load
-
-        if latest_step(cfg.checkpoint_dir) is not None:
-            start = load(engine, cfg.checkpoint_dir)
-            _log(rank, f"resumed from step {start} in {cfg.checkpoint_dir}")
-    if start == 0:
-        engine.init_params(cfg.seed)
+    start = _start(engine, cfg, rank)
     per_rank = job.training.batch_seqs // N
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
-    losses, times, norms = [], [], []
+    losses, times, norms, skipped = [], [], [], []
     predicted = evaluation.step_s
     tokens_per_step = job.training.batch_tokens
+    startup_peak = _peak_rss()
     _log(rank, f"training {job.model.name} on {N} ranks ({job.num_nodes} node(s)), strategy "
                f"{strategy}, {n_micro} micro-batch(es)/step, {tokens_per_step} tokens/step, "
                f"data {source.name}")
     for step in range(start, cfg.steps):
-        if cfg.fail_at_step == step + 1 and cfg.fail_rank == rank:
-            print(f"rank {rank}: dying at step {step + 1} (fault injection)", file=sys.stderr,
-                  flush=True)
-            os._exit(9)
+        faults.at(step=step + 1, doing="running the step")
+        fault = cfg.fail_mode if cfg.fail_at_step == step + 1 and cfg.fail_rank == rank else None
         t0 = time.perf_counter()
-        batch = source.batch(step, rows)
-        loss_sum = 0.0
-        for m in range(n_micro):
-            chunk = batch[m * mb:(m + 1) * mb]
-            chunk = chunk.to(engine.device, non_blocking=True)
-            loss_sum += engine.forward_backward(chunk[:, :-1], chunk[:, 1:], m,
-                                                1.0 / (N * n_micro)) / (N * n_micro)
-        loss, gnorm = engine.optimizer_step(loss_sum)
+        loss, gnorm = _step(engine, source.batch(step, rows), n_micro, mb, N, cfg, fault, step)
         dt = time.perf_counter() - t0
+        if not (math.isfinite(loss) and math.isfinite(gnorm)):
+            if cfg.on_nonfinite != "skip":
+                raise faults.RunFault(_nonfinite(loss, gnorm))
+            skipped.append(step + 1)
+            _log(rank, f"step {step + 1:>5}/{cfg.steps}  skipped: non-finite loss or gradients "
+                       "(--on-nonfinite skip): no update")
+            losses.append(None)
+            norms.append(None)
+            times.append(dt)
+            continue
         losses.append(loss)
         norms.append(gnorm)
         times.append(dt)
@@ -158,37 +168,148 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
         if cfg.checkpoint_dir and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
             from amsp_planner.runtime.checkpoint import save
 
-            save(engine, cfg.checkpoint_dir, step + 1)  # counted under "checkpoint"
-    steps_run = max(1, len(times))
-    step_rows = comm.report(steps_run, STEP_PHASES)
-    setup_rows = comm.report(1, ("setup",))
-    ckpt_rows = comm.report(1, ("checkpoint",))
-    report = _report(job, strategy, evaluation, engine, step_rows, setup_rows, ckpt_rows,
-                     losses, norms, times, start)
-    if times:
-        med = sorted(times)[len(times) // 2]
-        _log(rank, f"done: {len(times)} steps, final loss {losses[-1]:.4f}, median step "
-                   f"{med * 1e3:.1f} ms (predicted {predicted * 1e3:.1f} ms), "
-                   f"{tokens_per_step / med:,.0f} tok/s, model states "
-                   f"{sum(report['memory']['measured'].values()) / 2**20:.2f} MiB/rank "
-                   f"(plan {report['memory']['predicted_total'] / 2**20:.2f} MiB)")
+            die = functools.partial(_die, rank, step + 1, "save") if fault == "save" else None
+            save(engine, cfg.checkpoint_dir, step + 1, die)  # counted under "checkpoint"
+    report = _finish(job, strategy, evaluation, engine, comm, losses, norms, times, start,
+                     skipped, startup_peak)
+    _log(rank, _done_line(report, losses, times, predicted, tokens_per_step))
+    _log(rank, report["verdict"]["line"])
     if cfg.report_path and rank == 0:
-        with open(cfg.report_path, "w") as f:
-            json.dump(report, f, indent=1)
+        faults.at(doing=f"writing the report {cfg.report_path}")
+        write_report(cfg.report_path, report)
     report["_engine"] = engine
     return report
 
 
-def _peak_rss() -> int | None:
-    """This process's peak resident set (bytes; Linux), for CPU runs."""
+def _step(engine, batch, n_micro: int, mb: int, N: int, cfg: RunConfig, fault, step: int
+          ) -> tuple[float, float]:
+    """One optimizer step over the rank's rows of the global batch; (loss, grad norm)."""
+    loss_sum = 0.0
+    for m in range(n_micro):
+        chunk = batch[m * mb:(m + 1) * mb].to(engine.device, non_blocking=True)
+        scale = 1.0 / (N * n_micro)
+        if fault is not None and m == 0:
+            scale = _inject(fault, engine.rank, step + 1, scale)
+        loss_sum += engine.forward_backward(chunk[:, :-1], chunk[:, 1:], m, scale) / (N * n_micro)
+    return engine.optimizer_step(loss_sum, guard=cfg.on_nonfinite == "skip")
+
+
+def _done_line(report: dict, losses: list, times: list, predicted: float, tokens: int) -> str:
+    good = [t for t, x in zip(times, losses, strict=True) if x is not None]
+    if not good:
+        return f"done: {len(times)} steps"
+    med = sorted(good)[len(good) // 2]
+    last = [x for x in losses if x is not None][-1]
+    mem = report["memory"]
+    return (f"done: {len(times)} steps, final loss {last:.4f}, median step {med * 1e3:.1f} ms "
+            f"(predicted {predicted * 1e3:.1f} ms), {tokens / med:,.0f} tok/s, model states "
+            f"{sum(mem['measured'].values()) / 2**20:.2f} MiB/rank "
+            f"(plan {mem['predicted_total'] / 2**20:.2f} MiB)")
+
+
+def _start(engine, cfg: RunConfig, rank: int) -> int:
+    """Resume from a checkpoint, or initialise the parameters; returns the first step."""
+    if cfg.resume and cfg.checkpoint_dir:
+        from amsp_planner.runtime.checkpoint import load, resume_step
+
+        step = resume_step(cfg.checkpoint_dir, cfg.resume_from)
+        if step is not None:
+            start = load(engine, cfg.checkpoint_dir, step, cfg.verified)
+            _log(rank, f"resumed from step {start} in {cfg.checkpoint_dir}")
+            return start
+    faults.at(doing="initialising the parameters")
+    engine.init_params(cfg.seed)
+    return 0
+
+
+def check_steps(step: int, steps: int, directory) -> None:
+    """`amsp train --resume` with nothing left to run is refused (``train()`` itself allows
+    it: a load alone, as the resharding tests use)."""
+    if step >= steps:
+        raise AmspUserError(f"--steps {steps}: the checkpoint in {directory} is at step {step} "
+                            f"already, so there is nothing to run: give --steps above {step}")
+
+
+def _nonfinite(loss: float, gnorm: float) -> str:
+    return (f"non-finite training (loss {loss:.4g}, grad-norm {gnorm:.4g}): stopped before "
+            "saving (--on-nonfinite skip skips such steps instead)")
+
+
+def _inject(mode: str, rank: int, step: int, scale: float) -> float:
+    """Testing aid (``fail_at_step``): fail this rank's step the `mode` way."""
+    if mode == "step":
+        _die(rank, step, "step")
+    if mode == "oom":
+        import resource
+
+        vm = _status_bytes("VmSize")
+        resource.setrlimit(resource.RLIMIT_AS, (vm, resource.RLIM_INFINITY))
+    return float("nan") if mode == "nan" else scale
+
+
+def _die(rank: int, step: int, where: str) -> None:
+    print(f"rank {rank}: dying in step {step} ({where}; fault injection)", file=sys.stderr,
+          flush=True)
+    os._exit(9)
+
+
+REPORT_KIND = "amsp-run-report"
+
+
+def is_report(path) -> bool:
+    from amsp_planner.outfile import contains
+
+    return contains(f'"kind": "{REPORT_KIND}"')(path)
+
+
+def check_report(path: str) -> None:
+    """Refuse a report path that could not take the run report (before any work)."""
+    from amsp_planner.outfile import check_output
+
+    check_output(path, "--report", "an amsp run report", is_report)
+
+
+def write_report(path: str, report: dict) -> None:
+    from amsp_planner.outfile import write_output
+
+    doc = {"kind": REPORT_KIND, **report}
+    write_output(path, "--report", "an amsp run report", is_report,
+                 json.dumps(doc, indent=1) + "\n")
+
+
+def _finish(job, strategy, evaluation, engine, comm, losses, norms, times, start, skipped,
+            startup_peak) -> dict:
+    from amsp_planner.runtime.verdict import verdict
+
+    ran = max(1, len(times))
+    stepped = max(1, len(times) - len(skipped))
+    step_rows = (comm.report(ran, ("forward", "backward"))
+                 + comm.report(stepped, ("grad_sync", "update")))
+    report = _report(job, strategy, evaluation, engine, step_rows, comm.report(1, ("setup",)),
+                     comm.report(1, ("checkpoint",)), losses, norms, times, start)
+    report["guard"] = comm.report(ran, ("guard",))
+    report["skipped_steps"] = skipped
+    report["memory"]["startup_peak_rss"] = startup_peak
+    ok, line = verdict(report["schedule"])
+    report["verdict"] = {"ok": ok, "line": line}
+    return report
+
+
+def _status_bytes(key: str) -> int | None:
+    """A /proc/self/status figure in bytes (Linux), for CPU runs."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
+
+
+def _peak_rss() -> int | None:
+    """This process's peak resident set (bytes; Linux), for CPU runs."""
+    return _status_bytes("VmHWM")
 
 
 def _report(job, strategy, ev, engine, step_rows, setup_rows, ckpt_rows, losses, norms, times,

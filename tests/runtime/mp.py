@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from amsp_planner.runtime.launch import free_port, torchrun_cmd
@@ -57,3 +58,30 @@ def run_worker(tmp: Path, runs: list[dict], nproc: int, nnodes: int = 1,
         rep["_pt"] = torch.load(tmp / f"{run['name']}.pt")
         out[run["name"]] = rep
     return out
+
+
+AMSP = [sys.executable, "-m", "amsp_planner.cli.main"]
+
+
+def amsp(*args, cwd, timeout=180, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the amsp CLI (bounded in time)."""
+    return subprocess.run([*AMSP, *map(str, args)], cwd=cwd, env={**env(), **(extra_env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def make_plan(tmp, name, gpus, model="tiny", strategy="zero3", cluster="cpu-local", seq=32):
+    r = amsp("plan", "--model", model, "--gpus", gpus, "--cluster", cluster, "--strategy",
+             strategy, "--seq-len", seq, "--global-batch-seqs", 2 * gpus, "-o", name, cwd=tmp)
+    assert r.returncode == 0, r.stderr
+    return tmp / name
+
+
+def error_lines(r: subprocess.CompletedProcess) -> list[str]:
+    return [x for x in r.stderr.splitlines() if x.strip()]
+
+
+def one_error_line(r: subprocess.CompletedProcess, starts: str, code: int = 2) -> str:
+    lines = error_lines(r)
+    assert r.returncode == code, (r.returncode, r.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), r.stderr[-3000:]
+    return lines[0]

@@ -1,0 +1,135 @@
+"""Checks before any rank starts: the plan against this host, every output, the checkpoint.
+
+    amsp train plan.json ...        # refused in one line (exit 2), or --force to run anyway
+
+- the host: the plan's device type (a cluster of CPU processes, ``intra_fabric: shm``, or of
+  GPUs) against what this host would run; ranks per node against the GPUs, or for CPU
+  processes against the cores (at most ``MAX_RANKS_PER_CORE`` per core); the plan's predicted
+  memory per rank against each GPU's free memory, or the host's available memory for all the
+  ranks started here. ``--force`` runs anyway and says so.
+- the outputs: the report path can take a run report (an earlier report or a new file, in a
+  writable folder; never the plan or the data), the checkpoint folder and the run folder of
+  logs are writable. Never forced.
+- ``--resume``: the checkpoint's checksums, its model and its step against ``--steps``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from amsp_planner.errors import AmspUserError
+
+MAX_RANKS_PER_CORE = 4
+"""CPU ranks share cores; beyond four per core a step is mostly waiting for a core."""
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB"
+
+
+def host_problems(job, evaluation, cuda: bool, ranks_here: int) -> list[str]:
+    """What makes this host unable to run the plan's ranks (empty: nothing)."""
+    c = job.cluster
+    per_rank = evaluation.memory.total
+    if c.intra_fabric != "shm" and not cuda:
+        return [f"the plan is for {c.name} ({c.gpu.name} GPUs) but this host runs CPU processes "
+                "(no CUDA device): plan for this host (--cluster cpu-local, or a spec from "
+                "amsp calibrate)"]
+    if c.intra_fabric == "shm" and cuda:
+        return [f"the plan is for CPU processes ({c.name}) but CUDA is available: add --cpu, "
+                "or plan for the GPUs"]
+    out = []
+    if cuda:
+        import torch
+
+        have = torch.cuda.device_count()
+        if have < job.gpus_per_node:
+            out.append(f"the plan runs {job.gpus_per_node} ranks per node but this host has "
+                       f"{have} GPU(s): re-plan with --gpus {have * job.num_nodes}")
+        free = min(torch.cuda.mem_get_info(i)[0] for i in range(min(have, job.gpus_per_node)))
+        if per_rank > free:
+            out.append(f"the plan needs {_gib(per_rank)} per GPU but this host's GPUs have "
+                       f"{_gib(free)} free: re-plan with --memory-limit {free / 2**30:.1f}")
+        return out
+    cores = os.cpu_count() or 1
+    if ranks_here > MAX_RANKS_PER_CORE * cores:
+        out.append(f"{ranks_here} ranks on this host's {cores} cores (at most "
+                   f"{MAX_RANKS_PER_CORE} per core): re-plan with fewer --gpus")
+    avail = _available_memory()
+    if avail is not None and per_rank * ranks_here > avail:
+        out.append(f"the plan needs {_gib(per_rank)} per rank, {_gib(per_rank * ranks_here)} for "
+                   f"the {ranks_here} ranks on this host, but {_gib(avail)} is available: "
+                   "re-plan a smaller job or a sharded strategy")
+    return out
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _probe(folder: Path, option: str, path) -> None:
+    """Refuse a folder this process cannot create files in, naming the reason."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".amsp-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise AmspUserError(f"{option} {path}: {(e.strerror or str(e)).lower()} (in {folder}): "
+                            "choose a writable folder") from None
+
+
+def _existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_outputs(opts: dict, inputs: list[str]) -> None:
+    """Every output path writable and none of them an input (one line, exit 2)."""
+    from amsp_planner.runtime.train import check_report
+
+    ins = {os.path.realpath(p) for p in inputs if p}
+    rep = opts.get("report")
+    if rep:
+        if os.path.realpath(rep) in ins:
+            raise AmspUserError(f"--report {rep}: is an input of this run (the plan or the "
+                                "data): give another path")
+        check_report(rep)
+        _probe(Path(rep).parent, "--report", rep)
+    ck = opts.get("checkpoint_dir")
+    if ck:
+        p = Path(ck)
+        if p.exists() and not p.is_dir():
+            raise AmspUserError(f"--checkpoint-dir {ck}: is a file: give a folder")
+        if os.path.realpath(ck) in ins:
+            raise AmspUserError(f"--checkpoint-dir {ck}: is an input of this run: give another "
+                                "folder")
+        if opts.get("checkpoint_every"):  # a resume alone only reads it
+            _probe(_existing(p.absolute()), "--checkpoint-dir", ck)
+
+
+def check_resume(job, opts: dict) -> None:
+    """The checkpoint a resume will load: its step against --steps, its checksums and its
+    model, all before any rank starts."""
+    from amsp_planner.runtime.checkpoint import check_model, read_meta, resume_step, verify
+    from amsp_planner.runtime.train import check_steps
+
+    ck = opts.get("checkpoint_dir")
+    if not (opts.get("resume") and ck):
+        return
+    step = resume_step(ck, opts.get("resume_from"))
+    if step is None:
+        return
+    check_steps(step, opts.get("steps", 10), ck)
+    path = Path(ck) / f"step_{step}"
+    verify(path)
+    check_model(read_meta(path), job, ck)
+    opts["verified"] = True

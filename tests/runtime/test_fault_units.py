@@ -1,0 +1,182 @@
+"""Single-process checks of the failure handling: the verdict on hand-built schedules, the
+launcher's choice of the root cause from rank records and torchrun's report, the named causes
+of known exceptions, the exit codes, and the unit-by-unit initialisation against the draw it
+must reproduce bit for bit."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from amsp_planner.runtime import faults  # noqa: E402
+from amsp_planner.runtime.verdict import verdict  # noqa: E402
+
+
+def _row(x):
+    return None if x is None else {"calls_per_step": x[0], "full_bytes_per_step": x[1]}
+
+
+def _entry(phase, op, group, planned, measured):
+    as_row = _row
+    return {"phase": phase, "op": op, "group": group, "planned": as_row(planned),
+            "measured": as_row(measured)}
+
+
+def test_verdict_matches_when_every_entry_is_equal():
+    rows = [_entry("forward", "all_gather", "P", (4, 1000), (4, 1000)),
+            _entry("update", "all_reduce", "world", (1, 8), (1, 8))]
+    assert verdict(rows) == (True, "verdict: all 2 schedule entries match the plan (calls and "
+                                   "bytes per step)")
+
+
+def test_verdict_names_the_entries_that_differ(monkeypatch):
+    monkeypatch.delenv("AMSP_GLOO_RS_AS_ALL_REDUCE", raising=False)
+    rows = [_entry("forward", "all_gather", "P", (4, 1000), (4, 1000)),
+            _entry("backward", "reduce_scatter", "G", (8, 2048), None),
+            _entry("backward", "all_reduce", "G", None, (8, 2048))]
+    ok, line = verdict(rows)
+    assert not ok
+    assert line == ("verdict: 2 of 3 schedule entries differ from the plan: backward/"
+                    "reduce_scatter/G planned 8 calls, 2,048 B, measured none; backward/"
+                    "all_reduce/G planned none, measured 8 calls, 2,048 B")
+    monkeypatch.setenv("AMSP_GLOO_RS_AS_ALL_REDUCE", "1")  # asked for: named, not a failure
+    assert verdict(rows) == (True, "verdict: the schedule matches the plan except the "
+                                   "substitution asked for with AMSP_GLOO_RS_AS_ALL_REDUCE=1: "
+                                   "backward/reduce_scatter/G as all_reduce")
+    rows[2] = _entry("backward", "all_reduce", "G", None, (8, 4096))  # not the same tensor
+    assert not verdict(rows)[0]
+
+
+def test_a_byte_difference_alone_fails_the_verdict():
+    rows = [_entry("forward", "all_gather", "P", (4, 1000), (4, 1002))]
+    ok, line = verdict(rows)
+    assert not ok and "forward/all_gather/P planned 4 calls, 1,000 B, measured 4 calls, 1,002 B" in line
+
+
+def _write(run, rank, **kw):
+    (run / f"rank{rank}.json").write_text(json.dumps({"rank": rank, **kw}))
+
+
+TORCHRUN_REPORT = """Failures:
+[1]:
+  time      : 2026-12-01_11:21:33
+  host      : h
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 16249)
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 4 (pid: 16248)
+"""
+
+
+def test_summary_prefers_a_primary_cause_over_peer_losses(tmp_path):
+    _write(tmp_path, 0, step=7, cause="lost a peer while running the forward of unit 2 (...)",
+           primary=False, type="RuntimeError")
+    _write(tmp_path, 3, step=7, cause="out of memory while running the backward of unit 5",
+           primary=True, type="RuntimeError")
+    assert faults.summary(tmp_path, 4, "", 1) == (
+        "rank 3, step 7: out of memory while running the backward of unit 5")
+
+
+def test_summary_names_the_silent_rank_with_torchruns_exit_code_and_its_step(tmp_path):
+    _write(tmp_path, 0, step=12, cause="lost a peer", primary=False, type="RuntimeError")
+    (tmp_path / "rank1.step").write_text("12")
+    assert faults.summary(tmp_path, 2, TORCHRUN_REPORT, 1) == (
+        "rank 1, step 12: the process was killed by signal 9 without an error")
+
+
+def test_summary_without_any_record(tmp_path):
+    assert faults.summary(tmp_path, 2, "", 1) == (
+        "the training job failed (exit code 1) before any rank reported")
+
+
+def test_named_causes_of_known_exceptions():
+    faults.at(step=3, doing="saving checkpoint step_40 in /ck")
+    full = OSError(errno.ENOSPC, "No space left on device", "/ck/step_40.tmp/__1_0.distcp")
+    assert faults.cause(full) == ("no space left on device while saving checkpoint step_40 in "
+                                  "/ck (/ck/step_40.tmp/__1_0.distcp)", True)
+    faults.at(doing="running the forward of unit 7")
+    oom = RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't "
+                       "allocate memory: you tried to allocate 2254857830 bytes. Error code 12")
+    # 2254857830 B = 2.10 GiB
+    assert faults.cause(oom) == ("out of memory while running the forward of unit 7 (an "
+                                 "allocation of 2.10 GiB failed)", True)
+    peer = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:389")
+    assert faults.cause(peer)[1] is False
+    assert faults.line(oom, 5) == ("rank 5, step 3: out of memory while running the forward of "
+                                   "unit 7 (an allocation of 2.10 GiB failed)")
+
+
+def test_exit_codes_are_fixed():
+    assert (faults.EXIT_REFUSED, faults.EXIT_INFEASIBLE, faults.EXIT_RANK_FAILED,
+            faults.EXIT_DIFFERS) == (2, 3, 4, 5)
+
+
+def test_a_failed_verdict_makes_the_launcher_exit_5(tmp_path):
+    from amsp_planner.runtime.launch import _outcome
+
+    for ok, code in ((False, 5), (True, 0)):
+        run = tmp_path / str(ok)
+        run.mkdir()
+        (run / "verdict.json").write_text(json.dumps({"ok": ok, "line": "verdict: ..."}))
+        assert _outcome(run, 0, "", 2, {}) == code
+        assert not run.exists()  # the run folder goes once the job succeeded
+
+
+def _draw_whole_units(model, index, seed):
+    """The initialisation the runtime has always used (its parity oracle and checkpoints
+    depend on it): one generator per (seed, unit), each matrix drawn N(0, 1) in order and
+    scaled, norms at 1, the unit concatenated."""
+    from amsp_planner.runtime.model import INIT_STD, unit_param_specs
+
+    g = torch.Generator().manual_seed(seed * 100003 + index)
+    parts = []
+    for name, shape in unit_param_specs(model)[index]:
+        if len(shape) == 1:
+            parts.append(torch.ones(shape))
+            continue
+        std = INIT_STD / math.sqrt(2 * model.num_layers) if name in ("wo", "w2") else INIT_STD
+        parts.append(torch.randn(shape, generator=g) * std)
+    return torch.cat([p.reshape(-1) for p in parts])
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_unit_by_unit_initialisation_is_bit_identical(seed):
+    from amsp_planner.runtime.model import init_unit
+    from amsp_planner.specs.loader import load_model
+
+    spec = load_model("tiny")
+    for i, n in enumerate(spec.unit_params()):
+        out = torch.full((n + 5,), -1.0)  # padded, as the engine's unit buffer
+        init_unit(spec, i, seed, out=out)
+        assert torch.equal(out[:n], _draw_whole_units(spec, i, seed))
+        assert torch.equal(out[n:], torch.full((5,), -1.0))
+
+
+def test_host_checks_of_a_gpu_plan_and_of_an_oversubscribed_host():
+    import os
+
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.cost.job import Job
+    from amsp_planner.runtime.preflight import MAX_RANKS_PER_CORE, host_problems
+    from amsp_planner.specs.loader import load_cluster, load_model
+    from amsp_planner.specs.training import TrainingSpec
+    from amsp_planner.strategy import baseline
+
+    cores = os.cpu_count()
+    world = 4 * (MAX_RANKS_PER_CORE * cores // 4 + 1)  # just over 4 ranks per core
+    t = TrainingSpec(seq_len=32, global_batch_seqs=2 * world, precision="fp32")
+    job = Job.create(load_model("tiny"), load_cluster("cpu-local"), t, world)
+    ev = evaluate(job, baseline("zero3", world, job.gpus_per_node))
+    assert host_problems(job, ev, cuda=False, ranks_here=world) == [
+        f"{world} ranks on this host's {cores} cores (at most {MAX_RANKS_PER_CORE} per core): "
+        "re-plan with fewer --gpus"]
+    assert host_problems(job, ev, cuda=False, ranks_here=4) == []
+    assert host_problems(job, ev, cuda=True, ranks_here=4)[0].startswith(
+        "the plan is for CPU processes (cpu-local) but CUDA is available")
