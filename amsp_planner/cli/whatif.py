@@ -179,6 +179,11 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
 
     rep.check_outputs({"--csv": csv_path, "--json": json_path, "--plot": plot_path})
     w.validate(sweep)
+    from amsp_planner.cli.options import warn_seq_len
+    from amsp_planner.specs import load_model
+
+    for m in sweep.models:
+        warn_seq_len(load_model(m), max(sweep.seq_lens), "seq_lens")
     x = pick_x_axis(sweep, x_axis)
     rows = _run_with_progress(w, sweep, workers)
 

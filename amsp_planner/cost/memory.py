@@ -101,7 +101,7 @@ def activation_bytes_per_token(job: Job, ckpt: bool) -> float:
     m, t = job.model, job.training
     ab = t.param_bytes
     h, f, kv, a = m.hidden_size, m.ffn_hidden_size, m.kv_dim, m.num_heads
-    mlp = 3 * f if m.ffn_type == "swiglu" else 2 * f
+    mlp = m.ffn_matrices * f
     block = (6 * h + 2 * kv + mlp) * ab
     block += 4 * a if t.flash_attention else 2 * a * t.seq_len * ab
     head = 2 * h * ab + 4 * m.vocab_size
