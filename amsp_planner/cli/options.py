@@ -60,7 +60,7 @@ def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
     ctx = click.get_current_context(silent=True)
     src = ctx.get_parameter_source(param) if ctx else None
     given = src is None or src.name not in ("DEFAULT", "DEFAULT_MAP")
-    if given and seq_len > model.max_seq_len:
+    if given and seq_len > model.max_seq_len and model.position_embedding != "learned":
         click.echo(f"warning: --seq-len {seq_len} is longer than {model.name}'s max_seq_len "
                    f"{model.max_seq_len}: planning anyway; pass --seq-len {model.max_seq_len} "
                    "to stay within it", err=True)

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from amsp_planner.cost.evaluate import Evaluation
 from amsp_planner.report.fmt import gib, secs
+from amsp_planner.report.grid import Col, Grid
+
+_NAMES = {"p": "parameters (P)", "g": "gradients (G)", "os": "optimizer states (OS)"}
 
 
-def components_table(e: Evaluation, gpus_per_node: int):
-    from rich.table import Table
-
-    t = Table(title=f"strategy {e.strategy}", title_justify="left")
-    for col in ("component", "shard factor", "mesh (GPUs/node x nodes)", "scope"):
-        t.add_column(col)
-    names = {"p": "parameters (P)", "g": "gradients (G)", "os": "optimizer states (OS)"}
+def components_grid(e: Evaluation, gpus_per_node: int) -> Grid:
+    cols = [Col(t, t.split()[0], right=False) for t in
+            ("component", "shard factor", "mesh (GPUs/node x nodes)", "scope")]
+    g = Grid(f"strategy {e.strategy}", cols)
     for c in ("p", "g", "os"):
         s0, s1 = e.strategy.mesh(c, gpus_per_node)
         f = e.strategy.factor(c)
         scope = "replicated" if f == 1 else ("intra-node" if s1 == 1 else "inter-node")
-        t.add_row(names[c], str(f), f"{s0} x {s1}", scope)
+        g.rows.append([_NAMES[c], str(f), f"{s0} x {s1}", scope])
     s = e.strategy
     extras = []
     if s.qwz:
@@ -26,19 +26,19 @@ def components_table(e: Evaluation, gpus_per_node: int):
         extras.append(f"hpZ secondary copy over {s.hpz} GPUs")
     if s.qgz:
         extras.append("qgZ INT4 two-hop gradients")
-    t.caption = (f"micro-batch {s.micro_batch} x {e.n_micro} accumulation steps; activation "
+    g.caption = (f"micro-batch {s.micro_batch} x {e.n_micro} accumulation steps; activation "
                  f"checkpointing {'on' if s.ckpt else 'off'}"
                  + ("; " + ", ".join(extras) if extras else ""))
-    return t
+    return g
 
 
 def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None) -> list[str]:
     t = e.time
     lines = [
         f"step time {secs(t.step_s)} = compute {secs(t.compute_s)} + optimizer "
-        f"{secs(t.optimizer_s)} + exposed communication {secs(t.exposed_comm_s)} (forward {secs(t.exposed_forward_s)}, backward "
-        f"{secs(t.exposed_backward_s)}, update {secs(t.exposed_update_s)}); all collectives "
-        f"{secs(t.comm_total_s)}",
+        f"{secs(t.optimizer_s)} + exposed communication {secs(t.exposed_comm_s)} (forward "
+        f"{secs(t.exposed_forward_s)}, backward {secs(t.exposed_backward_s)}, update "
+        f"{secs(t.exposed_update_s)}); all collectives {secs(t.comm_total_s)}",
         f"{e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu * 100:.1f}%, memory {gib(e.memory.total)} of "
         f"{gib(e.memory_limit)} GiB per GPU",
     ]
