@@ -36,9 +36,16 @@ def run_check(target: str, result, job) -> str:
             got = parse_with_deepspeed(json.loads(result.text), job.num_gpus)
             return f"check: DeepSpeedConfig/DeepSpeedZeroConfig accepted it: {got}"
         if target == "fsdp2":
-            from amsp_planner.exports.fsdp2 import check_with_torch
+            import importlib.util
 
-            got = check_with_torch(result.text)
+            from amsp_planner.exports.fsdp2 import check_in_child
+
+            if importlib.util.find_spec("torch") is None:
+                raise ImportError(name="torch")
+            try:
+                got = check_in_child(result.text)
+            except RuntimeError as e:
+                raise AmspUserError(f"--check: {e}") from None
             return f"check: fully_shard applied it on a 1-rank CPU mesh: {got}"
         if target == "torchtitan":
             from amsp_planner.exports.torchtitan import check
