@@ -255,7 +255,7 @@ def test_fsdp2_module_applies_fully_shard_on_cpu(job):
 
 
 # ----- torchtitan, InternEvo ------------------------------------------------------------------
-def test_torchtitan_toml_parses_and_matches_the_plan(job):
+def test_torchtitan_overrides_parse_and_match_the_plan(job):
     s = _strategy("mics-16")
     r = torchtitan.export(job, s)
     assert r.exact
@@ -275,6 +275,17 @@ def test_torchtitan_check_catches_wrong_fields(job):
         torchtitan.check(text.replace("seq_len", "sequence_length"), N)
     with pytest.raises(ValueError, match="replicate x shard degree"):
         torchtitan.check(text, 128)
+
+
+@pytest.mark.parametrize("strategy", ["mics-16", "zero3,ckpt", "ddp"])
+def test_torchtitan_own_config_manager_parses_the_export(job, strategy):
+    pytest.importorskip("torchtitan")
+    text = torchtitan.export(job, _strategy(strategy)).text
+    assert torchtitan.check_with_torchtitan(text) == torchtitan.check(text, N)
+    with pytest.raises(ValueError, match="invalid choice 'sometimes'"):
+        torchtitan.check_with_torchtitan(text.replace("=always", "=sometimes"))
+    with pytest.raises(ValueError, match="torchtitan refused it"):
+        torchtitan.check_with_torchtitan(text.replace("seq_len", "sequence_length"))
 
 
 def test_internevo_zero1_and_fsdp(job):
@@ -370,13 +381,13 @@ def test_cli_compare_strategy_from(tmp_path, job):
 
 
 @pytest.mark.parametrize("target, needle", [
-    ("torchtitan", "check: tomllib parsed it"),
+    ("torchtitan", "check: torchtitan's ConfigManager parsed the overrides"),
     ("internevo", "check: exec'd it"),
     ("deepspeed", "check: DeepSpeedConfig/DeepSpeedZeroConfig accepted it: {'stage': "),
 ])
 def test_cli_export_check(plan_file, tmp_path, target, needle):
-    if target == "deepspeed":
-        pytest.importorskip("deepspeed")
+    if target in ("deepspeed", "torchtitan"):
+        pytest.importorskip(target)
     code, out, err = run_cli(["export", str(plan_file), "--to", target, "-o",
                               str(tmp_path / "out"), "--check"])
     assert code == 0, err

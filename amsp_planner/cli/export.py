@@ -48,17 +48,23 @@ def run_check(target: str, result, job) -> str:
                 raise AmspUserError(f"--check: {e}") from None
             return f"check: fully_shard applied it on a 1-rank CPU mesh: {got}"
         if target == "torchtitan":
-            from amsp_planner.exports.torchtitan import check
+            from amsp_planner.exports.torchtitan import check, check_with_torchtitan
 
-            check(result.text, job.num_gpus)
-            return "check: tomllib parsed it; fields match torchtitan's JobConfig"
+            want = check(result.text, job.num_gpus)
+            got = check_with_torchtitan(result.text)
+            if got != want:
+                raise AmspUserError(f"--check: torchtitan parsed {got}, the export says {want}")
+            return ("check: torchtitan's ConfigManager parsed the overrides onto "
+                    "llama3_debugmodel; every field holds the value written")
         from amsp_planner.exports.internevo import check
 
         check(result.text, job.num_gpus, job.training.batch_seqs)
         return "check: exec'd it; InternEvo's data/model/parallel fields are consistent"
     except ImportError as e:
-        raise AmspUserError(f"--check needs {e.name}: pip install -e '.[interop]' (DeepSpeed) "
-                            "or '.[runtime]' (torch)") from None
+        raise AmspUserError(f"--check needs {e.name}: pip install -e '.[interop]' (DeepSpeed, "
+                            "torchtitan) or '.[runtime]' (torch)") from None
+    except ValueError as e:  # the target's own parser refused what we wrote: a bug here
+        raise AmspUserError(f"--check: {e}") from None
 
 
 def earlier_export(target: str, text: str):

@@ -57,7 +57,7 @@ ALIASES = {
     "cluster": {"dgx-a100": "dgx-a100-hdr", "dgx-h100": "dgx-h100-ndr",
                 "dgx-h200": "dgx-h200-ndr", "p4d": "aws-p4d"},
 }
-"""Other names users write for presets (the DESIGN's examples say llama-70b)."""
+"""Other names users write for presets (docs and papers say llama-70b)."""
 
 
 def _resolve(name: str, kind: str) -> Path:
