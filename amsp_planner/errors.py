@@ -21,13 +21,11 @@ class InfeasibleError(Exception):
 
 
 def format_validation_error(exc, source: str = "") -> str:
-    """One line from a pydantic ValidationError: the first failing field and its message."""
-    errs = exc.errors()
-    first = errs[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
-    msg = first.get("msg", "invalid value")
-    msg = msg.removeprefix("Value error, ")
+    """One line from a pydantic ValidationError naming every failing field and its message."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
+        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+        parts.append(f"field '{loc}': {msg}" if loc else msg)
     where = f"{source}: " if source else ""
-    field = f"field '{loc}': " if loc else ""
-    more = f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
-    return f"{where}{field}{msg}{more}".replace("\n", " ")
+    return (where + "; ".join(parts)).replace("\n", " ")

@@ -7,7 +7,8 @@ earlier output of the same kind (``earlier(path)`` says so; ``contains`` looks f
 the first bytes): an input plan,
 a config of the user's, a folder or any other file is refused with one line before anything is
 written. ``check_output`` runs the same checks up front, for commands that work a long time
-before they write.
+before they write. The file gets the mode a plain write would give it (umask respected; an
+earlier file keeps its mode).
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ def check_output(path: str | Path, option: str, what: str,
     return p
 
 
+def _normal_mode(path: Path) -> int:
+    """The mode `open(path, "w")` would leave: an existing file's own, else 0666 less umask
+    (the temporary file starts at 0600)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
 def write_output(path: str | Path, option: str, what: str, earlier: Callable[[Path], bool],
                  content: str | bytes | Callable[[Path], None]) -> Path:
     """Check `path` (``check_output``), then write `content` (text, bytes, or a function that
@@ -61,6 +73,7 @@ def write_output(path: str | Path, option: str, what: str, earlier: Callable[[Pa
                 f.write(content.encode() if isinstance(content, str) else content)
                 f.flush()
                 os.fsync(f.fileno())
+        os.chmod(tmp, _normal_mode(p))
         os.replace(tmp, p)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

@@ -258,13 +258,13 @@ def load_plan(path: str | Path) -> Plan:
     except UnicodeDecodeError:
         raise AmspUserError(f"{path}: not UTF-8 text, so not an amsp plan: give the JSON file "
                             "amsp plan -o wrote") from None
+    from amsp_planner.textfile import BadContent, parse
+
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise AmspUserError(
-            f"{path}: not valid JSON (line {e.lineno}: {e.msg}); the file is truncated or "
-            "corrupted: regenerate it with amsp plan"
-        ) from None
+        raw = parse(text, "json")
+    except BadContent as e:
+        raise AmspUserError(f"{path}: not a valid plan file ({e}); it is truncated, corrupted "
+                            "or edited: regenerate it with amsp plan") from None
     return plan_from_doc(raw, str(path))
 
 

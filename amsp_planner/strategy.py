@@ -1,6 +1,6 @@
 """The Strategy value, its one string form, the AMSP space and the named baselines.
 
-String form (DESIGN.md section 2), parsed only here::
+String form (docs/design.md), parsed only here::
 
     p=8,g=8,os=64,qwz,hpz=8,qgz,mb=1,ckpt
 
@@ -29,7 +29,7 @@ from amsp_planner.errors import AmspUserError
 
 PAD_QUANTUM = 256
 """Every unit is padded to a multiple of N * PAD_QUANTUM elements, so each shard at any factor
-is a whole number of quantization blocks (DESIGN.md 3a)."""
+is a whole number of quantization blocks (docs/design.md, the reference schedule)."""
 
 COMPONENTS = ("p", "g", "os")
 

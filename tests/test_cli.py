@@ -127,7 +127,7 @@ BAD_INPUTS = [
     (["--model", "{d}/syntax.yaml", "--gpus", "8"], "malformed YAML"),
     (["--model", "{d}/list.yaml", "--gpus", "8"], "expected a mapping"),
     (["--model", "{d}/tag.yaml", "--gpus", "8"], "malformed YAML"),
-    (["--model", "{d}", "--gpus", "8"], "cannot read it"),  # a folder
+    (["--model", "{d}", "--gpus", "8"], "is a folder without a config.json"),
     (["--model", "{d}/moe.json", "--gpus", "8"], "mixture-of-experts"),
     (["--model", "{d}/nokeys.json", "--gpus", "8"], "'num_hidden_layers' is missing"),
     (["--model", "{d}/badjson.json", "--gpus", "8"], "malformed JSON"),

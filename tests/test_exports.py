@@ -256,7 +256,7 @@ def test_fsdp2_module_applies_fully_shard_on_cpu(job):
 
 
 # ----- torchtitan, InternEvo ------------------------------------------------------------------
-def test_torchtitan_toml_parses_and_matches_the_plan(job):
+def test_torchtitan_overrides_parse_and_match_the_plan(job):
     s = _strategy("mics-16")
     r = torchtitan.export(job, s)
     assert r.exact
@@ -276,6 +276,17 @@ def test_torchtitan_check_catches_wrong_fields(job):
         torchtitan.check(text.replace("seq_len", "sequence_length"), N)
     with pytest.raises(ValueError, match="replicate x shard degree"):
         torchtitan.check(text, 128)
+
+
+@pytest.mark.parametrize("strategy", ["mics-16", "zero3,ckpt", "ddp"])
+def test_torchtitan_own_config_manager_parses_the_export(job, strategy):
+    pytest.importorskip("torchtitan")
+    text = torchtitan.export(job, _strategy(strategy)).text
+    assert torchtitan.check_with_torchtitan(text) == torchtitan.check(text, N)
+    with pytest.raises(ValueError, match="invalid choice 'sometimes'"):
+        torchtitan.check_with_torchtitan(text.replace("=always", "=sometimes"))
+    with pytest.raises(ValueError, match="torchtitan refused it"):
+        torchtitan.check_with_torchtitan(text.replace("seq_len", "sequence_length"))
 
 
 def test_internevo_zero1_and_fsdp(job):
@@ -371,14 +382,67 @@ def test_cli_compare_strategy_from(tmp_path, job):
 
 
 @pytest.mark.parametrize("target, needle", [
-    ("torchtitan", "check: tomllib parsed it"),
+    ("torchtitan", "check: torchtitan's ConfigManager parsed the overrides"),
     ("internevo", "check: exec'd it"),
     ("deepspeed", "check: DeepSpeedConfig/DeepSpeedZeroConfig accepted it: {'stage': "),
 ])
 def test_cli_export_check(plan_file, tmp_path, target, needle):
-    if target == "deepspeed":
-        pytest.importorskip("deepspeed")
+    if target in ("deepspeed", "torchtitan"):
+        pytest.importorskip(target)
     code, out, err = run_cli(["export", str(plan_file), "--to", target, "-o",
                               str(tmp_path / "out"), "--check"])
     assert code == 0, err
     assert needle in out
+
+
+_FSDP2_HF = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist, transformers
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from amsp_planner.exports.fsdp2 import load_module
+    mod = load_module(sys.stdin.read())
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                   pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = transformers.LlamaForCausalLM(cfg)
+    found = [id(b) for b in mod.default_blocks(model)]
+    mod.apply(model, mesh, strict=False)
+    model(torch.randint(0, 128, (2, 8))).logits.float().sum().backward()
+    out = {"found_hf_layers": found == [id(b) for b in model.model.layers],
+           "units": sum(isinstance(m, FSDPModule) for m in model.modules()),
+           "block_units": sum(isinstance(b, FSDPModule) for b in model.model.layers)}
+    try:
+        mod.apply(torch.nn.Sequential(torch.nn.Linear(4, 4)), mesh, strict=False)
+    except ValueError as e:
+        out["no_blocks"] = str(e)
+    print(json.dumps(out), flush=True)
+    os._exit(0)
+""")
+
+
+def test_fsdp2_module_finds_hugging_face_blocks(job):
+    """LlamaForCausalLM keeps its blocks at model.model.layers: each is its own FSDP unit."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    text = fsdp2.export(job, _strategy("zero3")).text
+    proc = subprocess.run([sys.executable, "-c", _FSDP2_HF], input=text, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["found_hf_layers"] and got["block_units"] == 3
+    assert got["units"] == 4  # three blocks and the root
+    assert "no transformer blocks found" in got["no_blocks"]
+
+
+def test_fsdp2_check_exits_cleanly_every_time(plan_file):
+    """`export --to fsdp2 --check` once aborted at exit (134) after printing its result."""
+    pytest.importorskip("torch")
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", "export",
+                            str(plan_file), "--to", "fsdp2", "--check"], text=True,
+                           capture_output=True, timeout=300)
+        assert r.returncode == 0 and "terminate called" not in r.stderr, r.stderr
+        assert "check: fully_shard applied it" in r.stderr

@@ -137,8 +137,9 @@ def test_hf_config_missing_key_names_it(tmp_path, key):
 
 @pytest.mark.parametrize("change, needle", [
     ({"model_type": "gpt_neox"}, "model_type 'gpt_neox' is not supported"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"head_dim": 256}, "head_dim"),  # 4096 / 32 heads = 128
+    ({"hidden_act": "relu"}, "hidden_act"),
+    ({"hidden_act": ["silu"]}, "hidden_act"),
+    ({"num_hidden_layers": [32]}, "num_layers"),
 ])
 def test_hf_config_unsupported_shapes_are_refused(tmp_path, change, needle):
     with pytest.raises(AmspUserError, match=needle):

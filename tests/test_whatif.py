@@ -244,3 +244,24 @@ def test_rows_do_not_depend_on_the_number_of_workers():
     assert serial == parallel
     assert [r["index"] for r in serial] == list(range(len(s)))
     assert len({r["strategy"] for r in serial}) > 1
+
+
+def test_plot_draws_no_plan_points_off_the_mfu_scale_and_one_line_without_legend():
+    from amsp_planner import whatif as w
+    from amsp_planner.report.plots import sweep_figure
+
+    # 4096 GPUs cannot split a 1024-sequence batch: that point has no plan
+    sweep = w.Sweep(models=("llama-7b",), gpus=(64, 1024, 4096))
+    rows = w.run(sweep, 1)
+    assert [r.ok for r in rows] == [True, True, False]
+    fig = sweep_figure(rows, "gpus", [], "llama-7b")
+    ax_mfu = fig.axes[0]
+    assert ax_mfu.get_legend() is None  # a single line: the title names it
+    for line in ax_mfu.get_lines():
+        xs, ys = line.get_xdata(), line.get_ydata()
+        for x, y in zip(xs, ys, strict=True):
+            if x == 4096 and y == y:  # not NaN: only at the top edge, never at MFU 0
+                assert line.get_transform() != ax_mfu.transData and y == 1.0
+    ok = [r.sharding for r in rows if r.ok]
+    changes = 1 + sum(a != b for a, b in zip(ok, ok[1:], strict=False))
+    assert len([t for t in ax_mfu.texts if len(t.get_text()) <= 2]) == changes

@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from amsp_planner.cli.options import build_job, job_options
+from amsp_planner.report.grid import format_option, pick_format
 
 
 @click.command()
@@ -16,12 +17,13 @@ from amsp_planner.cli.options import build_job, job_options
               help="Also evaluate this strategy, e.g. 'p=1,g=1,os=8,mb=1' (repeatable).")
 @click.option("--strategy-from", "strategy_from", default=None, metavar="DS_CONFIG",
               help="Also evaluate the strategy a DeepSpeed ds_config.json runs (row 'ds_config').")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def compare(strategies, strategy_from, as_json, **opts):
+@format_option
+def compare(strategies, strategy_from, fmt, as_json, wide, **opts):
     """Predict memory, bytes and step time of the named baselines for one job."""
     from amsp_planner.cost.evaluate import evaluate, evaluate_baselines
     from amsp_planner.strategy import parse_strategy_or_baseline
 
+    fmt = pick_format(fmt, as_json)
     job, limit = build_job(**opts)
     t = job.training
     mb = t.micro_batch or 1
@@ -34,7 +36,7 @@ def compare(strategies, strategy_from, as_json, **opts):
         from amsp_planner.exports.deepspeed import strategy_for_job
 
         rows.append(("ds_config", evaluate(job, strategy_for_job(strategy_from, job), limit)))
-    if as_json:
+    if fmt == "json":
         import json
 
         doc = {
@@ -45,9 +47,9 @@ def compare(strategies, strategy_from, as_json, **opts):
         }
         click.echo(json.dumps(doc, indent=2))
         return
-    from amsp_planner.report.fmt import console
-    from amsp_planner.report.tables import compare_table
+    from amsp_planner.report.grid import emit
+    from amsp_planner.report.tables import compare_grid
 
     title = (f"{job.model.name} ({job.model.num_params / 1e9:.2f}B) on {job.num_gpus} GPUs of "
              f"{job.cluster.name}, {t.batch_tokens:,} tokens/step, seq {t.seq_len}")
-    console().print(compare_table(rows, title))
+    emit([compare_grid(rows, title)], fmt, wide)

@@ -31,6 +31,14 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted(self.COMMANDS)
 
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as e:  # suggest among the lazy names
+            name = click.utils.make_str(args[0])
+            raise click.exceptions.NoSuchCommand(name, possibilities=list(self.COMMANDS),
+                                                 ctx=ctx) from e
+
     def get_command(self, ctx, name):
         if name not in self.COMMANDS:
             return None

@@ -56,6 +56,18 @@ def parse_sets(sets: tuple[str, ...]) -> dict:
     return out
 
 
+def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
+    """A note on stderr when a --seq-len given is longer than the model supports (the default
+    4096 is the planner's reference job, so it says nothing)."""
+    ctx = click.get_current_context(silent=True)
+    src = ctx.get_parameter_source(param) if ctx else None
+    given = src is None or src.name not in ("DEFAULT", "DEFAULT_MAP")
+    if given and seq_len > model.max_seq_len and model.position_embedding != "learned":
+        click.echo(f"warning: --seq-len {seq_len} is longer than {model.name}'s max_seq_len "
+                   f"{model.max_seq_len}: planning anyway; pass --seq-len {model.max_seq_len} "
+                   "to stay within it", err=True)
+
+
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
               memory_limit=None, activation_profile="eager", **_ignored):
@@ -80,6 +92,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          activation_profile=activation_profile)
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, "training options")) from None
+    warn_seq_len(m, seq_len)
     job = Job.create(m, c, t, gpus)
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit

@@ -10,6 +10,7 @@ import time
 import click
 
 from amsp_planner.cli.options import build_job, job_options
+from amsp_planner.report.grid import format_option, pick_format
 
 
 @click.command()
@@ -27,14 +28,19 @@ from amsp_planner.cli.options import build_job, job_options
 @click.option("--runners-up", type=click.IntRange(0, 20), default=3, show_default=True)
 @click.option("-o", "--output", default="plan.json", show_default=True,
               help="Plan file to write ('-' for none).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan JSON instead of tables.")
-def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output, as_json, **opts):
-    """Find the best strategy for a job and write the plan file."""
+@format_option
+def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
+         fmt, as_json, wide, **opts):
+    """Find the best strategy for a job and write the plan file.
+
+    --format json prints the plan file's JSON; csv the chosen, runners-up and baselines rows.
+    """
     from amsp_planner.cost.evaluate import best_baseline, evaluate, evaluate_baselines
     from amsp_planner.plan import build_doc, canonical_text, write_plan
     from amsp_planner.strategy import parse_strategy_or_baseline
 
     t0 = time.perf_counter()
+    fmt = pick_format(fmt, as_json)
     job, limit = build_job(**opts)
     if strategy is not None and strategy_from is not None:
         from amsp_planner.errors import AmspUserError
@@ -81,32 +87,30 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
     written = None
     if output != "-":
         written = write_plan(output, doc)
-    if as_json:
+    if fmt == "json":
         click.echo(canonical_text(doc), nl=False)
         return
-    from amsp_planner.report.fmt import console
-    from amsp_planner.report.plan_report import components_table, time_lines
-    from amsp_planner.report.tables import compare_table, memory_table, schedule_table
+    from amsp_planner.report.grid import emit
+    from amsp_planner.report.plan_report import components_grid, time_lines
+    from amsp_planner.report.tables import compare_grid, memory_grid, schedule_grid
 
-    con = console()
     m, t = job.model, job.training
-    con.print(f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "
-              f"{job.cluster.name}: {t.batch_tokens:,} tokens/step, seq {t.seq_len}, "
-              f"{t.precision}")
+    out: list = [f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "
+                 f"{job.cluster.name}: {t.batch_tokens:,} tokens/step, seq {t.seq_len}, "
+                 f"{t.precision}"]
     if not best.fits:
-        con.print(f"WARNING: the given strategy does not fit: {best.memory.total / 2**30:.2f} GiB "
-                  f"> {limit / 2**30:.2f} GiB per GPU")
-    con.print(components_table(best, job.gpus_per_node))
-    con.print(memory_table(best))
-    con.print(schedule_table(best))
-    for line in time_lines(best, best_bl):
-        con.print(line)
+        out.append(f"WARNING: the given strategy does not fit: {best.memory.total / 2**30:.2f} "
+                   f"GiB > {limit / 2**30:.2f} GiB per GPU")
+    out += [components_grid(best, job.gpus_per_node), memory_grid(best), schedule_grid(best)]
+    out += time_lines(best, best_bl)
     rows = [("chosen", best)] + [(f"runner-up {i + 1}", e) for i, e in enumerate(runners)]
     rows += list(baselines.items())
-    con.print(compare_table(rows, "chosen, runners-up and named baselines"))
+    table = compare_grid(rows, "chosen, runners-up and named baselines")
+    out.append(table)
     if solver_info:
-        con.print(f"solver: {solver_info['name']} {solver_info['status']}, "
-                  f"{solver_info['num_variables']} variables, {solver_info['num_constraints']} "
-                  f"constraints, {solver_info['solves']} solves in {solve_s:.3f} s")
+        out.append(f"solver: {solver_info['name']} {solver_info['status']}, "
+                   f"{solver_info['num_variables']} variables, {solver_info['num_constraints']} "
+                   f"constraints, {solver_info['solves']} solves in {solve_s:.3f} s")
     if written:
-        con.print(f"wrote {written}")
+        out.append(f"wrote {written}")
+    emit(out, fmt, wide, csv_of=table)

@@ -29,12 +29,28 @@ def list_cmd(as_json):
     click.echo("clusters: " + ", ".join(data["clusters"]))
 
 
+def _kind(name: str) -> str:
+    """'cluster' or 'model': presets by name, files and folders by their content."""
+    from pathlib import Path
+
+    from amsp_planner.specs import list_presets
+    from amsp_planner.specs.loader import ALIASES, _read_mapping, _resolve, is_hf_config
+
+    if name in list_presets("cluster") or name in ALIASES["cluster"]:
+        return "cluster"
+    p = Path(name)
+    if name in list_presets("model") or name in ALIASES["model"] or not (p.exists() or p.suffix):
+        return "model"
+    data = _read_mapping(_resolve(name, "model"))
+    return "cluster" if "gpu" in data and not is_hf_config(data) else "model"
+
+
 def describe(name: str) -> dict:
-    """Derived figures of a model or cluster preset (or spec file)."""
+    """Derived figures of a model or cluster preset (or spec file, or Hugging Face folder)."""
     from amsp_planner.errors import AmspUserError
     from amsp_planner.specs import list_presets, load_cluster, load_model
 
-    if name in list_presets("cluster") or (name not in list_presets("model") and _is_cluster(name)):
+    if _kind(name) == "cluster":
         c = load_cluster(name)
         from amsp_planner.topology import Topology
 
@@ -51,13 +67,16 @@ def describe(name: str) -> dict:
         }
     try:
         m = load_model(name)
-    except AmspUserError:
+    except AmspUserError as e:
+        if "unknown model" not in str(e):
+            raise
         raise AmspUserError(
             f"unknown preset '{name}': use one of {', '.join(list_presets('model'))} or "
-            f"{', '.join(list_presets('cluster'))}"
+            f"{', '.join(list_presets('cluster'))}, or a spec file or Hugging Face model folder"
         ) from None
     return {
-        "kind": "model", "spec": m.model_dump(),
+        "kind": "model", "spec": {**m.model_dump(), "num_kv_heads": m.kv_heads,
+                                  "head_dim": m.head_dim},
         "derived": {
             "params": m.num_params, "flop_params": m.num_flop_params,
             "units": len(m.unit_params()), "largest_unit_params": max(m.unit_params()),
@@ -67,36 +86,49 @@ def describe(name: str) -> dict:
     }
 
 
-def _is_cluster(name: str) -> bool:
-    from pathlib import Path
+def _value(v) -> str:
+    if v is None:
+        return "default"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if v.is_integer() and abs(v) >= 1e4 else f"{v:,.6g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, list):
+        return "none" if not v else f"{len(v)} entries (see --json)"
+    return str(v)
 
-    p = Path(name)
-    if not p.exists():
-        return False
-    import yaml
 
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError:
-        return False
-    return isinstance(data, dict) and "gpu" in data
+def spec_lines(d: dict) -> list[str]:
+    """`specs show` text: one 'field: value' line each, groups of fields indented."""
+    lines = [f"{d['kind']} {d['spec']['name']}"]
+    for k, v in d["spec"].items():
+        if k == "name":
+            continue
+        if isinstance(v, dict):
+            lines.append(f"  {k}:")
+            lines += [f"    {kk}: {_value(vv)}" for kk, vv in v.items()]
+        else:
+            lines.append(f"  {k}: {_value(v)}")
+    lines.append("derived:")
+    lines += [f"  {k}: {_value(v)}" for k, v in d["derived"].items()]
+    return lines
 
 
 @specs.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True)
 def show_cmd(name, as_json):
-    """A preset's fields and derived figures (parameters, FLOPs/token, bandwidths)."""
+    """A preset's fields and derived figures (parameters, FLOPs/token, bandwidths).
+
+    NAME: a preset, a spec file, or a Hugging Face model folder (or its config.json).
+    """
     import json
 
     d = describe(name)
     if as_json:
         click.echo(json.dumps(d, indent=2))
         return
-    click.echo(f"{d['kind']} {d['spec']['name']}")
-    for k, v in d["spec"].items():
-        if k != "name":
-            click.echo(f"  {k}: {v}")
-    click.echo("derived:")
-    for k, v in d["derived"].items():
-        click.echo(f"  {k}: {v:,.6g}" if isinstance(v, float) else f"  {k}: {v:,}")
+    for line in spec_lines(d):
+        click.echo(line)

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from amsp_planner.errors import AmspUserError
+from amsp_planner.report.grid import format_option
 
 
 def split_list(text: str | None, conv, option: str) -> tuple:
@@ -124,20 +125,25 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
 @click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
               help="Write the rows as CSV.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
-              help="Write the sweep and rows as JSON ('-': print it instead of the table).")
+              help="Write the sweep and rows as JSON ('-': print it, as --format json does).")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Write a PNG: MFU and tokens/s against the swept axis, strategy changes marked.")
 @click.option("--x-axis", default=None,
               help="Axis of the plot (default: gpus if swept, else the first swept number).")
+@format_option(json_flag=False)
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None,
               help="Processes (default: the cores this process may use).")
 def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, global_batches,
            global_batch_seqs, memory_limits, micro_batch, activation_checkpointing,
            no_flash_attention, precision, grad_accum_dtype, no_zeropp, objective, solver,
-           time_limit, gpu_hour_price, csv_path, json_path, plot_path, x_axis, workers):
+           time_limit, gpu_hour_price, csv_path, json_path, plot_path, x_axis, fmt, wide,
+           workers):
     """Sweep GPU counts, models, clusters and cluster edits; the optimal plan at every point."""
     from amsp_planner import whatif as w
+    from amsp_planner.report.grid import pick_format
 
+    if json_path == "-":
+        fmt = pick_format(fmt, True)
     if compare_clusters and clusters:
         raise AmspUserError("give --cluster or --compare-clusters, not both")
     cl = split_list(compare_clusters or clusters, _name, "--compare-clusters"
@@ -179,37 +185,35 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
 
     rep.check_outputs({"--csv": csv_path, "--json": json_path, "--plot": plot_path})
     w.validate(sweep)
+    from amsp_planner.cli.options import warn_seq_len
+    from amsp_planner.specs import load_model
+
+    for m in sweep.models:
+        warn_seq_len(load_model(m), max(sweep.seq_lens), "seq_lens")
     x = pick_x_axis(sweep, x_axis)
     rows = _run_with_progress(w, sweep, workers)
 
     if csv_path:
         rep.write("--csv", csv_path, rep.csv_text(rows))
-    if json_path:
-        doc = rep.to_json(sweep, rows)
-        if json_path == "-":
-            click.echo(doc, nl=False)
-        else:
-            rep.write("--json", json_path, doc)
+    if json_path and json_path != "-":
+        rep.write("--json", json_path, rep.to_json(sweep, rows))
     if plot_path:
         from amsp_planner.report.plots import sweep_figure
 
         fig = sweep_figure(rows, x, [a for a in sweep.varying() if a != x], rep.title(sweep))
-        fmt = Path(plot_path).suffix.lstrip(".").lower() or "png"
-        rep.write("--plot", plot_path, lambda tmp: fig.savefig(tmp, format=fmt))
-    if json_path == "-":
+        kind = Path(plot_path).suffix.lstrip(".").lower() or "png"
+        rep.write("--plot", plot_path, lambda tmp: fig.savefig(tmp, format=kind))
+    if fmt == "json":
+        click.echo(rep.to_json(sweep, rows), nl=False)
         return
-    from amsp_planner.report.fmt import console
+    if fmt == "csv":
+        click.echo(rep.csv_text(rows), nl=False)
+        return
+    from amsp_planner.report.grid import emit
 
-    con = console()
-    if compare_clusters:
-        con.print(rep.compare_table(sweep, rows))
-    else:
-        con.print(rep.sweep_table(sweep, rows))
-    for line in rep.footnotes(rows):
-        con.print(line)
-    for path in (csv_path, json_path, plot_path):
-        if path:
-            con.print(f"wrote {path}")
+    grid = rep.compare_grid(sweep, rows) if compare_clusters else rep.sweep_grid(sweep, rows)
+    wrote = [f"wrote {p}" for p in (csv_path, json_path, plot_path) if p and p != "-"]
+    emit([grid, *rep.footnotes(rows), *wrote], fmt, wide)
 
 
 def pick_x_axis(sweep, x_axis: str | None) -> str:

@@ -1,6 +1,6 @@
 """The cost model: pure functions of (job, strategy). No I/O.
 
-- ``job``: the inputs bundled, with the padded units (DESIGN.md 3a);
+- ``job``: the inputs bundled, with the padded units (docs/design.md, the reference schedule);
 - ``schedule``: every collective of a step, with its bytes;
 - ``memory``: bytes per GPU by term;
 - ``step_time``: compute, collective times and the overlap model;

@@ -52,10 +52,10 @@ def block_bytes_per_token(job: Job) -> float:
     h, f, kv, a = m.hidden_size, m.ffn_hidden_size, m.kv_dim, m.num_heads
     softmax = 4 * a if t.flash_attention else 2 * a * t.seq_len * ab
     if t.activation_profile == "fused":
-        mlp = 3 * f if m.ffn_type == "swiglu" else 2 * f
+        mlp = 3 * f if m.ffn_type != "gelu" else 2 * f
         return (6 * h + 2 * kv + mlp) * ab + softmax
     rope = (h + kv) * ab if m.position_embedding == "rope" else 0
-    mlp = 4 * f if m.ffn_type == "swiglu" else 2 * f
+    mlp = 4 * f if m.ffn_type != "gelu" else 2 * f
     attention = (h + 2 * kv) * ab + rope + 2 * h * ab + softmax
     return 2 * _norm(job) + attention + mlp * ab
 

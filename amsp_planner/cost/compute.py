@@ -79,7 +79,7 @@ def _block_matmuls(job: Job) -> list[tuple[int, int]]:
     m = job.model
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     q = m.num_heads * m.head_dim
-    mlp = [(h, f), (h, f), (f, h)] if m.ffn_type == "swiglu" else [(h, f), (f, h)]
+    mlp = [(h, f), (h, f), (f, h)] if m.ffn_matrices == 3 else [(h, f), (f, h)]
     return [(h, q + 2 * kv), (q, h)] + mlp
 
 
@@ -88,7 +88,7 @@ def _elementwise_block(job: Job) -> float:
     m = job.model
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     a = job.training.param_bytes
-    act = 5 * f if m.ffn_type == "swiglu" else 2 * f
+    act = 5 * f if m.ffn_matrices == 3 else 2 * f
     return (28 * h + 6 * (h + kv) + 6 * h + act) * a
 
 

@@ -212,11 +212,12 @@ def _load(source: str | Path | dict) -> tuple[dict, str]:
     except UnicodeDecodeError:
         raise AmspUserError(f"--strategy-from {name}: not UTF-8 text: give a DeepSpeed JSON "
                             "config") from None
+    from amsp_planner.textfile import BadContent, parse
+
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise AmspUserError(f"{name}: malformed JSON at line {e.lineno}, column {e.colno}: fix "
-                            "the syntax (DeepSpeed configs are JSON)") from None
+        data = parse(text, "json")
+    except BadContent as e:
+        raise AmspUserError(f"{name}: {e}: fix the file (DeepSpeed configs are JSON)") from None
     if not isinstance(data, dict):
         raise AmspUserError(f"{name}: expected a JSON object at the top level, got "
                             f"{type(data).__name__}: write a ds_config object")

@@ -103,19 +103,37 @@ def mp_policy():
                                 reduce_dtype=getattr(torch, REDUCE_DTYPE))
 
 
+BLOCK_LISTS = ("layers", "h", "blocks")
+"""Names of the module list that holds a decoder's blocks: torchtitan and Hugging Face
+(`model.layers`, `model.model.layers`), GPT-2 style (`transformer.h`), others (`blocks`)."""
+
+
+def block_container(model):
+    """The ModuleList/ModuleDict of the model's transformer blocks, searched breadth first
+    (`model.layers`, then `model.model.layers`, ...); ValueError when there is none."""
+    import torch
+
+    for name, mod in sorted(model.named_modules(), key=lambda kv: kv[0].count(".")):
+        if (name.rsplit(".", 1)[-1] in BLOCK_LISTS and len(mod) > 0
+                and isinstance(mod, torch.nn.ModuleList | torch.nn.ModuleDict)):
+            return mod
+    raise ValueError(
+        f"{type(model).__name__}: no transformer blocks found (a ModuleList or ModuleDict named "
+        f"{', '.join(BLOCK_LISTS)}): pass them, apply(model, mesh, blocks=[...]), or the whole "
+        "model would be one FSDP unit")
+
+
 def default_blocks(model):
-    """`model.layers` if it exists, else the direct children that hold parameters."""
-    layers = getattr(model, "layers", None)
-    if layers is not None:
-        return list(layers.values()) if hasattr(layers, "values") else list(layers)
-    return [m for m in model.children() if any(True for _ in m.parameters())]
+    """The model's transformer blocks, each its own FSDP unit (see block_container)."""
+    layers = block_container(model)
+    return list(layers.values()) if hasattr(layers, "values") else list(layers)
 
 
 def checkpoint_blocks(model):
-    """Wrap each block (the children of model.layers, else of model) for full recomputation."""
+    """Wrap each block (see block_container) for full recomputation."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    container = getattr(model, "layers", model)
+    container = block_container(model)
     for name, child in list(container.named_children()):
         setattr(container, name, checkpoint_wrapper(child))
 
@@ -212,11 +230,11 @@ def _Tiny():
 def check_with_torch(text: str) -> dict:
     """Import the generated module and apply it with FSDP2 on a tiny model, in this process.
 
-    One-rank gloo group on CPU (created here when none exists), mesh (1, 1), strict=False;
+    One-rank gloo group on CPU (created here when none exists, on an in-memory store), mesh
+    (1, 1), strict=False;
     runs one forward and backward. Returns what FSDP2 built: the sharded parameters' mesh
     shape and placements, and the module's own settings. Needs torch (the runtime extra).
     """
-    import os
 
     import torch
     import torch.distributed as dist
@@ -225,10 +243,8 @@ def check_with_torch(text: str) -> dict:
 
     mod = load_module(text)
     created = not dist.is_initialized()
-    if created:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
+    if created:  # an in-memory store: no TCP port, no store thread to outlive the check
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
     model = _Tiny()
@@ -249,6 +265,36 @@ def check_with_torch(text: str) -> dict:
     if created:
         dist.destroy_process_group()
     return out
+
+
+_CHILD = """
+import json, os, sys
+from amsp_planner.exports.fsdp2 import check_with_torch
+print(json.dumps(check_with_torch(sys.stdin.read())), flush=True)
+os._exit(0)  # skip interpreter teardown: gloo and autograd threads end with the process
+"""
+
+
+def check_in_child(text: str, timeout_s: float = 300) -> dict:
+    """``check_with_torch`` in a fresh Python process, which ends with ``os._exit``.
+
+    torch.distributed's C++ threads could otherwise still be joinable when this interpreter
+    exits ('terminate called without an active exception', exit 134, after the result was
+    printed). Raises RuntimeError with the child's last line when it fails.
+    """
+    import json
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD], input=text, text=True,
+                              capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the FSDP2 check did not finish in {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise RuntimeError(f"the FSDP2 check failed: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def load_module(text: str, name: str = "amsp_fsdp2_generated"):

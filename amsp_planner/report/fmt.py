@@ -23,12 +23,19 @@ def secs(x: float) -> str:
 
 
 def console(file=None):
-    """A rich Console: real width on a terminal, a wide fixed one otherwise (pipes, tests)."""
+    """A rich Console: the terminal's width on a terminal; off one, $COLUMNS if set, else no
+    limit (pipes and files get whole rows). NO_COLOR (no-color.org) drops every style: colour,
+    bold and italic."""
+    import os
     import sys
 
     from rich.console import Console
 
     out = file or sys.stdout
+    plain = bool(os.environ.get("NO_COLOR"))
+    style = {"color_system": None} if plain else {}
     if out.isatty():
-        return Console(file=out)
-    return Console(file=out, width=200, no_color=True, highlight=False)
+        return Console(file=out, highlight=not plain, **style)
+    cols = os.environ.get("COLUMNS", "")
+    width = int(cols) if cols.isdigit() and int(cols) > 0 else 1000
+    return Console(file=out, width=width, no_color=True, highlight=False, color_system=None)

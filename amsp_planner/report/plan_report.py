@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from amsp_planner.cost.evaluate import Evaluation
 from amsp_planner.report.fmt import gib, secs
+from amsp_planner.report.grid import Col, Grid
+
+_NAMES = {"p": "parameters (P)", "g": "gradients (G)", "os": "optimizer states (OS)"}
 
 
-def components_table(e: Evaluation, gpus_per_node: int):
-    from rich.table import Table
-
-    t = Table(title=f"strategy {e.strategy}", title_justify="left")
-    for col in ("component", "shard factor", "mesh (GPUs/node x nodes)", "scope"):
-        t.add_column(col)
-    names = {"p": "parameters (P)", "g": "gradients (G)", "os": "optimizer states (OS)"}
+def components_grid(e: Evaluation, gpus_per_node: int) -> Grid:
+    cols = [Col(t, t.split()[0], right=False) for t in
+            ("component", "shard factor", "mesh (GPUs/node x nodes)", "scope")]
+    g = Grid(f"strategy {e.strategy}", cols)
     for c in ("p", "g", "os"):
         s0, s1 = e.strategy.mesh(c, gpus_per_node)
         f = e.strategy.factor(c)
         scope = "replicated" if f == 1 else ("intra-node" if s1 == 1 else "inter-node")
-        t.add_row(names[c], str(f), f"{s0} x {s1}", scope)
+        g.rows.append([_NAMES[c], str(f), f"{s0} x {s1}", scope])
     s = e.strategy
     extras = []
     if s.qwz:
@@ -26,10 +26,10 @@ def components_table(e: Evaluation, gpus_per_node: int):
         extras.append(f"hpZ secondary copy over {s.hpz} GPUs")
     if s.qgz:
         extras.append("qgZ INT4 two-hop gradients")
-    t.caption = (f"micro-batch {s.micro_batch} x {e.n_micro} accumulation steps; activation "
+    g.caption = (f"micro-batch {s.micro_batch} x {e.n_micro} accumulation steps; activation "
                  f"checkpointing {'on' if s.ckpt else 'off'}"
                  + ("; " + ", ".join(extras) if extras else ""))
-    return t
+    return g
 
 
 def margin_words(gain: float, band: float) -> str:

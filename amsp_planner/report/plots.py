@@ -1,8 +1,9 @@
 """Pictures of what-if sweeps (matplotlib, headless: an Agg canvas, never pyplot).
 
 `sweep_figure` draws MFU and tokens/s against the swept axis, one line per series (cluster,
-model, --set value, ...), and marks every point where the optimal sharding changes along a line
-with a ringed marker and a letter that the key under the plot spells out.
+model, --set value, ...), and puts a letter where the optimal sharding changes along a line
+(the key under the plot spells the letters out). Points without a plan are hollow triangles at
+the top edge, never an MFU of 0.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
     """A Figure with MFU (top) and tokens/s (bottom) against `x_axis`.
 
     Along each line, every point where the optimal sharding differs from the previous point's
-    (and the first point) is ringed and lettered; the key under the plot spells the letters out.
-    Invalid and infeasible points are gaps in the line, crosses at the bottom of the MFU panel.
+    (and the first point) gets a letter, stacked above the point by line so letters of
+    different lines never overlap; the key under the plot spells the letters out. Invalid and
+    infeasible points are gaps in the line and hollow triangles at the MFU panel's top edge.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -91,6 +93,7 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
     fig.subplots_adjust(left=0.08, right=0.98, top=0.94, bottom=0.07 + key_h, hspace=0.08)
     xs_all = sorted({_x(r, x_axis) for r in rows})
     log_x = x_axis in ("gpus", "seq_len", "global_batch") and len(xs_all) > 1 and xs_all[0] > 0
+    no_plan = False
     for i, (name, rs) in enumerate(lines.items()):
         color = f"C{i % 10}"
         xs = [_x(r, x_axis) for r in rs]
@@ -99,18 +102,19 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
         ax_mfu.plot(xs, mfu, "o-", color=color, label=name, markersize=4)
         ax_tps.plot(xs, tps, "o-", color=color, label=name, markersize=4)
         bad = [x for x, r in zip(xs, rs, strict=True) if not r.ok]
-        if bad:
-            ax_mfu.plot(bad, [0] * len(bad), "x", color=color, markersize=7, clip_on=False)
+        if bad:  # at the panel's top edge, hollow: no MFU value, not a 0 %
+            edge = ax_mfu.get_xaxis_transform()
+            ax_mfu.plot(bad, [1.0] * len(bad), "v", transform=edge, clip_on=False,
+                        markerfacecolor="none", markeredgecolor=color, markersize=7)
+            no_plan = True
         prev = None
         for k, r in enumerate(rs):
             if not r.ok:
                 continue
-            if r.sharding != prev:
-                ax_mfu.plot([xs[k]], [r.mfu * 100], "o", markersize=11, markerfacecolor="none",
-                            markeredgecolor=color, markeredgewidth=1.5)
+            if r.sharding != prev:  # one letter per change, stacked by line: none overlap
                 ax_mfu.annotate(codes[r.sharding], (xs[k], r.mfu * 100),
-                                textcoords="offset points", xytext=(-3 + 8 * (i % 4), 7),
-                                fontsize=8, fontweight="bold", color=color)
+                                textcoords="offset points", xytext=(0, 6 + 9 * (i % 4)),
+                                ha="center", fontsize=8, fontweight="bold", color=color)
             prev = r.sharding
     for ax in (ax_mfu, ax_tps):
         ax.grid(True, alpha=0.3)
@@ -118,16 +122,21 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs_all)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax_mfu.margins(y=0.15)
+    ax_mfu.margins(y=0.3)  # room above the lines for the stacked letters
     ax_mfu.set_ylabel("MFU (%)")
     ax_tps.set_ylabel("tokens/s")
     if log_x:
         ax_tps.set_yscale("log")
     ax_tps.set_xlabel(axis_label(x_axis))
-    ax_mfu.legend(fontsize=7, loc="lower left", ncol=2)
+    if len(lines) > 1:  # one line needs no legend: the title names it
+        ax_mfu.legend(fontsize=7, loc="lower left", ncol=2)
+    if no_plan:
+        ax_mfu.annotate("\u25bd at the top: no plan there (not a valid job, or nothing fits; see "
+                        "the table)", (0.99, 0.02), xycoords="axes fraction", ha="right",
+                        fontsize=7, color="0.3")
     if codes:
-        fig.text(0.08, key_h + 0.005, "ringed, lettered points: the optimal sharding changes "
-                 "there; letters:", fontsize=7.5, color="0.3", va="top")
+        fig.text(0.08, key_h + 0.005, "letters: the optimal sharding from that point on along "
+                 "the line", fontsize=7.5, color="0.3", va="top")
         items = list(codes.items())
         for n, (sh, code) in enumerate(items):
             col, row = n // key_rows, n % key_rows

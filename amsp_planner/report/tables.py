@@ -1,59 +1,67 @@
-"""Tables of evaluations (compare, plan)."""
+"""Grids of evaluations (compare, plan): raw values, formatted per column (report.grid)."""
 
 from __future__ import annotations
 
 from amsp_planner.cost.evaluate import Evaluation
-from amsp_planner.report.fmt import bytes_h, gib, secs
+from amsp_planner.report.fmt import GIB, bytes_h, gib, secs
+from amsp_planner.report.grid import Col, Grid
 
 
-def compare_table(rows: list[tuple[str, Evaluation]], title: str):
-    from rich.table import Table
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%"
 
-    t = Table(title=title, title_justify="left")
-    for col, just in (("name", "left"), ("strategy", "left"), ("mem/GPU GiB", "right"),
-                      ("fits", "center"), ("inter-node/GPU", "right"), ("intra-node/GPU", "right"),
-                      ("compute", "right"), ("optimizer", "right"), ("exposed comm", "right"), ("step", "right"),
-                      ("tokens/s", "right"), ("MFU", "right")):
-        t.add_column(col, justify=just)
+
+def _count(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+COMPARE_COLS = [
+    Col("name", "name", right=False), Col("strategy", "strategy", right=False, strategy=True),
+    Col("mem/GPU GiB", "memory_gib", lambda v: f"{v:,.2f}"),
+    Col("fits", "fits", lambda v: "yes" if v else "NO"),
+    Col("inter-node/GPU", "inter_bytes_per_gpu", bytes_h, wide=True),
+    Col("intra-node/GPU", "intra_bytes_per_gpu", bytes_h, wide=True),
+    Col("compute", "compute_s", secs, wide=True), Col("optimizer", "optimizer_s", secs, wide=True),
+    Col("exposed comm", "exposed_comm_s", secs, wide=True), Col("step", "step_s", secs),
+    Col("tokens/s", "tokens_per_s", _count), Col("MFU", "mfu", _pct),
+]
+
+
+def compare_grid(rows: list[tuple[str, Evaluation]], title: str) -> Grid:
+    g = Grid(title, COMPARE_COLS)
     for name, e in rows:
-        t.add_row(
-            name, str(e.strategy), gib(e.memory.total), "yes" if e.fits else "NO",
-            bytes_h(e.bytes_per_rank("inter")), bytes_h(e.bytes_per_rank("intra")),
-            secs(e.time.compute_s), secs(e.time.optimizer_s), secs(e.time.exposed_comm_s),
-            secs(e.step_s),
-            f"{e.tokens_per_s:,.0f}", f"{e.mfu * 100:.1f}%",
-        )
-    return t
+        g.rows.append([name, str(e.strategy), e.memory.total / GIB, e.fits,
+                       e.bytes_per_rank("inter"), e.bytes_per_rank("intra"), e.time.compute_s,
+                       e.time.optimizer_s, e.time.exposed_comm_s, e.step_s, e.tokens_per_s,
+                       e.mfu])
+    return g
 
 
-def schedule_table(e: Evaluation):
-    from rich.table import Table
-
-    t = Table(title="collective schedule (per step, per GPU)", title_justify="left")
-    for col in ("phase", "op", "group", "size", "stride", "per node", "dtype", "calls",
-                "full bytes", "intra/GPU", "inter/GPU", "time"):
-        t.add_column(col, justify="left" if col in ("phase", "op", "group", "dtype") else "right")
-    for s in e.schedule:
-        t.add_row(s.phase, s.op, s.group, str(s.group_size), str(s.stride),
-                  str(s.members_per_node), s.dtype, f"{s.calls_per_step:,}",
-                  bytes_h(s.full_bytes_per_step), bytes_h(s.intra_bytes_per_rank_per_step),
-                  bytes_h(s.inter_bytes_per_rank_per_step), secs(s.time_s))
-    return t
+SCHEDULE_COLS = [
+    Col("phase", "phase", right=False), Col("op", "op", right=False),
+    Col("group", "group", right=False), Col("size", "group_size", wide=True),
+    Col("stride", "stride", wide=True), Col("per node", "members_per_node", wide=True),
+    Col("dtype", "dtype", right=False, wide=True), Col("calls", "calls_per_step", _count, wide=True),
+    Col("full bytes", "full_bytes_per_step", bytes_h, wide=True),
+    Col("intra/GPU", "intra_bytes_per_rank_per_step", bytes_h),
+    Col("inter/GPU", "inter_bytes_per_rank_per_step", bytes_h), Col("time", "time_s", secs),
+]
 
 
-def memory_table(e: Evaluation):
-    from rich.table import Table
+def schedule_grid(e: Evaluation) -> Grid:
+    g = Grid("collective schedule (per step, per GPU)", SCHEDULE_COLS)
+    g.rows = [[getattr(s, c.key) for c in SCHEDULE_COLS] for s in e.schedule]
+    return g
 
-    t = Table(title="memory per GPU", title_justify="left")
-    t.add_column("term")
-    t.add_column("GiB", justify="right")
+
+MEMORY_TERMS = ("params", "grads", "optimizer", "hpz", "gather_buffers", "grad_buffers",
+                "staging", "step_buffer", "activations", "loss_peak", "fragmentation",
+                "communicators", "context")
+
+
+def memory_grid(e: Evaluation) -> Grid:
+    g = Grid("memory per GPU", [Col("term", "term", right=False), Col("GiB", "bytes", gib)])
     m = e.memory
-    for name in ("params", "grads", "optimizer", "hpz", "gather_buffers", "grad_buffers",
-                 "staging", "step_buffer", "activations", "loss_peak", "fragmentation",
-                 "communicators", "context"):
-        v = getattr(m, name)
-        if v:
-            t.add_row(name, gib(v))
-    t.add_row("total", gib(m.total))
-    t.add_row("limit", gib(e.memory_limit))
-    return t
+    g.rows = [[name, getattr(m, name)] for name in MEMORY_TERMS if getattr(m, name)]
+    g.rows += [["total", m.total], ["limit", e.memory_limit]]
+    return g

@@ -11,6 +11,7 @@ from pathlib import Path
 from amsp_planner.errors import AmspUserError
 from amsp_planner.outfile import check_output, contains, write_output
 from amsp_planner.report.fmt import secs
+from amsp_planner.report.grid import Col, Grid
 from amsp_planner.whatif import Row, Sweep
 
 FORMAT = "amsp-whatif"
@@ -72,88 +73,90 @@ def _money(x: float | None) -> str:
     return "" if x is None else f"${x:,.2f}"
 
 
-def sweep_table(sweep: Sweep, rows: Sequence[Row]):
-    """One row per point: the swept values, the optimum and the best named baseline."""
-    from rich.table import Table
+def _pct(v) -> str:
+    return f"{v * 100:.1f}%"
 
+
+def _count(v) -> str:
+    return f"{v:,.0f}"
+
+
+def _axis_cols(keys: list[str]) -> list[Col]:
+    return [Col(_axis_title(a), a, _fmt_value, right=a not in ("model", "cluster", "gpu_type"))
+            for a in keys]
+
+
+def sweep_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
+    """One row per point: the swept values, the optimum and the best named baseline."""
     keys = _key_axes(sweep)
     priced = any(r.usd_per_btok is not None for r in rows)
-    t = Table(title=f"what-if: {title(sweep)} ({len(rows)} points)", title_justify="left")
-    for a in keys:
-        t.add_column(_axis_title(a), justify="left" if a in ("model", "cluster", "gpu_type")
-                     else "right")
-    t.add_column("strategy", overflow="fold", min_width=14)
-    for col in ("mem GiB", "step (compute + optimizer + exposed)", "tokens/s", "MFU"):
-        t.add_column(col, justify="right")
+    cols = _axis_cols(keys) + [
+        Col("strategy", "strategy", right=False, strategy=True),
+        Col("mem GiB", "memory_gib", lambda v: f"{v:,.1f}"), Col("step", "step_s", secs),
+        Col("compute", "compute_s", secs, wide=True),
+        Col("optimizer", "optimizer_s", secs, wide=True),
+        Col("exposed comm", "exposed_comm_s", secs, wide=True),
+        Col("tokens/s", "tokens_per_s", _count), Col("MFU", "mfu", _pct)]
     if priced:
-        t.add_column("$/B tokens", justify="right")
-    for col in ("best baseline", "its tokens/s", "its MFU", "gain"):
-        t.add_column(col, justify="left" if col == "best baseline" else "right")
+        cols.append(Col("$/B tokens", "usd_per_btok", _money))
+    cols += [Col("best baseline", "baseline", right=False, wide=True),
+             Col("its tokens/s", "baseline_tokens_per_s", _count, wide=True),
+             Col("its MFU", "baseline_mfu", _pct, wide=True),
+             Col("gain", "gain_vs_baseline", lambda v: f"{v * 100:+.1f}%")]
+    g = Grid(f"what-if: {title(sweep)} ({len(rows)} points)", cols)
     notes: dict[str, int] = {}
     for r in rows:
-        cells = [_fmt_value(r.point.get(a)) for a in keys]
-        if r.ok:
-            cells += [r.strategy, f"{r.memory_gib:,.1f}",
-                      f"{secs(r.step_s)} ({secs(r.compute_s)} + {secs(r.optimizer_s)} + "
-                      f"{secs(r.exposed_comm_s)})",
-                      f"{r.tokens_per_s:,.0f}", f"{r.mfu * 100:.1f}%"]
-            if priced:
-                cells.append(_money(r.usd_per_btok))
-            if r.baseline:
-                cells += [r.baseline, f"{r.baseline_tokens_per_s:,.0f}",
-                          f"{r.baseline_mfu * 100:.1f}%", f"{r.gain * 100:+.1f}%"]
-            else:
-                cells += ["none fits", "", "", ""]
-        else:
-            cells += [_status_cell(r, notes), "", "", "", ""] + ([""] if priced else [])
-            cells += ["", "", "", ""]
-        t.add_row(*cells)
-    return t
+        d = r.to_dict()
+        cells = [r.point.get(a) for a in keys]
+        cells += [d.get(c.key) for c in cols[len(keys):]]
+        if not r.ok:
+            cells[len(keys)] = _status_cell(r, notes)
+        elif not r.baseline:
+            cells[[c.key for c in cols].index("baseline")] = "none fits"
+        g.rows.append(cells)
+    return g
 
 
-def compare_table(sweep: Sweep, rows: Sequence[Row]):
+def compare_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
     """Clusters side by side: one row per job, per cluster its optimum (and cost)."""
-    from rich.table import Table
-
-    clusters = [c for c in sweep.clusters]
+    clusters = list(sweep.clusters)
     keys = _key_axes(sweep, leave_out="cluster")
     priced = any(r.usd_per_btok is not None for r in rows)
     by_job: dict[tuple, dict] = {}
     for r in rows:
-        job = tuple(r.point.get(a) for a in keys)
-        by_job.setdefault(job, {})[r.point.get("cluster")] = r
-    t = Table(title=f"clusters side by side: {title(sweep)}", title_justify="left")
-    for a in keys:
-        t.add_column(_axis_title(a), justify="left" if a in ("model", "gpu_type") else "right")
+        by_job.setdefault(tuple(r.point.get(a) for a in keys), {})[r.point.get("cluster")] = r
+    cols = _axis_cols(keys)
+    fields = [("strategy", False), ("tokens_per_s", True), ("mfu", False)]
+    fields += [("usd_per_btok", False)] if priced else []
+    fmts = {"strategy": str, "tokens_per_s": _count, "mfu": _pct, "usd_per_btok": _money}
+    heads = {"strategy": "strategy", "tokens_per_s": "tokens/s", "mfu": "MFU",
+             "usd_per_btok": "$/B tokens"}
     for c in clusters:
-        for col in ("strategy", "tokens/s", "MFU") + (("$/B tokens",) if priced else ()):
-            t.add_column(f"{c}\n{col}", justify="left" if col == "strategy" else "right")
+        cols += [Col(f"{c} {heads[f]}", f"{c}:{f}", fmts[f], right=f != "strategy", wide=wide,
+                     strategy=f == "strategy") for f, wide in fields]
     first = clusters[0]
-    for c in clusters[1:]:
-        t.add_column(f"{c}\nvs {first}", justify="right")
+    cols += [Col(f"{c} vs {first}", f"{c}:vs:{first}", right=True) for c in clusters[1:]]
+    g = Grid(f"clusters side by side: {title(sweep)}", cols)
     notes: dict[str, int] = {}
     for job, per in by_job.items():
-        cells = [_fmt_value(v) for v in job]
+        cells = list(job)
         for c in clusters:
             r = per.get(c)
             if r is not None and r.ok:
-                cells += [r.strategy, f"{r.tokens_per_s:,.0f}", f"{r.mfu * 100:.1f}%"]
-                if priced:
-                    cells.append(_money(r.usd_per_btok))
+                cells += [getattr(r, f) for f, _ in fields]
             else:
-                cells += [_status_cell(r, notes) if r else "", "", ""] + ([""] if priced else [])
+                cells += [_status_cell(r, notes) if r else None] + [None] * (len(fields) - 1)
         a = per.get(first)
         for c in clusters[1:]:
             b = per.get(c)
+            txt = None
             if a is not None and b is not None and a.ok and b.ok:
                 txt = f"{b.tokens_per_s / a.tokens_per_s:.2f}x tokens/s"
                 if priced and a.usd_per_btok and b.usd_per_btok:
                     txt += f", {b.usd_per_btok / a.usd_per_btok:.2f}x $"
-                cells.append(txt)
-            else:
-                cells.append("")
-        t.add_row(*cells)
-    return t
+            cells.append(txt)
+        g.rows.append(cells)
+    return g
 
 
 def footnotes(rows: Sequence[Row]) -> list[str]:

@@ -32,6 +32,8 @@ def check_supported(model) -> None:
         bad.append("ffn_type: swiglu")
     if model.attention_bias != "none" or model.mlp_bias:
         bad.append("attention_bias: none, mlp_bias: false")
+    if model.q_dim != model.hidden_size or model.qk_norm != "none" or model.post_norms:
+        bad.append("head_dim: hidden_size/num_heads, qk_norm: none, post_norms: false")
     if bad:
         raise AmspUserError(
             f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "

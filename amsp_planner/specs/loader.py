@@ -5,7 +5,6 @@ Every error becomes an ``AmspUserError`` with one line naming the file, the fiel
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,19 +14,12 @@ from pydantic import BaseModel, ValidationError
 
 from amsp_planner.errors import AmspUserError, format_validation_error
 from amsp_planner.specs.cluster import ClusterSpec, resolve_gpu
+from amsp_planner.specs.hf import model_data
 from amsp_planner.specs.model import ModelSpec
+from amsp_planner.textfile import BadContent, parse
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 DEFAULT_CLUSTER = "dgx-a100-hdr"
-
-# Hugging Face model types whose config describes a dense decoder we count exactly.
-_HF_DENSE = {
-    "llama": {"attention_bias": "none"},
-    "mistral": {"attention_bias": "none"},
-    "qwen2": {"attention_bias": "qkv"},
-}
-_HF_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-
 
 def list_presets(kind: str) -> list[str]:
     """Preset names of 'model' or 'cluster' specs."""
@@ -43,16 +35,9 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise AmspUserError(f"{path}: not UTF-8 text: give a YAML or JSON spec file") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, TypeError) as e:
-        # ValueError/TypeError: a YAML tag whose value does not convert, e.g. '!!int x'.
-        mark = getattr(e, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        if isinstance(e, json.JSONDecodeError):
-            line = f" at line {e.lineno}"
-        raise AmspUserError(
-            f"{path}: malformed {'JSON' if path.suffix == '.json' else 'YAML'}{line}: fix the syntax"
-        ) from None
+        data = parse(text, "json" if path.suffix == ".json" else "yaml")
+    except BadContent as e:
+        raise AmspUserError(f"{path}: {e}: fix the file") from None
     if not isinstance(data, dict):
         raise AmspUserError(f"{path}: expected a mapping of fields at the top level, got "
                             f"{type(data).__name__}: write 'field: value' lines")
@@ -72,12 +57,19 @@ ALIASES = {
     "cluster": {"dgx-a100": "dgx-a100-hdr", "dgx-h100": "dgx-h100-ndr",
                 "dgx-h200": "dgx-h200-ndr", "p4d": "aws-p4d"},
 }
-"""Other names users write for presets (the DESIGN's examples say llama-70b)."""
+"""Other names users write for presets (docs and papers say llama-70b)."""
 
 
 def _resolve(name: str, kind: str) -> Path:
     name = ALIASES[kind].get(name, name)
     path = Path(name)
+    if path.is_dir():
+        if kind == "model" and (path / "config.json").is_file():
+            return path / "config.json"
+        raise AmspUserError(
+            f"--{kind}: {name} is a folder" + (" without a config.json: give a spec file or a "
+                                               "Hugging Face model folder" if kind == "model"
+                                               else ": give a cluster spec file"))
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         if not path.exists():
             raise AmspUserError(f"--{kind}: file {name} does not exist: check the path")
@@ -96,7 +88,7 @@ def load_model(name: str) -> ModelSpec:
     """A ModelSpec from a preset name, a YAML/JSON spec file, or a Hugging Face config.json."""
     path = _resolve(name, "model")
     data = _read_mapping(path)
-    if "model_type" in data or "architectures" in data:
+    if is_hf_config(data):
         return model_from_hf_config(data, str(path))
     data.setdefault("name", path.stem)
     return _validate(ModelSpec, data, str(path))
@@ -104,50 +96,11 @@ def load_model(name: str) -> ModelSpec:
 
 def model_from_hf_config(cfg: dict[str, Any], source: str = "config.json") -> ModelSpec:
     """Translate a Hugging Face config.json of a dense decoder into a ModelSpec."""
-    for key in _HF_MOE_KEYS:
-        if (cfg.get(key) or 0) > 1:
-            raise AmspUserError(
-                f"{source}: '{key}' = {cfg[key]}: mixture-of-experts models are not supported "
-                "(only dense decoders are counted exactly)"
-            )
-    mtype = cfg.get("model_type")
-    if mtype not in _HF_DENSE:
-        raise AmspUserError(
-            f"{source}: model_type '{mtype}' is not supported: use a dense decoder of type "
-            f"{', '.join(sorted(_HF_DENSE))}, or write a model spec YAML"
-        )
-    need = ["num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-            "vocab_size"]
-    for key in need:
-        if key not in cfg:
-            raise AmspUserError(f"{source}: field '{key}' is missing: a {mtype} config needs it")
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise AmspUserError(
-            f"{source}: field 'hidden_act' is '{act}': {mtype} models are counted with SwiGLU "
-            "(silu); write a model spec YAML for other MLPs"
-        )
-    data = {
-        "name": cfg.get("_name_or_path") or Path(source).parent.name or mtype,
-        "num_layers": cfg["num_hidden_layers"],
-        "hidden_size": cfg["hidden_size"],
-        "num_heads": cfg["num_attention_heads"],
-        "num_kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-        "ffn_hidden_size": cfg["intermediate_size"],
-        "ffn_type": "swiglu",
-        "vocab_size": cfg["vocab_size"],
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        "max_seq_len": cfg.get("max_position_embeddings", 4096),
-        "rope_theta": cfg.get("rope_theta", 10000.0),
-        "attention_bias": "qkv" if cfg.get("attention_bias") else _HF_DENSE[mtype]["attention_bias"],
-    }
-    head_dim = cfg.get("head_dim")
-    if head_dim and head_dim * cfg["num_attention_heads"] != cfg["hidden_size"]:
-        raise AmspUserError(
-            f"{source}: field 'head_dim' = {head_dim} differs from hidden_size/num_attention_heads: "
-            "decoupled head dimensions are not supported"
-        )
-    return _validate(ModelSpec, data, source)
+    return _validate(ModelSpec, model_data(cfg, source), source)
+
+
+def is_hf_config(data: dict[str, Any]) -> bool:
+    return "model_type" in data or "architectures" in data
 
 
 def parse_value(text: str) -> Any:

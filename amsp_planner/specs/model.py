@@ -1,12 +1,15 @@
 """ModelSpec: a dense decoder-only transformer, and the parameter count derived from it.
 
-Parameter count, per unit (the units are what the runtime shards; see DESIGN.md 3a):
+Parameter count, per unit (the units are what the runtime shards; see docs/design.md):
 
 - embedding:  V*h token embedding (+ S*h learned positions for GPT-style models)
-- each block: attention  h*(h + 2*d_kv) [QKV] + h*h [out],  d_kv = kv_heads * head_dim
-              MLP        3*h*f [SwiGLU: gate, up, down]  or  2*h*f [GELU: fc1, fc2]
-              norms      2*h [RMSNorm] or 4*h [LayerNorm, with bias]
-              biases     h + 2*d_kv [qkv], + h [out] when attention_bias='all'; f + h for the MLP
+- each block: attention  h*(d_q + 2*d_kv) [QKV] + d_q*h [out],  d_q = heads * head_dim,
+                         d_kv = kv_heads * head_dim (head_dim = h/heads unless given)
+              MLP        3*h*f [SwiGLU/GeGLU: gate, up, down]  or  2*h*f [GELU: fc1, fc2]
+              norms      2*h [RMSNorm] or 4*h [LayerNorm, with bias]; 2*h more with post-norms
+                         (Gemma 2/3); q/k norms: 2*head_dim per head (Qwen3, Gemma 3) or
+                         d_q + d_kv over the whole projection (OLMo 2)
+              biases     d_q + 2*d_kv [qkv], + h [out] when attention_bias='all'; f + h for the MLP
 - head:       final norm (h or 2h) + V*h LM head unless tied to the embedding
 
 Checks (tests/test_specs.py): LLaMA-7B 6.74e9, LLaMA-2-70B 68.98e9, LLaMA-3-405B 405.9e9.
@@ -16,11 +19,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
 class ModelSpec(BaseModel):
-    """A dense decoder-only transformer (LLaMA, Mistral, Qwen2, GPT-3 families)."""
+    """A dense decoder-only transformer (LLaMA, Mistral, Qwen, Phi-3, Gemma, OLMo 2, Granite,
+    GPT-3 families)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -36,8 +40,8 @@ class ModelSpec(BaseModel):
     """Key/value heads (GQA); defaults to num_heads (MHA)."""
     ffn_hidden_size: int = Field(ge=1, le=1048576)
     """MLP inner width f."""
-    ffn_type: Literal["swiglu", "gelu"] = "swiglu"
-    """SwiGLU (three matrices) or GELU (two)."""
+    ffn_type: Literal["swiglu", "geglu", "gelu"] = "swiglu"
+    """SwiGLU or GeGLU (three matrices: gate, up, down) or GELU (two)."""
     vocab_size: int = Field(ge=2, le=4194304)
     """Vocabulary size V."""
     tied_embeddings: bool = False
@@ -54,13 +58,34 @@ class ModelSpec(BaseModel):
     """Bias on the MLP projections (GPT)."""
     rope_theta: float = Field(default=10000.0, gt=0)
     """RoPE base, used by the runtime."""
+    head_dim: int | None = Field(default=None, ge=1, le=65536)
+    """Width of one attention head; defaults to hidden_size / num_heads (Gemma, Qwen3 and
+    Mistral-Nemo set it apart)."""
+    qk_norm: Literal["none", "head", "full"] = "none"
+    """RMSNorm on queries and keys: per head (Qwen3, Gemma 3) or over the whole projection
+    (OLMo 2)."""
+    post_norms: bool = False
+    """Two more norms per block, after attention and after the MLP (Gemma 2 and 3)."""
+
+    # Fields a preset leaves at their default stay out of its dump, so the plan files and hashes
+    # of models that do not use them are what they were before the fields existed.
+    _OMIT_DEFAULT = {"head_dim": None, "qk_norm": "none", "post_norms": False}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        out = handler(self)
+        for key, default in self._OMIT_DEFAULT.items():
+            if key in out and (out[key] == default or (key == "head_dim"
+                                                       and out[key] == self._even_head_dim)):
+                del out[key]
+        return out
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelSpec:
-        if self.hidden_size % self.num_heads:
+        if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}: "
-                "pick num_heads that divides hidden_size"
+                "pick num_heads that divides hidden_size, or give head_dim"
             )
         kv = self.kv_heads
         if kv > self.num_heads or self.num_heads % kv:
@@ -68,6 +93,8 @@ class ModelSpec(BaseModel):
                 f"num_kv_heads {kv} must divide num_heads {self.num_heads} (GQA groups): "
                 "use a divisor of num_heads"
             )
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self._even_head_dim)
         return self
 
     # ----- derived shapes -------------------------------------------------------------------
@@ -76,12 +103,22 @@ class ModelSpec(BaseModel):
         return self.num_kv_heads or self.num_heads
 
     @property
-    def head_dim(self) -> int:
+    def _even_head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads (= hidden_size unless head_dim is given apart)."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
+
+    @property
+    def ffn_matrices(self) -> int:
+        """Matrices in the MLP: 3 gated (SwiGLU, GeGLU), 2 plain (GELU)."""
+        return 2 if self.ffn_type == "gelu" else 3
 
     # ----- parameter counts per unit ---------------------------------------------------------
     def _norm_params(self) -> int:
@@ -92,17 +129,23 @@ class ModelSpec(BaseModel):
         pos = self.max_seq_len * h if self.position_embedding == "learned" else 0
         return self.vocab_size * h + pos
 
+    def _qk_norm_params(self) -> int:
+        if self.qk_norm == "head":
+            return 2 * self.head_dim
+        return self.q_dim + self.kv_dim if self.qk_norm == "full" else 0
+
     def block_params(self) -> int:
-        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h
+        h, f, q, kv = self.hidden_size, self.ffn_hidden_size, self.q_dim, self.kv_dim
+        attn = h * (q + 2 * kv) + q * h
         if self.attention_bias in ("qkv", "all"):
-            attn += h + 2 * kv
+            attn += q + 2 * kv
         if self.attention_bias == "all":
             attn += h
-        mlp = (3 if self.ffn_type == "swiglu" else 2) * h * f
+        mlp = self.ffn_matrices * h * f
         if self.mlp_bias:
-            mlp += (2 * f if self.ffn_type == "swiglu" else f) + h
-        return attn + mlp + 2 * self._norm_params()
+            mlp += (self.ffn_matrices - 1) * f + h
+        norms = (4 if self.post_norms else 2) * self._norm_params() + self._qk_norm_params()
+        return attn + mlp + norms
 
     def head_params(self) -> int:
         lm = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
@@ -130,9 +173,11 @@ class ModelSpec(BaseModel):
         return self.num_params - emb_lookup - pos
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6*N + 12*L*h*s (PaLM, arXiv 2204.02311, appendix B).
+        """Training FLOPs per token: 6*N + 12*L*d_q*s (PaLM, arXiv 2204.02311, appendix B).
 
         N counts matmul parameters (``num_flop_params``); the second term is attention
-        (QK^T and AV, forward and backward). Model FLOPs: recomputation is not counted here.
+        (QK^T and AV, forward and backward) over the query width d_q = heads * head_dim, which
+        is h unless head_dim is given apart. Every layer counts full causal attention (as PaLM
+        does; sliding-window layers do less). Model FLOPs: recomputation is not counted here.
         """
-        return 6.0 * self.num_flop_params + 12.0 * self.num_layers * self.hidden_size * seq_len
+        return 6.0 * self.num_flop_params + 12.0 * self.num_layers * self.q_dim * seq_len

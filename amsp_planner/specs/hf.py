@@ -1,0 +1,113 @@
+"""Hugging Face ``config.json`` of a dense decoder -> ModelSpec, family by family.
+
+Each family below is counted exactly (tests/test_specs.py compares every one with the model
+``transformers`` builds from the same config, module by module). A config of any other type,
+a mixture-of-experts model or a multimodal one is refused with its reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from amsp_planner.errors import AmspUserError
+
+# model_type -> what its config leaves implicit: biases, MLP activation, norms, tied defaults.
+# 'bias_key': the config flag that adds biases ('all': q, k, v and o; 'qkv': q, k, v only).
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"bias_key": "all"},
+    "mistral": {},
+    "qwen2": {"attention_bias": "qkv"},
+    "qwen3": {"bias_key": "all", "qk_norm": "head", "tied": True},
+    "phi3": {},
+    "granite": {"bias_key": "all"},
+    "olmo2": {"bias_key": "all", "qk_norm": "full"},
+    "gemma": {"ffn": "geglu", "tied": True, "act_key": "hidden_activation"},
+    "gemma2": {"ffn": "geglu", "tied": True, "post_norms": True, "act_key": "hidden_activation"},
+    "gemma3_text": {"ffn": "geglu", "tied": True, "post_norms": True, "qk_norm": "head",
+                    "act_key": "hidden_activation"},
+}
+_GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu",
+          "gelu_new": "geglu", "gelu_fast": "geglu"}
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_MULTIMODAL = ("text_config", "vision_config", "audio_config")
+_NEED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+         "vocab_size")
+
+
+def _refuse_inexpressible(cfg: dict[str, Any], source: str) -> str:
+    """The model_type of a config we count, or AmspUserError with the reason we cannot."""
+    for key in _MOE_KEYS:
+        n = cfg.get(key)
+        if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
+            raise AmspUserError(
+                f"{source}: '{key}' = {n}: mixture-of-experts models are not supported "
+                "(only dense decoders are counted exactly)")
+    mtype = cfg.get("model_type")
+    if not isinstance(mtype, str):
+        raise AmspUserError(f"{source}: field 'model_type' must be a string such as \"llama\", "
+                            f"got {type(mtype).__name__}: fix the config")
+    if any(k in cfg for k in _MULTIMODAL):
+        raise AmspUserError(
+            f"{source}: model_type '{mtype}' is multimodal (it has a "
+            f"{next(k for k in _MULTIMODAL if k in cfg)}): the vision/audio towers are not "
+            "counted; give the text model's config.json or write a model spec YAML")
+    if mtype not in FAMILIES:
+        raise AmspUserError(
+            f"{source}: model_type '{mtype}' is not supported: use a dense decoder of type "
+            f"{', '.join(sorted(FAMILIES))}, or write a model spec YAML")
+    for key in _NEED:
+        v = cfg.get(key)
+        if v is None:
+            raise AmspUserError(f"{source}: field '{key}' is missing: a {mtype} config needs it")
+    return mtype
+
+
+def _ffn_type(cfg: dict[str, Any], fam: dict[str, Any], mtype: str, source: str) -> str:
+    key = fam.get("act_key", "hidden_act")
+    act = cfg.get(key) or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if fam.get("ffn")
+                                                    == "geglu" else "silu")
+    ffn = _GATED.get(act) if isinstance(act, str) else None
+    if ffn is None:
+        raise AmspUserError(
+            f"{source}: field '{key}' is {act!r}: {mtype} MLPs are counted as gated (silu or "
+            "gelu); write a model spec YAML for other MLPs")
+    return ffn
+
+
+def _name(cfg: dict[str, Any], source: str) -> str:
+    given = cfg.get("_name_or_path")
+    if isinstance(given, str) and given.strip():
+        return given.strip().rstrip("/").rsplit("/", 1)[-1] or given
+    p = Path(source)
+    return p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+
+
+def model_data(cfg: dict[str, Any], source: str = "config.json") -> dict[str, Any]:
+    """ModelSpec fields for a Hugging Face config of a family we count exactly."""
+    mtype = _refuse_inexpressible(cfg, source)
+    fam = FAMILIES[mtype]
+    bias = fam.get("attention_bias", "none")
+    if fam.get("bias_key") and cfg.get("attention_bias"):
+        bias = fam["bias_key"]
+    heads = cfg["num_attention_heads"]
+    data = {
+        "name": _name(cfg, source),
+        "num_layers": cfg["num_hidden_layers"],
+        "hidden_size": cfg["hidden_size"],
+        "num_heads": heads,
+        "num_kv_heads": cfg.get("num_key_value_heads") or heads,
+        "ffn_hidden_size": cfg["intermediate_size"],
+        "ffn_type": _ffn_type(cfg, fam, mtype, source),
+        "vocab_size": cfg["vocab_size"],
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", fam.get("tied", False))),
+        "max_seq_len": cfg.get("max_position_embeddings") or 4096,
+        "rope_theta": cfg.get("rope_theta") or 10000.0,
+        "attention_bias": bias,
+        "mlp_bias": bool(cfg.get("mlp_bias", False)),
+        "qk_norm": fam.get("qk_norm", "none"),
+        "post_norms": fam.get("post_norms", False),
+    }
+    if cfg.get("head_dim") is not None:
+        data["head_dim"] = cfg["head_dim"]
+    return data
