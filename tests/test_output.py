@@ -108,7 +108,7 @@ def test_every_validation_problem_is_listed(tmp_path):
 def test_specs_show_formats_groups_and_defaults():
     _, out, _ = run_cli(["specs", "show", "dgx-a100-hdr"])
     assert "{" not in out and "None" not in out
-    assert "  gpu:\n    name: A100-SXM4-80GB\n    memory_gib: 80\n" in out
+    assert "  gpu:\n    name: A100-SXM4-80GB\n    arch: ampere\n    memory_gib: 80\n" in out
     _, out, _ = run_cli(["specs", "show", "llama-7b"])
     assert "num_kv_heads: 32\n" in out and "head_dim: 128\n" in out and "None" not in out
 
