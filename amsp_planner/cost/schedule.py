@@ -127,10 +127,7 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     intra, inter = split_bytes(op, total, lay)
     time = n_micro * sum(c * t for c, t in zip(counts, unit_t, strict=True))
     kern = n_micro * sum(c * k for c, k in zip(counts, unit_k, strict=True))
-    algo = ""
-    if size > 1 and job.cluster.collective_library == "nccl" and not job.cluster.measured:
-        ch = topo.algorithm(op, size, stride, full(max(sizes)))
-        algo = f"{ch.algorithm}/{ch.protocol}"
+    algo = _algorithm_name(job, op, size, stride, full(max(sizes)))
     calls = per_unit * n_micro * job.num_units
     return ScheduleEntry(phase, op, group, size, stride, lay.members_per_node, dtype, calls,
                          int(total), intra, inter, time, kern, unit_t, unit_k, algo)
@@ -189,15 +186,20 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
     return tuple(out)
 
 
+def _algorithm_name(job: Job, op: str, size: int, stride: int, per_call: float) -> str:
+    """'algorithm/protocol' NCCL runs for one call; empty off NCCL or with measured tables."""
+    if size <= 1 or job.cluster.collective_library != "nccl" or job.cluster.measured:
+        return ""
+    ch = job.topology.algorithm(op, size, stride, per_call)
+    return f"{ch.algorithm}/{ch.protocol}"
+
+
 def _world_entry(job: Job) -> ScheduleEntry:
     """[loss, grad-norm^2] in fp32: one all-reduce of 8 bytes per step."""
     n = job.num_gpus
     lay = job.topology.layout(n, 1)
     intra, inter = split_bytes("all_reduce", 8, lay)
     time = job.topology.collective_time("all_reduce", n, 1, 8)
-    algo = ""
-    if job.cluster.collective_library == "nccl" and not job.cluster.measured:
-        ch = job.topology.algorithm("all_reduce", n, 1, 8)
-        algo = f"{ch.algorithm}/{ch.protocol}"
+    algo = _algorithm_name(job, "all_reduce", n, 1, 8)
     return ScheduleEntry("update", "all_reduce", "world", n, 1, lay.members_per_node, "fp32", 1,
                          8, intra, inter, time, algorithm=algo)
