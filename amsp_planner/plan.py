@@ -150,6 +150,17 @@ def summary(e: Evaluation) -> dict:
     }
 
 
+def bands() -> dict:
+    """The validated relative errors every prediction of the plan carries (docs/validation.md):
+    the 90th-percentile |error| of step time (and tokens/s), the worst of peak memory."""
+    from amsp_planner.validation import memory_band, step_time_band
+
+    return {"step_time": step_time_band(), "tokens_per_s": step_time_band(),
+            "memory": memory_band(), "statistic": {"step_time": "p90 |error|",
+                                                   "memory": "max |error|"},
+            "source": "docs/validation.md"}
+
+
 def decision(e: Evaluation, gpus_per_node: int) -> dict:
     s = e.strategy
     comps = {}
@@ -166,7 +177,7 @@ def decision(e: Evaluation, gpus_per_node: int) -> dict:
 def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
               baselines: dict[str, Evaluation] | None = None, solver: dict | None = None,
               objective: str = "time", search: dict | None = None, solve_time_s: float = 0.0,
-              build_time_s: float = 0.0) -> dict:
+              build_time_s: float = 0.0, references: dict[str, Evaluation] | None = None) -> dict:
     specs = {
         "model": job.model.model_dump(mode="json"),
         "cluster": job.cluster.model_dump(mode="json"),
@@ -184,7 +195,8 @@ def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
             "hashes": {k: sha256(v) for k, v in specs.items()},
         },
         "decision": decision(best, job.gpus_per_node),
-        "predictions": best.to_dict(),
+        "predictions": {**best.to_dict(), "bands": bands(),
+                        "references": {k: summary(e) for k, e in (references or {}).items()}},
         "runners_up": [summary(e) for e in runners_up],
         "baselines": {k: summary(e) for k, e in (baselines or {}).items()},
         "solver": solver or {"name": "none", "status": "given strategy", "objective": objective},

@@ -57,6 +57,16 @@ class SolveOptions:
     time_limit_s: float = 30.0
     gpu_hour_price: tuple[tuple[str | None, float], ...] = ()
     """(cluster, price of one GPU-hour); cluster None prices every cluster."""
+    headroom: float = 0.10
+    quantization: str = "auto"
+    tie_band: float | None = None
+    """The choice options of `amsp plan` (``Preference``); None: the validated band."""
+
+    def preference(self):
+        from amsp_planner.solver.space import Preference
+
+        return Preference.default(band=self.tie_band, headroom=self.headroom,
+                                  quantization=self.quantization)
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,8 @@ class Row:
     baseline_mfu: float | None = None
     usd_per_btok: float | None = None
     baseline_usd_per_btok: float | None = None
+    band: float | None = None
+    """The band inside which the gain over the baseline is a tie."""
 
     @property
     def ok(self) -> bool:
@@ -126,6 +138,7 @@ class Row:
             if f.name != "point":
                 d[f.name] = getattr(self, f.name)
         d["gain_vs_baseline"] = self.gain
+        d["gain_is_tie"] = None if self.gain is None else abs(self.gain) <= self.band
         return d
 
 
@@ -295,8 +308,10 @@ def build_point_job(p: Point, opt: SolveOptions):
                          grad_accum_dtype=opt.grad_accum_dtype)
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, "training options")) from None
+    cluster, split = Job.fit_nodes(cluster, p.get("gpus"))
     job = Job.create(model, cluster, t, p.get("gpus"))
-    job = dataclasses.replace(job, topology=_topology(key, job.num_gpus))
+    if split is None:  # the cluster as given: its topology is shared by the points that use it
+        job = dataclasses.replace(job, topology=_topology(key, job.num_gpus))
     lim = p.get("memory_limit_gib")
     return job, (lim * GIB if lim is not None else cluster.memory_bytes)
 
@@ -325,8 +340,9 @@ def solve_point(p: Point, opt: SolveOptions) -> Row:
     base = dict(cluster_name=job.cluster.name, nodes=job.num_nodes,
                 batch_tokens=job.training.batch_tokens)
     try:
+        pref = opt.preference()
         r = solve(job, limit, objective=opt.objective, solver=opt.solver, zeropp=opt.zeropp,
-                  runners_up=0, time_limit_s=opt.time_limit_s)
+                  runners_up=0, time_limit_s=opt.time_limit_s, preference=pref)
     except InfeasibleError as e:
         return Row(p, "infeasible", str(e), **base)
     except AmspUserError as e:
@@ -342,7 +358,7 @@ def solve_point(p: Point, opt: SolveOptions) -> Row:
         optimizer_s=b.time.optimizer_s, exposed_comm_s=b.time.exposed_comm_s,
         tokens_per_s=b.tokens_per_s, mfu=b.mfu,
         inter_gib_per_gpu=b.bytes_per_rank("inter") / GIB,
-        usd_per_btok=_usd_per_btok(price, job.num_gpus, b.tokens_per_s),
+        usd_per_btok=_usd_per_btok(price, job.num_gpus, b.tokens_per_s), band=pref.band,
     )
     bb = r.best_baseline
     if bb is not None:

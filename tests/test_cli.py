@@ -133,7 +133,7 @@ BAD_INPUTS = [
     (["--model", "{d}/badjson.json", "--gpus", "8"], "malformed JSON"),
     (["--model", "tiny", "--gpus", "8", "--cluster", "{d}/cluster.yaml"], "nic_gbit_per_s"),
     (["--model", "tiny", "--gpus", "8", "--cluster", "dgx-z100"], "unknown cluster"),
-    (["--model", "tiny", "--gpus", "12"], "multiple of 8"),
+    (["--model", "tiny", "--gpus", "13"], "multiple of 8"),
     (["--model", "tiny", "--gpus", "3"], "divisor of 8"),
     (["--model", "tiny", "--gpus", "0"], "--gpus"),
     (["--model", "tiny", "--gpus", "eight"], "--gpus"),

@@ -1,7 +1,9 @@
-"""The ILP against a brute-force oracle, and the planner's choices in known regimes."""
+"""The ILP against a brute-force oracle, and the planner's choices in known regimes, under the
+fastest-candidate rule (``FASTEST``; the planner's default rule: tests/test_preference.py)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -12,12 +14,15 @@ from hypothesis import strategies as st
 from amsp_planner.cost.evaluate import evaluate
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import InfeasibleError
-from amsp_planner.solver import SearchSpace, solve
+from amsp_planner.solver import SearchSpace
+from amsp_planner.solver import solve as _solve
 from amsp_planner.solver.brute import brute_force
 from amsp_planner.specs import TrainingSpec, load_cluster, load_model
+from amsp_planner.solver.space import FASTEST
 from amsp_planner.strategy import Strategy
 
 GIB = 1024**3
+solve = functools.partial(_solve, preference=FASTEST)
 
 
 def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=None,

@@ -52,4 +52,6 @@ def compare(strategies, strategy_from, fmt, as_json, wide, **opts):
 
     title = (f"{job.model.name} ({job.model.num_params / 1e9:.2f}B) on {job.num_gpus} GPUs of "
              f"{job.cluster.name}, {t.batch_tokens:,} tokens/step, seq {t.seq_len}")
-    emit([compare_grid(rows, title)], fmt, wide)
+    fitting = [e for _, e in rows if e.fits]
+    ref = min(fitting, key=lambda e: e.step_s) if fitting else None
+    emit([compare_grid(rows, title, ref=ref)], fmt, wide)

@@ -44,6 +44,32 @@ def job_options(f):
     return f
 
 
+def choice_options(f):
+    """--headroom, --quantization and --tie-band: how the planner chooses among candidates."""
+    opts = [
+        click.option("--headroom", type=float, default=0.10, show_default=True,
+                     help="Fraction of the memory limit a plan must leave free (0 allowed)."),
+        click.option("--quantization", type=click.Choice(["auto", "on", "off"]), default="auto",
+                     show_default=True,
+                     help="qwZ/qgZ: auto = only when faster than the best lossless plan by more "
+                          "than the band; on = like any option; off = never."),
+        click.option("--tie-band", type=float, default=None,
+                     help="Relative step-time difference below which candidates are "
+                          "equivalent (default: the validated band, docs/validation.md)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def build_preference(headroom: float = 0.10, quantization: str = "auto",
+                     tie_band: float | None = None, **_ignored):
+    """The planner's Preference from the choice options."""
+    from amsp_planner.solver.space import Preference
+
+    return Preference.default(band=tie_band, headroom=headroom, quantization=quantization)
+
+
 def parse_sets(sets: tuple[str, ...]) -> dict:
     from amsp_planner.specs.loader import parse_value
 
@@ -93,6 +119,9 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, "training options")) from None
     warn_seq_len(m, seq_len)
+    c, note = Job.fit_nodes(c, gpus)
+    if note:
+        click.echo(f"note: {note}", err=True)
     job = Job.create(m, c, t, gpus)
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from amsp_planner.cli.options import build_job, job_options
+from amsp_planner.cli.options import build_job, build_preference, choice_options, job_options
 from amsp_planner.report.grid import format_option, pick_format
 
 
@@ -25,12 +25,14 @@ from amsp_planner.report.grid import format_option, pick_format
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Solver time limit in seconds.")
 @click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
-@click.option("--runners-up", type=click.IntRange(0, 20), default=3, show_default=True)
+@choice_options
+@click.option("--runners-up", type=click.IntRange(0, 20), default=0, show_default=True,
+              help="Also list the next N candidates by step time.")
 @click.option("-o", "--output", default="plan.json", show_default=True,
               help="Plan file to write ('-' for none).")
 @format_option
 def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
-         fmt, as_json, wide, **opts):
+         fmt, as_json, wide, headroom, quantization, tie_band, **opts):
     """Find the best strategy for a job and write the plan file.
 
     --format json prints the plan file's JSON; csv the chosen, runners-up and baselines rows.
@@ -42,6 +44,7 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
     t0 = time.perf_counter()
     fmt = pick_format(fmt, as_json)
     job, limit = build_job(**opts)
+    pref = build_preference(headroom, quantization, tie_band)
     if strategy is not None and strategy_from is not None:
         from amsp_planner.errors import AmspUserError
 
@@ -64,13 +67,15 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         best = evaluate(job, s, limit)
         baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt)
         best_bl = best_baseline(baselines)
-        runners, solver_info, solve_s = [], None, 0.0
+        runners, solver_info, solve_s, refs = [], None, 0.0, {}
     else:
         from amsp_planner.solver import solve
 
         r = solve(job, limit, objective=objective, solver=solver, zeropp=not no_zeropp,
-                  runners_up=runners_up, time_limit_s=time_limit)
+                  runners_up=runners_up, time_limit_s=time_limit, preference=pref)
         best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
+        refs = {k: v for k, v in (("fastest", r.fastest), ("fastest_lossless", r.fastest_lossless))
+                if v is not None}
         for note in r.notes:  # e.g. a solver fallback
             click.echo(f"note: {note}", err=True)
         st = r.stats
@@ -80,10 +85,10 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         solve_s = st.solve_time_s
     search = {"zeropp": not no_zeropp, "micro_batch": job.training.micro_batch,
               "activation_checkpointing": job.training.activation_checkpointing,
-              "given_strategy": strategy}
+              "given_strategy": strategy, "preference": pref.to_dict()}
     doc = build_doc(job, best, runners_up=runners, baselines=baselines, solver=solver_info,
                     objective=objective, search=search, solve_time_s=solve_s,
-                    build_time_s=time.perf_counter() - t0)
+                    build_time_s=time.perf_counter() - t0, references=refs)
     written = None
     if output != "-":
         written = write_plan(output, doc)
@@ -102,10 +107,13 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         out.append(f"WARNING: the given strategy does not fit: {best.memory.total / 2**30:.2f} "
                    f"GiB > {limit / 2**30:.2f} GiB per GPU")
     out += [components_grid(best, job.gpus_per_node), memory_grid(best), schedule_grid(best)]
-    out += time_lines(best, best_bl)
-    rows = [("chosen", best)] + [(f"runner-up {i + 1}", e) for i, e in enumerate(runners)]
+    out += time_lines(best, best_bl, job, pref, refs)
+    rows = [("chosen", best)] + [(k.replace("_", " "), e) for k, e in refs.items()
+                                 if str(e.strategy) != str(best.strategy)]
+    rows += [(f"next {i + 1}", e) for i, e in enumerate(runners)]
     rows += list(baselines.items())
-    table = compare_grid(rows, "chosen, runners-up and named baselines")
+    table = compare_grid(rows, "chosen, fastest candidates and named baselines", ref=best,
+                         band=pref.band)
     out.append(table)
     if solver_info:
         out.append(f"solver: {solver_info['name']} {solver_info['status']}, "

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from amsp_planner.errors import AmspUserError
+from amsp_planner.cli.options import choice_options
 from amsp_planner.report.grid import format_option
 
 
@@ -114,6 +115,7 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
 @click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
               show_default=True)
 @click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
+@choice_options
 @click.option("--objective", type=click.Choice(["time", "comm"]), default="time",
               show_default=True)
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True)
@@ -137,7 +139,7 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
            global_batch_seqs, memory_limits, micro_batch, activation_checkpointing,
            no_flash_attention, precision, grad_accum_dtype, no_zeropp, objective, solver,
            time_limit, gpu_hour_price, csv_path, json_path, plot_path, x_axis, fmt, wide,
-           workers):
+           workers, headroom, quantization, tie_band):
     """Sweep GPU counts, models, clusters and cluster edits; the optimal plan at every point."""
     from amsp_planner import whatif as w
     from amsp_planner.report.grid import pick_format
@@ -169,7 +171,9 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
                           flash_attention=not no_flash_attention, precision=precision,
                           grad_accum_dtype=grad_accum_dtype, zeropp=not no_zeropp,
                           objective=objective, solver=solver, time_limit_s=time_limit,
-                          gpu_hour_price=prices)
+                          gpu_hour_price=prices, headroom=headroom, quantization=quantization,
+                          tie_band=tie_band)
+    opts.preference()  # a bad --headroom / --tie-band is refused once, not at every point
     sweep = w.Sweep(
         models=split_list(models, _name, "--model"),
         gpus=split_list(gpus, _pos_int, "--gpus"),

@@ -55,6 +55,11 @@ def used_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int,
     return {k: v for k, v in kinds.items() if k in used and v[0] > 1}
 
 
+def process_groups(strategy, world: int, gpus_per_node: int) -> int:
+    """Distinct process groups (one communicator each) the schedule's collectives run on."""
+    return len(set(used_kinds(strategy, world, gpus_per_node).values()))
+
+
 def communicator_bytes(job, s) -> float:
     """NCCL buffer bytes per rank for the groups strategy `s` uses on `job`."""
     if job.cluster.intra_fabric == "shm":

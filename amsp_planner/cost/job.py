@@ -23,6 +23,22 @@ class Job:
     num_gpus: int
     topology: Topology = field(compare=False, repr=False, hash=False)
 
+    @staticmethod
+    def fit_nodes(cluster: ClusterSpec, num_gpus: int) -> tuple[ClusterSpec, str | None]:
+        """`cluster` as `num_gpus` GPUs use it: when they are not a whole number of its nodes,
+        as few nodes as hold them in equal parts (12 GPUs on 8-GPU nodes: 2 nodes of 6), with
+        a note saying so; otherwise `cluster` itself and None."""
+        r = cluster.gpus_per_node
+        if num_gpus <= r or num_gpus % r == 0:
+            return cluster, None
+        per = max(d for d in range(1, r + 1) if num_gpus % d == 0)
+        if per == 1:
+            return cluster, None  # a prime count: refused by create() with its fix
+        note = (f"--gpus {num_gpus} is not a whole number of {r}-GPU nodes on {cluster.name}: "
+                f"planned as {num_gpus // per} nodes of {per} GPUs (--set gpus_per_node={per}); "
+                f"give --set gpus_per_node=N to choose another split")
+        return cluster.model_copy(update={"gpus_per_node": per}), note
+
     @classmethod
     def create(cls, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                num_gpus: int) -> Job:

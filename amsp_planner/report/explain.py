@@ -48,8 +48,11 @@ def explain_plan(p) -> dict:
     job, e, limit = p.job, p.evaluation, p.memory_limit
     doc = p.doc
     search = doc["inputs"].get("search", {})
+    from amsp_planner.solver.space import Preference
+
     kw = {"objective": doc["inputs"].get("objective", "time"),
-          "zeropp": search.get("zeropp", True), "runners_up": 0}
+          "zeropp": search.get("zeropp", True), "runners_up": 0,
+          "preference": Preference.from_dict(search.get("preference"))}
     lines = [f"plan: {e.strategy} for {job.model.name} on {job.num_gpus} GPUs of {job.cluster.name}"
              f" ({gib(e.memory.total)} of {gib(limit)} GiB per GPU, step {secs(e.step_s)})"]
     facts: dict = {"strategy": str(e.strategy)}
@@ -100,6 +103,9 @@ def explain_plan(p) -> dict:
 
     # alternatives
     alts = []
+    for name, r in doc["predictions"].get("references", {}).items():
+        if r["strategy"] != str(e.strategy):
+            alts.append((name.replace("_", " "), r))
     for r in doc.get("runners_up", []):
         alts.append(("runner-up", r))
     for name, b in doc.get("baselines", {}).items():

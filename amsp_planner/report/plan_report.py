@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from amsp_planner.cost.evaluate import Evaluation
-from amsp_planner.report.fmt import gib, secs
+from amsp_planner.report.fmt import GIB, gib, secs
 from amsp_planner.report.grid import Col, Grid
 
 _NAMES = {"p": "parameters (P)", "g": "gradients (G)", "os": "optimizer states (OS)"}
@@ -39,24 +39,88 @@ def margin_words(gain: float, band: float) -> str:
     return f"beyond the +/-{band * 100:.0f} % band of the step-time model"
 
 
-def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None) -> list[str]:
-    from amsp_planner.validation import step_time_band
+def _quantized(e: Evaluation) -> bool:
+    return e.strategy.qwz or e.strategy.qgz
 
-    t, band = e.time, step_time_band()
+
+def preferred_for(job, chosen: Evaluation, other: Evaluation, pref) -> list[str]:
+    """Why `chosen` is preferred to `other` by the planner's rule, in words (empty when
+    nothing but speed separates them)."""
+    from amsp_planner.cost.communicators import process_groups
+
+    out = []
+    if other.memory.total > pref.usable(other.memory_limit):
+        free = other.memory_limit - other.memory.total
+        out.append(f"{other.strategy} leaves {gib(max(free, 0))} GiB free, under the "
+                   f"{pref.headroom * 100:.0f} % headroom" if other.fits else
+                   f"{other.strategy} does not fit")
+        return out
+    if _quantized(other) and not _quantized(chosen):
+        out.append("lossless numerics")
+    n, r = job.num_gpus, job.gpus_per_node
+    gc, go = process_groups(chosen.strategy, n, r), process_groups(other.strategy, n, r)
+    if gc < go:
+        out.append(f"{go - gc} fewer process group{'s' if go - gc > 1 else ''} ({gc} vs {go})")
+    dm = other.memory.total - chosen.memory.total
+    if dm >= 0.005 * GIB:
+        out.append(f"{gib(dm)} GiB less memory")
+    return out
+
+
+def margin_line(job, label: str, chosen: Evaluation, other: Evaluation, pref) -> str:
+    """`chosen` against `other`: its tokens/s margin, what the margin means against the band,
+    and what the rule chose `chosen` for."""
+    gain = other.step_s / chosen.step_s - 1
+    band = pref.band
+    tie = abs(gain) <= band
+    words = (f"within the +/-{band * 100:.0f} % band: a tie" if tie else
+             f"beyond the +/-{band * 100:.0f} % band")
+    why = preferred_for(job, chosen, other, pref) if gain <= band * (1 + 1e-9) else []
+    if why:
+        words += "; chosen for " + _join(why)
+    headroom = chosen.memory_limit - chosen.memory.total
+    return (f"vs {label} ({other.strategy}): {gain * 100:+.2f}% tokens/s ({words}); "
+            f"{gib(headroom)} GiB of headroom against {gib(other.memory_limit - other.memory.total)}")
+
+
+def _join(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job=None,
+               pref=None, refs: dict | None = None) -> list[str]:
+    """The step time with its band, throughput and memory with theirs, and the margins
+    against the fastest candidates (`refs`) and the best named baseline."""
+    from amsp_planner.solver.space import Preference
+    from amsp_planner.validation import memory_band, step_time_band
+
+    t, band, mband = e.time, step_time_band(), memory_band()
+    pref = pref or Preference.default()
     lines = [
         f"step time {secs(t.step_s)} (+/-{band * 100:.0f} %, docs/validation.md) = compute "
         f"{secs(t.compute_s)} + kernels {secs(t.kernel_s)} + optimizer {secs(t.optimizer_s)} + "
         f"contention {secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)} "
         f"(forward {secs(t.exposed_forward_s)}, backward {secs(t.exposed_backward_s)}, update "
         f"{secs(t.exposed_update_s)}); all collectives {secs(t.comm_total_s)}",
-        f"{e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu * 100:.1f}%, memory {gib(e.memory.total)} of "
-        f"{gib(e.memory_limit)} GiB per GPU",
+        f"{e.tokens_per_s:,.0f} tokens/s (+/-{band * 100:.0f} %), MFU {e.mfu * 100:.1f}%, "
+        f"memory {gib(e.memory.total)} (+/-{mband * 100:.0f} %) of {gib(e.memory_limit)} GiB "
+        f"per GPU",
     ]
+    seen = {str(e.strategy)}
+    for key, label in (("fastest", "the fastest candidate"),
+                       ("fastest_lossless", "the fastest lossless candidate")):
+        other = (refs or {}).get(key)
+        if other is not None and str(other.strategy) not in seen and job is not None:
+            seen.add(str(other.strategy))
+            lines.append(margin_line(job, label, e, other, pref))
     if best_baseline is not None:
         name, b = best_baseline
-        gain = b.step_s / e.step_s - 1
-        lines.append(f"vs best named baseline {name} ({b.strategy}): {gain * 100:+.2f}% tokens/s "
-                     f"({margin_words(gain, band)}), {gib(b.memory.total)} GiB per GPU")
+        if job is not None:
+            lines.append(margin_line(job, f"the best named baseline {name}", e, b, pref))
+        else:
+            gain = b.step_s / e.step_s - 1
+            lines.append(f"vs best named baseline {name} ({b.strategy}): {gain * 100:+.2f}% "
+                         f"tokens/s ({margin_words(gain, band)}), {gib(b.memory.total)} GiB per GPU")
     else:
         lines.append("no named baseline fits in memory")
     return lines

@@ -27,13 +27,37 @@ COMPARE_COLS = [
 ]
 
 
-def compare_grid(rows: list[tuple[str, Evaluation]], title: str) -> Grid:
-    g = Grid(title, COMPARE_COLS)
+def _vs(v) -> str:
+    if v is None:
+        return ""
+    gain, tie = v
+    return f"{gain * 100:+.1f}%" + (" tie" if tie else "")
+
+
+def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation | None = None,
+                 band: float | None = None) -> Grid:
+    """The rows side by side; with `ref`, a column of tokens/s margins marked 'tie' within
+    `band` (default: the validated step-time band): the chosen row's over each row when a row
+    is named 'chosen', else each row's against `ref` (the fastest)."""
+    cols = list(COMPARE_COLS)
+    if ref is not None:
+        if band is None:
+            from amsp_planner.validation import step_time_band
+
+            band = step_time_band()
+        cols.append(Col("chosen vs it" if "chosen" in dict(rows) else "vs fastest", "vs", _vs))
+    g = Grid(title, cols)
     for name, e in rows:
-        g.rows.append([name, str(e.strategy), e.memory.total / GIB, e.fits,
-                       e.bytes_per_rank("inter"), e.bytes_per_rank("intra"), e.time.compute_s,
-                       e.time.optimizer_s, e.time.exposed_comm_s, e.step_s, e.tokens_per_s,
-                       e.mfu])
+        row = [name, str(e.strategy), e.memory.total / GIB, e.fits,
+               e.bytes_per_rank("inter"), e.bytes_per_rank("intra"), e.time.compute_s,
+               e.time.optimizer_s, e.time.exposed_comm_s, e.step_s, e.tokens_per_s, e.mfu]
+        if ref is not None:
+            gain = (e.step_s / ref.step_s if "chosen" in dict(rows) else ref.step_s / e.step_s) - 1
+            row.append(None if e is ref or not e.fits else (gain, abs(gain) <= band))
+        g.rows.append(row)
+    if ref is not None:
+        g.caption = (f"tie: within the +/-{band * 100:.0f} % band of the step-time model "
+                     "(docs/validation.md), which cannot tell such rows apart")
     return g
 
 

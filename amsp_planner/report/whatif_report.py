@@ -102,8 +102,13 @@ def sweep_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
     cols += [Col("best baseline", "baseline", right=False, wide=True),
              Col("its tokens/s", "baseline_tokens_per_s", _count, wide=True),
              Col("its MFU", "baseline_mfu", _pct, wide=True),
-             Col("gain", "gain_vs_baseline", lambda v: f"{v * 100:+.1f}%")]
+             Col("gain", "gain_vs_baseline", lambda v: f"{v * 100:+.1f}%"),
+             Col("margin", "gain_is_tie", lambda v: "tie" if v else "beyond band")]
     g = Grid(f"what-if: {title(sweep)} ({len(rows)} points)", cols)
+    band = next((r.band for r in rows if r.band is not None), None)
+    if band is not None:
+        g.caption = (f"margin: the gain over the best baseline against the +/-{band * 100:.0f} % "
+                     "band of the step-time model (docs/validation.md); a tie is not a decision")
     notes: dict[str, int] = {}
     for r in rows:
         d = r.to_dict()

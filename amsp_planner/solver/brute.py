@@ -1,30 +1,69 @@
 """Brute force: evaluate every complete candidate with the cost model (the ILP's test oracle).
 
-Order: fits in memory first, then lowest objective, then least memory per GPU, then the
-strategy string (so ties resolve the same way every time).
+The order is the planner's (``Preference``, docs/planner.md): candidates that fit with the
+rule's headroom; lossless ones unless a quantized one is faster beyond the band; those within
+the band of the best; then each tie-break in turn (fewest process groups, least memory); then
+the lowest objective and the strategy string, so ties resolve the same way every time.
 """
 
 from __future__ import annotations
 
+from amsp_planner.cost.communicators import process_groups
 from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
-from amsp_planner.solver.space import TIME_RTOL, SearchSpace, objective_value
+from amsp_planner.solver.space import (FASTEST, GROUPS, TIME_RTOL, Preference, SearchSpace,
+                                       objective_value)
+
+MEMORY_RTOL = 1e-6
+"""Memory per GPU closer than this (relative) ties, in the brute force and the ILP alike."""
 
 
-def rank_key(e: Evaluation, objective: str, best: float | None = None):
-    v = objective_value(e, objective)
-    if best is not None and v <= best * (1 + TIME_RTOL) + 1e-15:
-        v = best
-    return (v, e.memory.total, str(e.strategy))
+def quantized(e: Evaluation) -> bool:
+    return e.strategy.qwz or e.strategy.qgz
+
+
+def criterion(job: Job, e: Evaluation, name: str) -> float:
+    """A tie-break's value for one candidate (lower is preferred)."""
+    if name == GROUPS:
+        return float(process_groups(e.strategy, job.num_gpus, job.gpus_per_node))
+    return e.memory.total
+
+
+def within(v: float, best: float, rtol: float) -> bool:
+    return v <= best * (1 + rtol) + 1e-15
+
+
+def preferred_order(job: Job, fits: list[Evaluation], objective: str,
+                    pref: Preference = FASTEST) -> list[Evaluation]:
+    """`fits` (candidates that fit under the rule's usable memory) in the rule's order: the
+    chosen one first, then the rest of its tie class, then everything else by objective."""
+    if not fits:
+        return []
+    admissible = fits
+    if pref.quantization == "auto":
+        lossless = [e for e in fits if not quantized(e)]
+        if lossless:
+            t_all = min(objective_value(e, objective) for e in fits)
+            t_lossless = min(objective_value(e, objective) for e in lossless)
+            if not t_lossless > t_all * (1 + pref.band) * (1 + TIME_RTOL):
+                admissible = lossless
+    best = min(objective_value(e, objective) for e in admissible)
+    tie = [e for e in admissible
+           if within(objective_value(e, objective), best, pref.band + TIME_RTOL)]
+    for name in pref.tie_breaks:
+        least = min(criterion(job, e, name) for e in tie)
+        rtol = MEMORY_RTOL if name != GROUPS else 0.0
+        tie = [e for e in tie if within(criterion(job, e, name), least, rtol)]
+    tie.sort(key=lambda e: (objective_value(e, objective), e.memory.total, str(e.strategy)))
+    chosen = set(id(e) for e in tie)
+    rest = sorted((e for e in fits if id(e) not in chosen),
+                  key=lambda e: (objective_value(e, objective), e.memory.total, str(e.strategy)))
+    return tie + rest
 
 
 def brute_force(job: Job, space: SearchSpace, memory_limit: float, objective: str = "time",
-                top: int = 1) -> list[Evaluation]:
-    """The `top` best fitting candidates (empty when none fits)."""
-    fits = [e for e in (evaluate(job, s, memory_limit) for s in space.candidates(job)) if e.fits]
-    if not fits:
-        return []
-    best = min(objective_value(e, objective) for e in fits)
-    fits.sort(key=lambda e: rank_key(e, objective, best))
-    return fits[:top]
-
+                top: int = 1, preference: Preference = FASTEST) -> list[Evaluation]:
+    """The `top` best fitting candidates under `preference` (empty when none fits)."""
+    usable = preference.usable(memory_limit)
+    fits = [e for e in (evaluate(job, s, usable) for s in space.candidates(job)) if e.fits]
+    return preferred_order(job, fits, objective, preference)[:top]

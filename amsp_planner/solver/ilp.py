@@ -69,7 +69,7 @@ from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
 from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
 from amsp_planner.cost.step_time import optimizer_time, stage_time, stages
-from amsp_planner.solver.space import TIME_RTOL, SearchSpace
+from amsp_planner.solver.space import FASTEST, GROUPS, MEMORY, TIME_RTOL, Preference, SearchSpace
 from amsp_planner.strategy import Strategy
 
 GIB = 1024**3
@@ -96,6 +96,14 @@ def _quiet_stdout():
         os.close(devnull)
 
 
+HIGHS_SPEED = {"mip_heuristic_effort": 0.0, "mip_allow_restart": False,
+               "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
+               "mip_heuristic_run_root_reduced_cost": False}
+"""HiGHS options for these small models (about 60 binaries): its sub-MIP heuristics and root
+restarts took most of the time without improving the incumbent; off, a solve is about 5x
+faster (bench/planner.py), and optimality is still proven (gap 0)."""
+
+
 class SolverError(RuntimeError):
     """The solver did not prove optimality (time limit, numerical trouble)."""
 
@@ -106,6 +114,8 @@ class IlpSolution:
     objective: float
     memory_gib: float
     status: str
+    decision: tuple = ()
+    """The decision binaries at 1 in this solution (for the runners-up's no-good cuts)."""
 
 
 @dataclass
@@ -365,6 +375,9 @@ class StrategyIlp:
         # phase 2 caps the objective through this variable's upper bound (None: no cap)
         self.cap = B("objective_cap")
         prob += self.step_expr <= self.cap, "objective_cap"
+        self.caps = {MEMORY: B("memory_cap"), GROUPS: B("groups_cap")}
+        prob += self.mem_expr <= self.caps[MEMORY], "memory_cap"
+        prob += self.groups_expr <= self.caps[GROUPS], "groups_cap"
         if self.memory_limit != float("inf"):
             prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
         prob.setObjective(self.step_expr)
@@ -466,11 +479,10 @@ class StrategyIlp:
                                                  + qm["reduce", c]) for c in CLASSES)
 
     def _comm_expr(self, xP):
-        """GiB of NCCL communicators: one per distinct (size, stride) of the used group kinds."""
+        """GiB of NCCL communicators: one per distinct (size, stride) of the used group kinds.
+        Sets ``groups_expr``, the number of process groups (used by the tie-break)."""
         T, job, lin = self.T, self.job, self.pulp.lpSum
         self.u_bounds = {}
-        if not T.comm:
-            return 0
         n, r = job.num_gpus, job.gpus_per_node
         world = (n, 1)
         uses = [((f, 1), xP(f)) for f in self.xPn if f > 1]
@@ -489,8 +501,11 @@ class StrategyIlp:
         for k, bounds in self.u_bounds.items():
             for i, b in enumerate(bounds):
                 self.prob += self.u[k] >= b, f"comm_{k[0]}_{k[1]}_{i}"
+        self.groups_expr = lin(self.u.values()) + (1 if n > 1 else 0)
+        if not T.comm:
+            return 0
         a2a = lin(v * T.a2a[g] for g, v in self.xGq.items())
-        return T.comm * (lin(self.u.values()) + (1 if n > 1 else 0)) + a2a
+        return T.comm * self.groups_expr + a2a
 
     # ----- solving ----------------------------------------------------------------------------
     def _solver(self):
@@ -498,7 +513,7 @@ class StrategyIlp:
         if self.solver_name == "highs":
             return pulp.HiGHS(msg=False, timeLimit=self.time_limit_s, gapRel=0.0, gapAbs=0.0,
                               threads=1, mip_feasibility_tolerance=1e-9,
-                              primal_feasibility_tolerance=1e-9)
+                              primal_feasibility_tolerance=1e-9, **HIGHS_SPEED)
         if self.solver_name == "cbc":
             with warnings.catch_warnings():  # PuLP 3.3 announces the bundled CBC's removal in 4.0
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -558,33 +573,97 @@ class StrategyIlp:
         for d in (self.xPn, self.xPq, self.xGn, self.xGq, self.xO, self.h, self.y):
             yield from d.values()
 
-    def solve(self, runners_up: int = 0) -> tuple[list[IlpSolution], IlpStats]:
-        """Best solution (lexicographic: objective, then memory) and up to `runners_up` more."""
-        pulp = self.pulp
-        if self._run() == pulp.LpStatusInfeasible:
-            return [], self.stats
-        best_obj = pulp.value(self.step_expr)
-        first = IlpSolution(self._decode(), self._objective(), self._memory(), self.stats.status)
-        # phase 2: among (near-)equal objectives, least memory. HiGHS does not always re-attain
-        # phase 1's optimum to 1e-9 (its feasibility tolerance is 1e-7), so the bound widens on
-        # an infeasible answer; if none holds, phase 1's solution stands.
-        self.prob.setObjective(self.mem_expr)
-        out = [first]
-        for rtol in PHASE2_RTOLS:
-            self.cap.upBound = best_obj + abs(best_obj) * rtol + 1e-12
-            if self._run() != pulp.LpStatusInfeasible:
-                out = [IlpSolution(self._decode(), self._objective(), self._memory(),
-                                   self.stats.status)]
-                break
-        # runners-up: exclude each found decision, back to the first objective
+    def _solution(self) -> IlpSolution:
+        ones = tuple(v for v in self._decision_vars() if (self.pulp.value(v) or 0) > 0.5)
+        return IlpSolution(self._decode(), self._objective(), self._memory(), self.stats.status,
+                           ones)
+
+    def _exact_solution(self) -> IlpSolution:
+        """The current decision with its exact objective: the stage variables are only bounded
+        below, so under another objective they may float up; with the decision binaries fixed,
+        minimising the objective brings them down to the model's values (an LP)."""
+        value = self.pulp.value
+        fixed = [(v, v.lowBound, v.upBound) for v in self._decision_vars()]
+        for v, _, _ in fixed:
+            v.lowBound = v.upBound = round(value(v) or 0)
+        self.prob.setObjective(self.step_expr)
+        saved = self.cap.upBound
         self.cap.upBound = None
+        try:
+            self._run()
+            return self._solution()
+        finally:
+            self.cap.upBound = saved
+            for v, lo, up in fixed:
+                v.lowBound, v.upBound = lo, up
+
+    def _quant_vars(self):
+        return list(self.xPq.values()) + list(self.xGq.values())
+
+    def _run_capped(self, cap, value: float, rtols: tuple[float, ...]) -> bool:
+        """Solve the current objective with `cap` at `value`, the relative slack `rtols` tried
+        in turn (HiGHS does not always re-attain a previous optimum to 1e-9: its feasibility
+        tolerance is 1e-7). False when none holds."""
+        for rtol in rtols:
+            cap.upBound = value + abs(value) * rtol + 1e-12
+            if self._run() != self.pulp.LpStatusInfeasible:
+                return True
+        return False
+
+    def solve(self, runners_up: int = 0, preference: Preference = FASTEST
+              ) -> tuple[list[IlpSolution], IlpStats, dict]:
+        """The preferred solution (``Preference``: the lossless rule, the band, the tie-breaks,
+        each a lexicographic re-solve), up to `runners_up` more by objective, and the points the
+        choice was made against: {'fastest': ..., 'fastest_lossless': ...} where they differ."""
+        pulp = self.pulp
+        value = pulp.value
+        refs: dict = {}
+        self.prob.setObjective(self.step_expr)
+        if self._run() == pulp.LpStatusInfeasible:
+            return [], self.stats, refs
+        best_obj = value(self.step_expr)
+        chosen = refs["fastest"] = self._solution()
+        qv = self._quant_vars()
+        if preference.quantization == "auto" and any((value(v) or 0) > 0.5 for v in qv):
+            for v in qv:
+                v.upBound = 0
+            if self._run() == pulp.LpStatusInfeasible:  # only quantized candidates fit
+                for v in qv:
+                    v.upBound = None
+            else:
+                lossless_obj = value(self.step_expr)
+                if lossless_obj > best_obj * (1 + preference.band) * (1 + TIME_RTOL):
+                    for v in qv:  # quantization wins beyond the band
+                        v.upBound = None
+                else:
+                    best_obj = lossless_obj
+                    chosen = refs["fastest_lossless"] = self._solution()
+        # lexicographic re-solves inside the band: each tie-break minimised with the objective
+        # capped at the band's edge and the earlier tie-breaks at their optimum
+        pending = (self.cap, best_obj * (1 + preference.band), PHASE2_RTOLS)
+        for name in preference.tie_breaks:
+            expr = self.groups_expr if name == GROUPS else self.mem_expr
+            self.prob.setObjective(expr)
+            if not self._run_capped(*pending):
+                break  # no slack holds: the previous solution stands
+            chosen = None
+            v = value(expr)
+            pending = ((self.caps[name], round(v), (0.0,)) if name == GROUPS
+                       else (self.caps[name], v, PHASE2_RTOLS))
+        if chosen is None:
+            chosen = self._exact_solution()
+        out = [chosen]
+        # runners-up: exclude each found decision, back to the objective alone
+        for cap in (self.cap, *self.caps.values()):
+            cap.upBound = None
+        for v in qv:
+            v.upBound = None
         self.prob.setObjective(self.step_expr)
         for k in range(runners_up):
-            ones = [v for v in self._decision_vars() if (pulp.value(v) or 0) > 0.5]
-            zeros = [v for v in self._decision_vars() if (pulp.value(v) or 0) <= 0.5]
-            self.prob += pulp.lpSum(1 - v for v in ones) + pulp.lpSum(zeros) >= 1, f"exclude_{k}"
+            ones = {v.name for v in out[-1].decision}
+            self.prob += pulp.lpSum(1 - v if v.name in ones else v
+                                    for v in self._decision_vars()) >= 1, f"exclude_{k}"
             if self._run() == pulp.LpStatusInfeasible:
                 break
-            out.append(IlpSolution(self._decode(), self._objective(), self._memory(),
-                                   self.stats.status))
-        return out, self.stats
+            out.append(self._solution())
+        return out, self.stats, refs

@@ -13,7 +13,7 @@ from amsp_planner.cost.evaluate import Evaluation, best_baseline, evaluate, eval
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError, InfeasibleError
 from amsp_planner.solver.ilp import GIB, IlpStats, SolverError, StrategyIlp
-from amsp_planner.solver.space import SearchSpace, objective_value
+from amsp_planner.solver.space import FASTEST, Preference, SearchSpace, objective_value
 
 AGREE_RTOL = 1e-6
 
@@ -28,6 +28,12 @@ class SolveResult:
     space: SearchSpace
     memory_limit: float
     notes: list[str] = field(default_factory=list)
+    preference: Preference = FASTEST
+    fastest: Evaluation | None = None
+    """The fastest candidate that fits with the headroom (quantized or not)."""
+    fastest_lossless: Evaluation | None = None
+    """The fastest lossless candidate, when the fastest is quantized and did not win by more
+    than the band."""
 
     @property
     def best_baseline(self) -> tuple[str, Evaluation] | None:
@@ -52,9 +58,11 @@ def check_agreement(job: Job, sol, limit: float, objective: str) -> Evaluation:
 
 def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time",
           solver: str = "highs", zeropp: bool = True, micro_batch: int | None = None,
-          ckpt: bool | None = None, runners_up: int = 3, time_limit_s: float = 30.0
-          ) -> SolveResult:
-    """The best strategy for `job` under `memory_limit` bytes (default: the GPU's memory).
+          ckpt: bool | None = None, runners_up: int = 3, time_limit_s: float = 30.0,
+          preference: Preference | None = None) -> SolveResult:
+    """The preferred strategy for `job` under `memory_limit` bytes (default: the GPU's memory)
+    by `preference` (default ``Preference.default()``: the validated band, 10 % headroom,
+    lossless unless quantization wins beyond the band, fewer process groups, less memory).
 
     Raises InfeasibleError (with what the best strategy needs and what would make it fit)
     when nothing fits.
@@ -63,8 +71,11 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
         raise AmspUserError(f"--objective '{objective}': use 'time' or 'comm'")
     if solver not in ("highs", "cbc"):
         raise AmspUserError(f"--solver '{solver}': use 'highs' or 'cbc'")
+    pref = Preference.default() if preference is None else preference
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
-    space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt)
+    usable = pref.usable(limit)
+    space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,
+                                quantization=pref.quantization != "off")
     notes = []
     if solver == "highs":
         try:
@@ -73,16 +84,18 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
             solver = "cbc"
             notes.append("highspy is not importable: fell back to CBC")
     try:
-        model = StrategyIlp(job, space, limit, objective, solver, time_limit_s)
-        sols, stats = model.solve(runners_up=runners_up)
+        model = StrategyIlp(job, space, usable, objective, solver, time_limit_s)
+        sols, stats, refs = model.solve(runners_up=runners_up, preference=pref)
     except SolverError as e:
         raise AmspUserError(str(e)) from None
     if not sols:
-        raise InfeasibleError(infeasible_message(job, space, limit, solver, time_limit_s))
+        raise InfeasibleError(infeasible_message(job, space, limit, solver, time_limit_s, pref))
     evals = [check_agreement(job, s, limit, objective) for s in sols]
+    ref = {k: check_agreement(job, s, limit, objective) for k, s in refs.items()}
     baselines = evaluate_baselines(job, limit, evals[0].strategy.micro_batch,
                                    evals[0].strategy.ckpt)
-    return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes)
+    return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes,
+                       pref, ref.get("fastest"), ref.get("fastest_lossless"))
 
 
 def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",
@@ -99,8 +112,9 @@ def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",
 
 
 def infeasible_message(job: Job, space: SearchSpace, limit: float, solver: str = "highs",
-                       time_limit_s: float = 30.0) -> str:
+                       time_limit_s: float = 30.0, pref: Preference = FASTEST) -> str:
     e = min_memory_strategy(job, space, solver, time_limit_s)
+    usable = pref.usable(limit)
     m = e.memory
     need = m.total / GIB
     act = m.activations + m.loss_peak
@@ -116,7 +130,7 @@ def infeasible_message(job: Job, space: SearchSpace, limit: float, solver: str =
             fixes.append("a smaller --micro-batch")
         fixes.append(f"a shorter --seq-len than {job.training.seq_len}")
     other = m.total - m.model_states * (1 + job.cluster.gpu.fragmentation_fraction)
-    room = limit - other
+    room = usable - other
     if room > 0 and m.model_states > 0:
         factor = m.model_states * (1 + job.cluster.gpu.fragmentation_fraction) / room
         want = job.num_gpus * factor
@@ -124,8 +138,15 @@ def infeasible_message(job: Job, space: SearchSpace, limit: float, solver: str =
         gpus = r * 2 ** math.ceil(math.log2(max(1.0, want / r)))
         fixes.append(f"about {gpus} GPUs (model states shrink with more GPUs when fully sharded)")
     fixes.append("a GPU with more memory (--set gpu.memory_gib=...)")
+    if pref.headroom and m.total <= limit:
+        free = 1 - m.total / limit
+        fixes.insert(0, f"less headroom (--headroom {math.floor(free * 100) / 100:.2f}: "
+                        f"{e.strategy} leaves {free * 100:.1f} % of the memory free)")
+    where = (f"{usable / GIB:.2f} GiB per GPU ({limit / GIB:.2f} GiB less the "
+             f"{pref.headroom * 100:.0f} % --headroom)" if pref.headroom else
+             f"{limit / GIB:.2f} GiB per GPU")
     return (
-        f"nothing fits in {limit / GIB:.2f} GiB per GPU: the least memory any strategy needs is "
+        f"nothing fits in {where}: the least memory any strategy needs is "
         f"{need:.2f} GiB ({e.strategy}), dominated by {top} ({terms[top] / GIB:.2f} GiB); "
         f"to fit, try {'; or '.join(fixes)}"
     )

@@ -20,6 +20,79 @@ ILP's second solve and by the brute force alike. Wider than the solver's feasibi
 tolerance, so a tie is never lost to solver round-off."""
 
 
+GROUPS = "groups"
+MEMORY = "memory"
+
+
+@dataclass(frozen=True)
+class Preference:
+    """How the planner chooses among candidates (docs/planner.md, "How a plan is chosen").
+
+    1. Only candidates that keep ``headroom`` (a fraction of the memory limit) free are
+       admissible: a constraint, not a preference.
+    2. Lossless before quantized (``quantization="auto"``): qwZ/qgZ are admissible only when the
+       fastest quantized candidate beats the fastest lossless one by more than ``band``;
+       ``"on"`` admits them like any other option, ``"off"`` excludes them.
+    3. The admissible candidates whose objective is within ``band`` (relative) of the best are
+       equivalent: the step-time model cannot tell them apart. Among them ``tie_breaks`` apply
+       in turn: ``"groups"`` fewest process groups (communicators), ``"memory"`` least memory
+       per GPU; what still ties after them goes to the lowest objective, then the strategy
+       string.
+    """
+
+    band: float = 0.0
+    headroom: float = 0.0
+    quantization: str = "on"
+    tie_breaks: tuple[str, ...] = (MEMORY,)
+
+    def __post_init__(self):
+        from amsp_planner.errors import AmspUserError
+
+        if self.quantization not in ("auto", "on", "off"):
+            raise AmspUserError(f"--quantization '{self.quantization}': use auto, on or off")
+        if not 0 <= self.headroom < 1:
+            raise AmspUserError(f"--headroom {self.headroom}: give a fraction of the memory "
+                                "limit in [0, 1), e.g. 0.1")
+        if not 0 <= self.band < 1:
+            raise AmspUserError(f"--tie-band {self.band}: give a fraction in [0, 1), e.g. 0.05")
+        for t in self.tie_breaks:
+            if t not in (GROUPS, MEMORY):
+                raise ValueError(f"unknown tie-break {t!r}")
+
+    @classmethod
+    def default(cls, band: float | None = None, headroom: float = 0.10,
+                quantization: str = "auto") -> Preference:
+        """The planner's rule: the validated step-time band (presets/error_bands.json), 10 %
+        headroom, lossless unless quantization wins beyond the band, then fewer process groups,
+        then less memory."""
+        if band is None:
+            from amsp_planner.validation import step_time_band
+
+            band = step_time_band()
+        return cls(band=band, headroom=headroom, quantization=quantization,
+                   tie_breaks=(GROUPS, MEMORY))
+
+    def to_dict(self) -> dict:
+        return {"band": self.band, "headroom": self.headroom, "quantization": self.quantization,
+                "tie_breaks": list(self.tie_breaks)}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Preference:
+        """The rule a plan was made with (plans without one: the fastest candidate)."""
+        if not d:
+            return FASTEST
+        return cls(band=d["band"], headroom=d["headroom"], quantization=d["quantization"],
+                   tie_breaks=tuple(d["tie_breaks"]))
+
+    def usable(self, memory_limit: float) -> float:
+        """Bytes per GPU a candidate may use under this rule."""
+        return memory_limit * (1 - self.headroom)
+
+
+FASTEST = Preference()
+"""The fastest candidate, equal objectives (within TIME_RTOL) broken toward less memory."""
+
+
 def objective_value(e, objective: str) -> float:
     """The objective of an Evaluation: step time ('time') or all collective time ('comm')."""
     return e.time.step_s if objective == "time" else e.time.comm_total_s
@@ -36,10 +109,12 @@ class SearchSpace:
 
     @classmethod
     def for_job(cls, job: Job, zeropp: bool = True, micro_batch: int | None = None,
-                ckpt: bool | None = None, max_micro_batch: int = 64) -> SearchSpace:
+                ckpt: bool | None = None, max_micro_batch: int = 64,
+                quantization: bool = True) -> SearchSpace:
         """The full space of `job`, restricted by the pinned settings.
 
-        micro_batch/ckpt default to the job's TrainingSpec pins (None = search).
+        micro_batch/ckpt default to the job's TrainingSpec pins (None = search); without
+        `quantization` qwZ and qgZ are left out (hpZ stays: it is lossless).
         """
         n, r = job.num_gpus, job.gpus_per_node
         t = job.training
@@ -50,9 +125,9 @@ class SearchSpace:
                      if zeropp else [])
         return cls(
             factors=tuple(factor_options(n, r)),
-            qwz=(False, True) if zeropp and n > 1 else (False,),
+            qwz=(False, True) if zeropp and quantization and n > 1 else (False,),
             hpz=tuple(hpz),
-            qgz=(False, True) if zeropp and n > 1 else (False,),
+            qgz=(False, True) if zeropp and quantization and n > 1 else (False,),
             micro_batches=tuple(mbs),
             ckpt=(ck,) if ck is not None else (False, True),
         )
