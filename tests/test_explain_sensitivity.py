@@ -1,0 +1,143 @@
+"""`amsp explain`'s sensitivity: the value of each assumption at which the choice flips, checked
+by re-planning with `amsp plan --set` / `--memory-limit` just below and above it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from amsp_testlib import run_cli
+
+from amsp_planner.validation import step_time_band
+
+# A job whose choice moves with the inter-node bandwidth: llama-7b on 4 DGX A100 nodes with a
+# small batch (one sequence per GPU), so communication is a large part of the step. At HDR
+# (200 Gbit/s per NIC) it replicates parameters and gradients and shards the optimizer in the
+# node; slower NICs make full sharding with ZeRO++ win, faster ones sharding the optimizer
+# across nodes.
+JOB = ["--model", "llama-7b", "--gpus", "32", "--seq-len", "2048", "--global-batch-seqs", "32"]
+
+
+def replan(*extra: str) -> str:
+    code, out, err = run_cli(["plan", *JOB, *extra, "--json", "-o", "-"])
+    assert code == 0, err
+    return json.loads(out)["decision"]["strategy"]
+
+
+@pytest.fixture(scope="module")
+def explained(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sens") / "plan.json"
+    code, _, err = run_cli(["plan", *JOB, "-o", str(path)])
+    assert code == 0, err
+    code, out, err = run_cli(["explain", str(path), "--json", "--workers", "2"])
+    assert code == 0, err
+    assert err.startswith("sensitivity: 8 searches")  # progress goes to stderr
+    facts = json.loads(out)
+    return path, facts, {a["name"]: a for a in facts["sensitivity"]["assumptions"]}
+
+
+def test_bandwidth_flips_where_explain_says_on_both_sides(explained):
+    _, facts, sens = explained
+    chosen = facts["strategy"].rsplit(",ga=", 1)[0]
+    bw = sens["inter_node_bandwidth"]
+    assert bw["value"] == pytest.approx(25.0)  # HDR: 200 Gbit/s = 25 GB/s per NIC
+    assert bw["below"] and bw["above"], bw  # this job's choice moves both ways
+    for side in ("below", "above"):
+        f = bw[side]
+        gbyte = f["value"]
+        # explain's bracket is 1% wide around the flip
+        assert f["holds_at"] / f["changes_at"] == pytest.approx(1, abs=0.0101)
+        lower = replan("--set", f"nic_gbit_per_s={0.97 * gbyte * 8}")
+        upper = replan("--set", f"nic_gbit_per_s={1.03 * gbyte * 8}")
+        assert lower != upper, (side, gbyte)
+        kept, changed = (upper, lower) if side == "below" else (lower, upper)
+        assert kept == chosen, (side, gbyte, kept)
+        assert changed == f["becomes"], (side, gbyte, changed)
+    assert bw["below"]["value"] < 25 < bw["above"]["value"]
+
+
+def test_memory_limit_flip_is_checked_by_replanning(explained):
+    _, facts, sens = explained
+    chosen = facts["strategy"].rsplit(",ga=", 1)[0]
+    mem = sens["memory_limit"]
+    assert mem["value"] == pytest.approx(80.0)
+    f = mem["below"]
+    assert f is not None
+    # the choice cannot survive a limit below its own memory
+    from amsp_planner.plan import load_plan
+
+    need = load_plan(explained[0]).evaluation.memory.total / 2**30
+    assert f["holds_at"] >= need
+    assert replan("--memory-limit", str(1.03 * f["value"])) == chosen
+    assert replan("--memory-limit", str(0.97 * f["value"])) == f["becomes"] != chosen
+    # more memory than it needs: nothing moves (up to 4x, 320 GiB)
+    assert mem["above"] is None and mem["high"] == pytest.approx(320.0)
+
+
+def test_capped_and_unchanged_assumptions_are_reported_as_such(explained):
+    _, facts, sens = explained
+    eff = sens["compute_efficiency"]  # A100 matmul fraction 0.85: can grow only to 1
+    assert eff["value"] == pytest.approx(0.85)
+    assert eff["high"] == pytest.approx(1.0) and eff["high_is_cap"]
+    slow = sens["comm_compute_slowdown"]
+    assert slow["value"] == pytest.approx(0.16) and slow["low"] == pytest.approx(0.04)
+    lines = facts["lines"]
+    start = next(i for i, line in enumerate(lines) if line.startswith("sensitivity"))
+    body = lines[start + 1:start + 5]
+    assert [line.split()[0] for line in body] == ["comm/compute", "inter-node", "compute",
+                                                  "memory"]
+    assert "(its maximum)" in body[2]
+    assert f"below {sens['inter_node_bandwidth']['below']['value']:.3g} it becomes" in body[1]
+
+
+def test_equivalent_candidates_are_inside_the_band(explained):
+    path, facts, _ = explained
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.plan import load_plan
+    from amsp_planner.strategy import Strategy
+
+    eq = facts["equivalent"]
+    band = step_time_band()
+    assert eq["band"] == band
+    p = load_plan(path)
+    names = [c["name"] for c in eq["candidates"]]
+    assert "runner-up 1" in names and "ddp" not in names  # ddp does not fit in 80 GiB
+    for c in eq["candidates"]:
+        e = evaluate(p.job, Strategy.parse(c["strategy"]), p.memory_limit)
+        assert e.fits and abs(e.step_s / p.evaluation.step_s - 1) <= band
+        assert c["strategy"] != facts["strategy"].rsplit(",ga=", 1)[0]
+    # and every fitting baseline inside the band is listed, by name or as a runner-up
+    listed = {c["strategy"] for c in eq["candidates"]}
+    for name, b in p.doc["baselines"].items():
+        if b["fits"] and abs(b["step_s"] / p.evaluation.step_s - 1) <= band:
+            s = Strategy.parse(b["strategy"])
+            assert str(s.with_(grad_accum=None)) in listed | {facts["strategy"]}, name
+
+
+def test_sequential_search_matches_the_process_pool(explained):
+    from amsp_planner.plan import load_plan
+    from amsp_planner.report.explain import ASSUMPTIONS, search_side, solve_options
+
+    path, facts, sens = explained
+    p = load_plan(path)
+    a = next(a for a in ASSUMPTIONS if a.key == "inter_node_bandwidth")
+    chosen = facts["strategy"].rsplit(",ga=", 1)[0]
+    found, solves = search_side(p.job, p.memory_limit, a, "above", chosen,
+                                solve_options(p.doc))
+    held, flip, becomes = found
+    assert becomes == sens["inter_node_bandwidth"]["above"]["becomes"]
+    assert 25 * flip == pytest.approx(sens["inter_node_bandwidth"]["above"]["changes_at"])
+    assert solves <= 2 + 7  # scan 2x, 4x; 7 halvings of a 2x bracket reach 1%
+
+
+def test_no_sensitivity_and_given_strategy_plans(tmp_path):
+    path = tmp_path / "given.json"
+    code, _, err = run_cli(["plan", *JOB, "--strategy", "zero3", "-o", str(path)])
+    assert code == 0, err
+    code, out, err = run_cli(["explain", str(path), "--no-sensitivity", "--json"])
+    assert code == 0 and err == ""
+    facts = json.loads(out)
+    assert "sensitivity" not in facts and "equivalent" not in facts
+    code, out, err = run_cli(["explain", str(path)])
+    assert code == 0
+    assert "sensitivity: skipped: the plan evaluates the given strategy zero3" in out
