@@ -141,3 +141,43 @@ def test_no_sensitivity_and_given_strategy_plans(tmp_path):
     code, out, err = run_cli(["explain", str(path)])
     assert code == 0
     assert "sensitivity: skipped: the plan evaluates the given strategy zero3" in out
+
+
+def test_scan_stops_at_a_fields_bound_and_zero_assumptions_are_not_scaled():
+    from amsp_testlib import make_job
+
+    from amsp_planner.cost.job import Job
+    from amsp_planner.report.explain import ASSUMPTIONS, _side_factors, scaled_job, sensitivity
+    from amsp_planner.specs import load_cluster
+
+    a = {a.key: a for a in ASSUMPTIONS}
+    job = make_job(8)
+    fast = Job.create(job.model, load_cluster("dgx-a100-hdr", {"nic_gbit_per_s": 40000}),
+                      job.training, 8)
+    # nic_gbit_per_s may be at most 100000: 2.5x, not 4x
+    assert _side_factors(fast, a["inter_node_bandwidth"], "above") == [2.0, 2.5]
+    assert _side_factors(job, a["inter_node_bandwidth"], "below") == [0.5, 0.25]
+    # A100 matmul 0.85 and attention 0.45 scale together; 0.85 reaches 1 first
+    j2, _ = scaled_job(job, 1.0, a["compute_efficiency"], 1 / 0.85)
+    assert j2.cluster.gpu.achievable_fraction == pytest.approx(1.0)
+    assert j2.cluster.gpu.attention_fraction == pytest.approx(0.45 / 0.85)
+    # measured inter-node tables scale with the NIC speed, intra-node ones do not
+    data = job.cluster.model_dump(mode="json")
+    pts = [{"size_bytes": 1 << 20, "busbw_gbyte_per_s": 10.0}]
+    data["measured"] = [{"op": "all_gather", "scope": "inter", "points": pts},
+                        {"op": "all_gather", "scope": "intra", "points": pts}]
+    from amsp_planner.specs.cluster import ClusterSpec
+
+    measured = Job.create(job.model, ClusterSpec.model_validate(data), job.training, 8)
+    j3, _ = scaled_job(measured, 1.0, a["inter_node_bandwidth"], 0.5)
+    assert j3.cluster.nic_gbit_per_s == 100
+    assert [t.points[0].busbw_gbyte_per_s for t in j3.cluster.measured] == [5.0, 10.0]
+    # the CPU processes have no comm/compute slowdown: reported, not scanned
+    cpu = make_job(4, cluster="cpu-local")
+    from amsp_planner.solver import solve
+
+    chosen = str(solve(cpu, runners_up=0).best.strategy.with_(grad_accum=None))
+    s = sensitivity(cpu, cpu.cluster.memory_bytes, chosen, {}, workers=1)
+    slow = next(x for x in s["assumptions"] if x["name"] == "comm_compute_slowdown")
+    assert slow["value"] == 0 and "cannot change" in slow["note"]
+    assert s["workers"] == 1 and s["solves"] > 0

@@ -234,17 +234,15 @@ class Assumption:
     display: float
     """Multiplier from the first field's unit to the unit shown (Gbit/s to GB/s: 1/8; the memory
     limit's bytes to GiB)."""
-    cap: float = float("inf")
-    """The largest value a scaled field may take (fractions: 1)."""
 
 
 ASSUMPTIONS = (
     Assumption("comm_compute_slowdown", "comm/compute slowdown", "s per s of overlapped comm",
-               ("gpu.comm_compute_slowdown",), 1.0, cap=1.0),
+               ("gpu.comm_compute_slowdown",), 1.0),
     Assumption("inter_node_bandwidth", "inter-node bandwidth", "GB/s per NIC",
                ("nic_gbit_per_s",), 1 / 8),
     Assumption("compute_efficiency", "compute efficiency", "of peak for matmuls",
-               ("gpu.achievable_fraction", "gpu.attention_fraction"), 1.0, cap=1.0),
+               ("gpu.achievable_fraction", "gpu.attention_fraction"), 1.0),
     Assumption("memory_limit", "memory limit", "GiB per GPU", (), 1 / GIB),
 )
 
@@ -277,11 +275,21 @@ def scaled_job(job, limit: float, a: Assumption, factor: float):
     return Job.create(job.model, cluster, job.training, job.num_gpus), limit
 
 
+def _upper_bound(key: str) -> float:
+    """The largest value the spec allows for cluster field `key` (its ``le``), or inf."""
+    from amsp_planner.specs.cluster import ClusterSpec, GpuSpec
+
+    parts = key.split(".")
+    info = (GpuSpec if parts[0] == "gpu" else ClusterSpec).model_fields[parts[-1]]
+    return min((m.le for m in info.metadata if getattr(m, "le", None) is not None),
+               default=float("inf"))
+
+
 def _max_factor(job, a: Assumption) -> float:
+    """The largest multiple scanned upward: 4x, or less where a field reaches its bound."""
     data = job.cluster.model_dump(mode="json")
-    values = [_field(data, k) for k in a.fields]
-    top = max((v for v in values if v is not None), default=0.0)
-    return a.cap / top if top > 0 and a.cap != float("inf") else SCAN_FACTORS[-1]
+    caps = [_upper_bound(k) / v for k in a.fields if (v := _field(data, k))]
+    return min([SCAN_FACTORS[-1], *caps])
 
 
 def _side_factors(job, a: Assumption, side: str) -> list[float]:
@@ -366,31 +374,38 @@ def sensitivity(job, limit: float, chosen: str, kw: dict, *, tol: float = TOLERA
         entry["high_is_cap"] = _max_factor(job, a) < SCAN_FACTORS[-1]
     workers = default_workers() if workers is None else max(1, workers)
     args = [(job, limit, a, side, chosen, kw, tol) for _, a, _, side in tasks]
+    workers = min(workers, max(1, len(args)))
     if progress:
         progress(f"sensitivity: {len(tasks)} searches of up to "
                  f"{len(SCAN_FACTORS) + _bisections(tol)} solves each, {workers} process(es)")
-    if workers == 1:
-        results = map(_search_task, args)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-        results = pool.map(_search_task, args)
+    results, workers = _run_searches(args, workers)
     solves = 0
-    try:
-        for (entry, a, base, side), (found, n) in zip(tasks, results, strict=True):
-            solves += n
-            if found is not None:
-                held, flip, becomes = found
-                entry[side] = {"value": base * (held * flip) ** 0.5 * a.display,
-                               "holds_at": base * held * a.display,
-                               "changes_at": base * flip * a.display, "becomes": becomes}
-    finally:
-        if workers > 1:
-            pool.shutdown()
+    for (entry, a, base, side), (found, n) in zip(tasks, results, strict=True):
+        solves += n
+        if found is not None:
+            held, flip, becomes = found
+            entry[side] = {"value": base * (held * flip) ** 0.5 * a.display,
+                           "holds_at": base * held * a.display,
+                           "changes_at": base * flip * a.display, "becomes": becomes}
     return {"tolerance": tol, "scan_factors": list(SCAN_FACTORS), "solves": solves,
             "workers": workers, "assumptions": out}
+
+
+def _run_searches(args: list, workers: int) -> tuple[list, int]:
+    """search_side over `args` in `workers` processes (in this one where processes cannot be
+    started); (results, processes used)."""
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            with ProcessPoolExecutor(workers,
+                                     mp_context=multiprocessing.get_context("spawn")) as pool:
+                return list(pool.map(_search_task, args)), workers
+        except (OSError, BrokenProcessPool):
+            pass
+    return [_search_task(a) for a in args], 1
 
 
 def _bisections(tol: float) -> int:
