@@ -32,6 +32,7 @@ def explained(tmp_path_factory):
     code, out, err = run_cli(["explain", str(path), "--json", "--workers", "2"])
     assert code == 0, err
     assert err.startswith("sensitivity: 8 searches")  # progress goes to stderr
+    assert len(err.splitlines()) == 1 + 8 and "inter-node bandwidth, below: changes" in err
     facts = json.loads(out)
     return path, facts, {a["name"]: a for a in facts["sensitivity"]["assumptions"]}
 

@@ -378,7 +378,13 @@ def sensitivity(job, limit: float, chosen: str, kw: dict, *, tol: float = TOLERA
     if progress:
         progress(f"sensitivity: {len(tasks)} searches of up to "
                  f"{len(SCAN_FACTORS) + _bisections(tol)} solves each, {workers} process(es)")
-    results, workers = _run_searches(args, workers)
+    def done(i, r):
+        if progress:
+            _, a, _, side = tasks[i]
+            progress(f"sensitivity: {a.label}, {side}: "
+                     f"{'changes' if r[0] else 'holds'} ({r[1]} solves)")
+
+    results, workers = _run_searches(args, workers, done)
     solves = 0
     for (entry, a, base, side), (found, n) in zip(tasks, results, strict=True):
         solves += n
@@ -391,21 +397,34 @@ def sensitivity(job, limit: float, chosen: str, kw: dict, *, tol: float = TOLERA
             "workers": workers, "assumptions": out}
 
 
-def _run_searches(args: list, workers: int) -> tuple[list, int]:
+def _run_searches(args: list, workers: int, done=None) -> tuple[list, int]:
     """search_side over `args` in `workers` processes (in this one where processes cannot be
-    started); (results, processes used)."""
+    started), calling `done(i, result)` as each finishes; (results, processes used)."""
+    results: list = [None] * len(args)
+
+    def finish(i, r):
+        results[i] = r
+        if done:
+            done(i, r)
+
     if workers > 1:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
         from concurrent.futures.process import BrokenProcessPool
 
         try:
             with ProcessPoolExecutor(workers,
                                      mp_context=multiprocessing.get_context("spawn")) as pool:
-                return list(pool.map(_search_task, args)), workers
+                futures = {pool.submit(_search_task, a): i for i, a in enumerate(args)}
+                for f in as_completed(futures):
+                    finish(futures[f], f.result())
+            return results, workers
         except (OSError, BrokenProcessPool):
             pass
-    return [_search_task(a) for a in args], 1
+    for i, a in enumerate(args):
+        if results[i] is None:
+            finish(i, _search_task(a))
+    return results, 1
 
 
 def _bisections(tol: float) -> int:
