@@ -169,7 +169,7 @@ def _add_sensitivity(p, opts: dict, facts: dict, lines: list[str], progress, wor
         lines.append(f"equivalent candidates (step time within the {eq['band'] * 100:.1f}% band "
                      f"of the step-time model): {len(eq['candidates']) or 'none'}")
         for c in eq["candidates"]:
-            lines.append(f"  {c['name']:10s} {c['strategy']}: {secs(c['step_s'])} "
+            lines.append(f"  {c['name']:11s} {c['strategy']}: {secs(c['step_s'])} "
                          f"({c['margin'] * 100:+.2f}%), {c['memory_gib']:.2f} GiB")
     given = p.doc["inputs"].get("search", {}).get("given_strategy")
     resolved = _decision(r.best.strategy) if r is not None else None
