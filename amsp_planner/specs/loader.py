@@ -111,6 +111,27 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A cluster spec's mapping with ``--set`` overrides applied (dotted keys for nested
+    fields, e.g. ``{"gpu.memory_gib": 40}``); `data` itself is left unchanged."""
+    data = dict(data)
+    for key, value in overrides.items():
+        target = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(target.get(part), dict):
+                raise AmspUserError(f"--set {key}: '{part}' is not a group of fields")
+            child = dict(target[part])
+            target[part] = child
+            target = child
+        top_fields = ClusterSpec.model_fields if len(parts) == 1 else None
+        if top_fields is not None and parts[0] not in top_fields:
+            close = ", ".join(sorted(k for k in top_fields if k != "measured"))
+            raise AmspUserError(f"--set {key}: no such cluster field: use one of {close}")
+        target[parts[-1]] = value
+    return data
+
+
 def load_cluster(name: str | None = None, overrides: dict[str, Any] | None = None) -> ClusterSpec:
     """A ClusterSpec from a preset name or spec file, with optional field overrides.
 
@@ -124,20 +145,7 @@ def load_cluster(name: str | None = None, overrides: dict[str, Any] | None = Non
     except ValueError as e:
         raise AmspUserError(f"{path}: field 'gpu': {e}") from None
     if overrides:
-        for key, value in overrides.items():
-            target = data
-            parts = key.split(".")
-            for part in parts[:-1]:
-                if not isinstance(target.get(part), dict):
-                    raise AmspUserError(f"--set {key}: '{part}' is not a group of fields")
-                child = dict(target[part])
-                target[part] = child
-                target = child
-            top_fields = ClusterSpec.model_fields if len(parts) == 1 else None
-            if top_fields is not None and parts[0] not in top_fields:
-                close = ", ".join(sorted(k for k in top_fields if k != "measured"))
-                raise AmspUserError(f"--set {key}: no such cluster field: use one of {close}")
-            target[parts[-1]] = value
+        data = apply_overrides(data, overrides)
         data["name"] = f"{data['name']}*"
     return _validate(ClusterSpec, data, str(path) if not overrides else f"{path} with --set")
 
