@@ -99,14 +99,14 @@ class EngineProfile:
         got = self.training_for(training)
         if got is training:
             return None
-        return (f"{self.title} reduces gradients in {got.grad_accum_dtype} "
-                f"({self.reduce_source}): priced with --grad-accum-dtype {got.grad_accum_dtype}, "
-                f"not {training.grad_accum_dtype}")
+        return (f"{self.title} reduces gradients {self.reduce_source}: priced with "
+                f"--grad-accum-dtype {got.grad_accum_dtype}, not {training.grad_accum_dtype}")
 
     @property
     def reduce_source(self) -> str:
-        return {"fp32": "float32 only", "param": "in the parameters' dtype"}.get(
-            self.reduce_dtype or "", "as configured")
+        """How it picks the gradient-reduction dtype, in words."""
+        return {"fp32": "in float32 only", "param": "in the parameters' dtype"}.get(
+            self.reduce_dtype or "", "in the dtype configured")
 
 
 PROFILES = {

@@ -52,6 +52,8 @@ class SolveOptions:
     precision: str = "bf16"
     grad_accum_dtype: str = "bf16"
     zeropp: bool = True
+    engine: str = "amsp"
+    """The engine that runs the plans (amsp_planner/engines.py)."""
     objective: str = "time"
     solver: str = "highs"
     time_limit_s: float = 30.0
@@ -295,7 +297,7 @@ def build_point_job(p: Point, opt: SolveOptions):
                          grad_accum_dtype=opt.grad_accum_dtype)
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, "training options")) from None
-    job = Job.create(model, cluster, t, p.get("gpus"))
+    job = Job.create(model, cluster, t, p.get("gpus"), opt.engine)
     job = dataclasses.replace(job, topology=_topology(key, job.num_gpus))
     lim = p.get("memory_limit_gib")
     return job, (lim * GIB if lim is not None else cluster.memory_bytes)

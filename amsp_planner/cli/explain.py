@@ -1,24 +1,52 @@
 """amsp explain: why a plan chose what it chose.
 
     amsp explain plan.json
+    amsp explain plan.json --engine deepspeed     # as DeepSpeed would run it
 """
 
 from __future__ import annotations
 
 import click
 
+from amsp_planner.engines import ENGINES
+
 
 @click.command()
 @click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="Explain the plan as this engine runs it: what changes, what it costs, then "
+                   "the explanation on that engine (default: the engine the plan was made for).")
 @click.option("--json", "as_json", is_flag=True)
-def explain(plan_file, as_json):
+def explain(plan_file, engine, as_json):
     """The binding constraint, the marginal value of memory, runners-up, baselines, and the phase
     that dominates exposed communication."""
+    import dataclasses
+
+    from amsp_planner.cost.evaluate import evaluate
     from amsp_planner.plan import load_plan
     from amsp_planner.report.explain import explain_plan
 
     p = load_plan(plan_file)
+    made_for = p.job.engine
+    head, changes = [], []
+    if engine is not None and engine != made_for:
+        from amsp_planner.exports import TARGETS, target_module
+        from amsp_planner.exports.common import translate
+
+        why = target_module(engine).WHY if engine in TARGETS else None
+        s, exact, tjob, changes = translate(p.job, p.strategy, engine, p.memory_limit, why)
+        how = "the plan's strategy" if exact else "the closest strategy it runs"
+        head.append(f"engine: {engine} (the plan was made for {made_for}) runs {s}, {how}")
+        if changes:
+            *knobs, cost = changes
+            head += [f"  differs: {'; '.join(knobs)}", f"  costs: {cost}"]
+        p = dataclasses.replace(p, job=tjob, strategy=s,
+                                evaluation=evaluate(tjob, s, p.memory_limit))
+    elif made_for != "amsp":
+        head.append(f"engine: {made_for}")
     facts = explain_plan(p)
+    facts.update(engine=p.job.engine, made_for=made_for, engine_changes=changes)
+    facts["lines"] = head + facts["lines"]
     if as_json:
         import json
 

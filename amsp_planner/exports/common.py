@@ -117,9 +117,11 @@ def translate(job: Job, plan: Strategy, engine: str, memory_limit: float | None,
     diffs: list[str] = []
     if not exact:
         why = why or {}
+        groups: dict[str | None, list[str]] = {}  # knobs given up for one reason, together
         for knob, line, lost in knob_differences(plan, closest):
-            reason = why.get(knob) if lost else None
-            diffs.append(f"{line}: {reason}" if reason else line)
+            groups.setdefault(why.get(knob) if lost else None, []).append(line)
+        diffs += [f"{', '.join(lines)}: {reason}" if reason else ", ".join(lines)
+                  for reason, lines in groups.items()]
     diffs += behaviour_differences(job, tjob)
     if diffs:
         diffs.append(cost_difference(pe, ce))
