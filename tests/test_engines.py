@@ -214,3 +214,17 @@ def test_older_plan_files_load_as_amsp():
         doc = json.loads(path.read_text())
         assert "engine" not in doc["inputs"]
         assert load_plan(path).job.engine == "amsp"
+
+
+def test_whatif_engine_keeps_every_point_in_its_space():
+    code, out, err = run_cli(["whatif", "--model", "llama-7b", "--gpus", "16,64", "--engine",
+                              "torchtitan", "-j", "1", "--format", "csv"])
+    assert code == 0, err
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 2
+    for row in rows:
+        s = Strategy.parse(row["strategy"])
+        assert s.s_p == s.s_g == s.s_os and s.hpz == 1 and not (s.qwz or s.qgz), row
