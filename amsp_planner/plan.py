@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from amsp_planner import __version__
 from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
+from amsp_planner.engines import DEFAULT_ENGINE, ENGINES
 from amsp_planner.errors import AmspUserError, format_validation_error
 from amsp_planner.specs.cluster import ClusterSpec
 from amsp_planner.specs.model import ModelSpec
@@ -37,6 +38,7 @@ VERSION = 1
 
 
 # ----- the document's schema ----------------------------------------------------------------
+EngineName = Literal[ENGINES]
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -54,6 +56,9 @@ class Inputs(_Strict):
     num_gpus: int = Field(ge=1)
     memory_limit_bytes: float = Field(gt=0)
     objective: Literal["time", "comm"] = "time"
+    engine: EngineName = DEFAULT_ENGINE
+    """The engine the plan was made for (amsp_planner/engines.py); written when not amsp, so
+    plan files from before engines existed, and amsp plans, read as amsp."""
     search: dict[str, Any] = Field(default_factory=dict)
     """Restrictions the search ran under (zeropp, pinned micro-batch / checkpointing)."""
     hashes: Hashes
@@ -191,6 +196,7 @@ def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
             "num_gpus": job.num_gpus,
             "memory_limit_bytes": best.memory_limit,
             "objective": objective,
+            **({"engine": job.engine} if job.engine != DEFAULT_ENGINE else {}),
             "search": search or {},
             "hashes": {k: sha256(v) for k, v in specs.items()},
         },
@@ -306,7 +312,7 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
             "regenerate it with amsp plan"
         )
     try:
-        job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus)
+        job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine)
         strategy = Strategy.parse(doc.decision.strategy).with_(grad_accum=doc.decision.grad_accum)
         ev = evaluate(job, strategy, inp.memory_limit_bytes)
     except AmspUserError as e:

@@ -52,6 +52,8 @@ class SolveOptions:
     precision: str = "bf16"
     grad_accum_dtype: str = "bf16"
     zeropp: bool = True
+    engine: str = "amsp"
+    """The engine that runs the plans (amsp_planner/engines.py)."""
     objective: str = "time"
     solver: str = "highs"
     time_limit_s: float = 30.0
@@ -309,7 +311,7 @@ def build_point_job(p: Point, opt: SolveOptions):
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, "training options")) from None
     cluster, split = Job.fit_nodes(cluster, p.get("gpus"))
-    job = Job.create(model, cluster, t, p.get("gpus"))
+    job = Job.create(model, cluster, t, p.get("gpus"), opt.engine)
     if split is None:  # the cluster as given: its topology is shared by the points that use it
         job = dataclasses.replace(job, topology=_topology(key, job.num_gpus))
     lim = p.get("memory_limit_gib")

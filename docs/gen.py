@@ -24,6 +24,9 @@ EXPORT_CMDS = [
     "amsp export plan.json --to deepspeed -o ds_config.json",
     "amsp export plan.json --to fsdp2 -o amsp_fsdp2.py",
     "amsp export plan.json --to torchtitan -o amsp_torchtitan.args",
+    "amsp plan --model llama-7b --gpus 64 --engine deepspeed -o ds_plan.json",
+    "amsp export ds_plan.json --to deepspeed -o ds_config.json",
+    "amsp export ds_plan.json --to torchtitan -o amsp_torchtitan.args",
 ]
 WHATIF = ("amsp whatif --model llama-13b,llama2-70b --gpus 64,128,256,512,1024,2048,4096 "
           "--global-batch 16M --set node_gbit_per_s=100,200,400,800 "

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from amsp_planner.cost.evaluate import evaluate
 from amsp_planner.cost.job import Job
+from amsp_planner.engines import ENGINES
 from amsp_planner.errors import InfeasibleError
 from amsp_planner.solver import SearchSpace
 from amsp_planner.solver import solve as _solve
@@ -26,13 +27,13 @@ solve = functools.partial(_solve, preference=FASTEST)
 
 
 def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=None,
-             overlap=None, **train):
+             overlap=None, engine="amsp", **train):
     overrides = {"gpus_per_node": gpus_per_node} if gpus_per_node else {}
     if overlap is not None:
         overrides["overlap_efficiency"] = overlap
     c = load_cluster(cluster, overrides or None)
     t = TrainingSpec(seq_len=seq_len, global_batch_seqs=gpus * seqs_per_gpu, **train)
-    return Job.create(load_model(model), c, t, gpus)
+    return Job.create(load_model(model), c, t, gpus, engine)
 
 
 def check_against_brute_force(job, limit, zeropp=True, objective="time"):
@@ -68,6 +69,10 @@ instances = st.fixed_dictionaries({
     "objective": st.sampled_from(["time", "time", "comm"]),
     "overlap": st.sampled_from([1.0, 1.0, 0.5, 0.0]),
     "profile": st.sampled_from(["eager", "fused"]),
+    # the engine restricts the space (SearchSpace.triples, ZeRO++ switches) and the gradient
+    # dtype it runs; amsp, the unrestricted space, twice as often
+    "engine": st.sampled_from(["amsp", "amsp", *ENGINES[1:]]),
+    "grad_dtype": st.sampled_from(["bf16", "bf16", "fp32"]),
 })
 
 
@@ -78,7 +83,8 @@ def test_ilp_equals_brute_force(p):
     gpus = p["gpus_per_node"] * p["nodes"]
     job = make_job(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
                    gpus_per_node=p["gpus_per_node"], overlap=p["overlap"],
-                   activation_profile=p["profile"])
+                   activation_profile=p["profile"], engine=p["engine"],
+                   grad_accum_dtype=p["grad_dtype"])
     # memory limits from "nothing fits" to "everything fits" relative to DDP's need
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
     check_against_brute_force(job, ddp * p["limit_frac"], p["zeropp"], p["objective"])

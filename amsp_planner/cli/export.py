@@ -11,14 +11,18 @@ TARGET_CHOICES = ("deepspeed", "fsdp2", "torchtitan", "internevo")
 
 
 def summary_lines(result, out_name: str | None) -> list[str]:
-    """What the user reads: where it went, exact or not, the differences and caveats."""
+    """What the user reads: where it went, exact or not, what changes and what it costs, the
+    caveats. The changes are one line (every changed knob and engine behaviour), the cost one
+    more."""
     where = f"wrote {out_name}" if out_name else f"{result.target} config"
     if result.exact:
         lines = [f"{where} ({result.target}): expresses the plan exactly ({result.closest})"]
     else:
         lines = [f"{where} ({result.target}): the plan is not expressible in {result.target}; "
                  f"closest expressible strategy: {result.closest}"]
-        lines += [f"  differs: {d}" for d in result.differences]
+    if result.differences:
+        *changes, cost = result.differences
+        lines += [f"  differs: {'; '.join(changes)}", f"  costs: {cost}"]
     lines += [f"  note: {n}" for n in result.notes]
     return lines
 

@@ -7,6 +7,16 @@ import click
 from amsp_planner.errors import AmspUserError
 
 
+def engine_option(f):
+    """--engine: the engine that runs the plan (amsp_planner/engines.py)."""
+    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES
+
+    return click.option(
+        "--engine", type=click.Choice(ENGINES), default=DEFAULT_ENGINE, show_default=True,
+        help="The engine that runs the plan: search only what it executes exactly and predict "
+             "with its behaviour (amsp: the bundled runtime, amsp train).")(f)
+
+
 def job_options(f):
     """--model, --gpus, --cluster, --set and the training options."""
     opts = [
@@ -38,6 +48,7 @@ def job_options(f):
                      show_default=True, help="Gradient shard and reduction dtype."),
         click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Memory per GPU in GiB (default: the GPU's memory)."),
+        engine_option,
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -96,7 +107,7 @@ def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
 
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
-              memory_limit=None, activation_profile="eager", **_ignored):
+              memory_limit=None, activation_profile="eager", engine="amsp", **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -119,9 +130,12 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, "training options")) from None
     warn_seq_len(m, seq_len)
-    c, note = Job.fit_nodes(c, gpus)
+    c, split = Job.fit_nodes(c, gpus)
+    if split:
+        click.echo(f"note: {split}", err=True)
+    job = Job.create(m, c, t, gpus, engine)
+    note = job.profile.training_note(t)
     if note:
         click.echo(f"note: {note}", err=True)
-    job = Job.create(m, c, t, gpus)
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit

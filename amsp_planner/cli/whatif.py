@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
+from amsp_planner.cli.options import choice_options, engine_option
 from amsp_planner.errors import AmspUserError
-from amsp_planner.cli.options import choice_options
 from amsp_planner.report.grid import format_option
 
 
@@ -116,6 +116,7 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
               show_default=True)
 @click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
 @choice_options
+@engine_option
 @click.option("--objective", type=click.Choice(["time", "comm"]), default="time",
               show_default=True)
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True)
@@ -137,7 +138,7 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
               help="Processes (default: the cores this process may use).")
 def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, global_batches,
            global_batch_seqs, memory_limits, micro_batch, activation_checkpointing,
-           no_flash_attention, precision, grad_accum_dtype, no_zeropp, objective, solver,
+           no_flash_attention, precision, grad_accum_dtype, no_zeropp, engine, objective, solver,
            time_limit, gpu_hour_price, csv_path, json_path, plot_path, x_axis, fmt, wide,
            workers, headroom, quantization, tie_band):
     """Sweep GPU counts, models, clusters and cluster edits; the optimal plan at every point."""
@@ -169,7 +170,7 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
     ckpt = {"on": True, "off": False, "auto": None}[activation_checkpointing]
     opts = w.SolveOptions(micro_batch=micro_batch, activation_checkpointing=ckpt,
                           flash_attention=not no_flash_attention, precision=precision,
-                          grad_accum_dtype=grad_accum_dtype, zeropp=not no_zeropp,
+                          grad_accum_dtype=grad_accum_dtype, zeropp=not no_zeropp, engine=engine,
                           objective=objective, solver=solver, time_limit_s=time_limit,
                           gpu_hour_price=prices, headroom=headroom, quantization=quantization,
                           tie_band=tie_band)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from amsp_planner.engines import DEFAULT_ENGINE, EngineProfile, profile
 from amsp_planner.errors import AmspUserError
 from amsp_planner.specs.cluster import ClusterSpec
 from amsp_planner.specs.model import ModelSpec
@@ -22,6 +23,9 @@ class Job:
     training: TrainingSpec
     num_gpus: int
     topology: Topology = field(compare=False, repr=False, hash=False)
+    engine: str = DEFAULT_ENGINE
+    """The engine that runs the plan (amsp_planner/engines.py): it restricts the search space,
+    and ``training`` is already as that engine runs it (its gradient-reduction dtype)."""
 
     @staticmethod
     def fit_nodes(cluster: ClusterSpec, num_gpus: int) -> tuple[ClusterSpec, str | None]:
@@ -41,7 +45,9 @@ class Job:
 
     @classmethod
     def create(cls, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-               num_gpus: int) -> Job:
+               num_gpus: int, engine: str = DEFAULT_ENGINE) -> Job:
+        """The job; `training` becomes what `engine` runs (``EngineProfile.training_for``)."""
+        training = profile(engine).training_for(training)
         if num_gpus < 1:
             raise AmspUserError(f"--gpus: must be at least 1, got {num_gpus}")
         r = cluster.gpus_per_node
@@ -73,7 +79,17 @@ class Job:
                 f"--micro-batch {training.micro_batch} does not divide the {b // num_gpus} "
                 f"sequences per GPU: use a divisor of {b // num_gpus}"
             )
-        return cls(model, cluster, training, num_gpus, Topology(cluster, num_gpus))
+        return cls(model, cluster, training, num_gpus, Topology(cluster, num_gpus), engine)
+
+    def for_engine(self, engine: str) -> Job:
+        """The same job run by another engine (its behaviour applied to the training spec)."""
+        if engine == self.engine:
+            return self
+        return Job.create(self.model, self.cluster, self.training, self.num_gpus, engine)
+
+    @property
+    def profile(self) -> EngineProfile:
+        return profile(self.engine)
 
     # ----- derived --------------------------------------------------------------------------
     @property

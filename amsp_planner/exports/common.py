@@ -5,10 +5,14 @@ express only part of the AMSP space (DeepSpeed: three ZeRO stages plus ZeRO++ sw
 one shard factor for P, G and OS; ...). The exporter lists that part, as Strategy values that keep
 the plan's micro-batch, accumulation and checkpointing, and:
 
+- the part is the target engine's search space (amsp_planner/engines.py, SearchSpace.for_job),
+  so a plan made with ``--engine T`` is always in it;
 - if the plan's strategy is in it, exports it as is (``exact=True``);
 - otherwise exports the candidate the cost model rates best: one that fits in memory with the
   lowest step time, else the one needing the least memory (``exact=False``). The differences
   name each changed knob and its predicted cost: step time and memory per GPU, before and after.
+- candidates are priced as the target runs them (its gradient-reduction dtype); when that
+  differs from the plan's job, the differences say so and price it, even when exact.
 
 No guessing: the choice is ``min`` over evaluated candidates, so a test can re-evaluate them.
 """
@@ -58,14 +62,20 @@ def rank_key(e: Evaluation) -> tuple:
 
 
 def closest_expressible(job: Job, plan: Strategy, candidates: Iterable[Strategy],
-                        memory_limit: float | None, target: str
+                        memory_limit: float | None, target: str, target_job: Job | None = None
                         ) -> tuple[Strategy, bool, Evaluation, Evaluation]:
-    """(closest, exact, plan evaluation, closest evaluation) among `candidates`."""
+    """(closest, exact, plan evaluation, closest evaluation) among `candidates`.
+
+    The plan is priced on its own job; the candidates on `target_job` (default the same), the
+    job as the target engine runs it.
+    """
+    tjob = job if target_job is None else target_job
     plan_eval = evaluate(job, plan, memory_limit)
     cands = list(dict.fromkeys(candidates))
     if plan in cands:
-        return plan, True, plan_eval, plan_eval
-    evals = [e for e in (try_evaluate(job, c, memory_limit) for c in cands) if e is not None]
+        return plan, True, plan_eval, (plan_eval if tjob == job
+                                       else evaluate(tjob, plan, memory_limit))
+    evals = [e for e in (try_evaluate(tjob, c, memory_limit) for c in cands) if e is not None]
     if not evals:
         raise AmspUserError(
             f"--to {target}: none of the strategies {target} can express is valid for "
@@ -73,6 +83,49 @@ def closest_expressible(job: Job, plan: Strategy, candidates: Iterable[Strategy]
         )
     best = min(evals, key=rank_key)
     return best.strategy, False, plan_eval, best
+
+
+def expressible(job: Job, plan: Strategy) -> list[Strategy]:
+    """Every strategy ``job.engine`` runs exactly (its SearchSpace, ZeRO++ included), with the
+    plan's micro-batch, accumulation and checkpointing."""
+    from amsp_planner.solver.space import SearchSpace
+
+    space = SearchSpace.for_job(job, micro_batch=plan.micro_batch, ckpt=plan.ckpt)
+    return [c.with_(grad_accum=plan.grad_accum) for c in space.candidates(job)]
+
+
+def behaviour_differences(job: Job, target_job: Job) -> list[str]:
+    """What the target engine runs differently from the plan's job, beyond the strategy."""
+    a, b = job.training, target_job.training
+    if a.grad_accum_dtype == b.grad_accum_dtype:
+        return []
+    return [f"gradient dtype {a.grad_dtype_name} -> {b.grad_dtype_name}: "
+            f"{target_job.profile.title} reduces gradients {target_job.profile.reduce_source}"]
+
+
+def translate(job: Job, plan: Strategy, engine: str, memory_limit: float | None,
+              why: dict[str, str] | None = None) -> tuple[Strategy, bool, Job, list[str]]:
+    """The plan as `engine` runs it: (strategy, exact, the engine's job, difference lines).
+
+    exact: the engine runs the plan's strategy as written. The lines name each changed knob
+    (with the reason from `why`) and what the engine does differently, then the predicted
+    cost of the change; none when the engine runs the plan as predicted.
+    """
+    tjob = job.for_engine(engine)
+    closest, exact, pe, ce = closest_expressible(job, plan, expressible(tjob, plan),
+                                                 memory_limit, engine, tjob)
+    diffs: list[str] = []
+    if not exact:
+        why = why or {}
+        groups: dict[str | None, list[str]] = {}  # knobs given up for one reason, together
+        for knob, line, lost in knob_differences(plan, closest):
+            groups.setdefault(why.get(knob) if lost else None, []).append(line)
+        diffs += [f"{', '.join(lines)}: {reason}" if reason else ", ".join(lines)
+                  for reason, lines in groups.items()]
+    diffs += behaviour_differences(job, tjob)
+    if diffs:
+        diffs.append(cost_difference(pe, ce))
+    return closest, exact, tjob, diffs
 
 
 def knob_differences(plan: Strategy, closest: Strategy) -> list[tuple[str, str, bool]]:
@@ -105,35 +158,15 @@ def cost_difference(plan_eval: Evaluation, closest_eval: Evaluation) -> str:
             f"{limit / GIB:.2f} GiB)")
 
 
-def finish(target: str, job: Job, plan: Strategy, candidates: Iterable[Strategy],
-           memory_limit: float | None, render, why: dict[str, str] | None = None,
-           notes=None) -> ExportResult:
-    """Pick the closest expressible strategy, render it, and state the differences.
+def finish(target: str, job: Job, plan: Strategy, memory_limit: float | None, render,
+           why: dict[str, str] | None = None, notes=None) -> ExportResult:
+    """Pick what the target runs for the plan (``translate``), render it, state the
+    differences.
 
-    `render(job, strategy) -> text`; `why` maps a knob name (s_P, hpZ, qwz, ...) to the reason
-    the target cannot keep it, appended to that knob's difference line; `notes(closest)` lists
-    the caveats of the exported strategy.
+    `render(job, strategy) -> text` (called with the job as the target runs it); `why` maps a
+    knob name (s_P, hpZ, qwz, ...) to the reason the target cannot keep it, appended to that
+    knob's difference line; `notes(closest)` lists the caveats of the exported strategy.
     """
-    closest, exact, pe, ce = closest_expressible(job, plan, candidates, memory_limit, target)
-    diffs: list[str] = []
-    if not exact:
-        why = why or {}
-        for knob, line, lost in knob_differences(plan, closest):
-            reason = why.get(knob) if lost else None
-            diffs.append(f"{line}: {reason}" if reason else line)
-        diffs.append(cost_difference(pe, ce))
-    return ExportResult(target=target, text=render(job, closest), exact=exact, closest=closest,
+    closest, exact, tjob, diffs = translate(job, plan, target, memory_limit, why)
+    return ExportResult(target=target, text=render(tjob, closest), exact=exact, closest=closest,
                         differences=tuple(diffs), notes=tuple(notes(closest)) if notes else ())
-
-
-def factor_grid(job: Job) -> list[int]:
-    """Shard factors valid for this job (AMSP's divisibility and intra-node-first rules)."""
-    from amsp_planner.strategy import factor_options
-
-    return factor_options(job.num_gpus, job.gpus_per_node)
-
-
-def keep_non_sharding(plan: Strategy, **sharding) -> Strategy:
-    """A candidate: the plan's micro-batch, accumulation and checkpointing, new sharding knobs."""
-    base = Strategy(micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, ckpt=plan.ckpt)
-    return base.with_(**sharding)

@@ -40,7 +40,7 @@ from typing import Any
 
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError
-from amsp_planner.exports.common import ExportResult, finish, keep_non_sharding
+from amsp_planner.exports.common import ExportResult, expressible, finish
 from amsp_planner.strategy import Strategy
 
 TARGET = "deepspeed"
@@ -57,26 +57,10 @@ WHY = {
 
 
 # ----- plan -> ds_config ----------------------------------------------------------------------
-def _stage0_allowed(job: Job) -> bool:
-    """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation."""
-    t = job.training
-    return not (t.precision == "bf16" and t.grad_accum_dtype == "fp32")
-
-
 def candidates(job: Job, plan: Strategy) -> list[Strategy]:
-    """Every strategy a ds_config can express for this job (see the module table)."""
-    n, r = job.num_gpus, job.gpus_per_node
-    out = []
-    if _stage0_allowed(job):
-        out.append(keep_non_sharding(plan))
-    out.append(keep_non_sharding(plan, s_os=n))
-    out.append(keep_non_sharding(plan, s_g=n, s_os=n))
-    hpz_sizes = [1] + [h for h in range(2, r + 1) if r % h == 0 and n % h == 0 and h < n]
-    for h in hpz_sizes:
-        for qwz in (False, True):
-            for qgz in (False, True):
-                out.append(keep_non_sharding(plan, s_p=n, s_g=n, s_os=n, hpz=h, qwz=qwz, qgz=qgz))
-    return out
+    """Every strategy the target runs exactly for this job (its engine profile,
+    amsp_planner/engines.py), with the plan's micro-batch, accumulation and checkpointing."""
+    return expressible(job.for_engine(TARGET), plan)
 
 
 def stage_of(s: Strategy, num_gpus: int) -> int:
@@ -107,7 +91,7 @@ def config_dict(job: Job, s: Strategy) -> dict[str, Any]:
     t = job.training
     n_micro = job.n_micro(s)
     stage = stage_of(s, job.num_gpus)
-    if stage == 0 and not _stage0_allowed(job):
+    if stage == 0 and not job.for_engine(TARGET).profile.stage0_allowed(job.training):
         stage = 1  # only at N = 1, where stage 1 shards over one GPU: the same strategy
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     zero.update(buffers(job, stage) if stage > 0 else {})
@@ -146,8 +130,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
                        "mics_shard_size")
         return out
 
-    return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
-                  WHY, notes)
+    return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)
 
 
 def parse_with_deepspeed(config: dict[str, Any], num_gpus: int) -> dict[str, Any]:

@@ -29,7 +29,7 @@ otherwise; the plan's schedule all-reduces once per step, so the module provides
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
-from amsp_planner.exports.common import ExportResult, factor_grid, finish, keep_non_sharding
+from amsp_planner.exports.common import ExportResult, expressible, finish
 from amsp_planner.strategy import Strategy
 
 TARGET = "fsdp2"
@@ -45,15 +45,9 @@ WHY = {
 
 
 def candidates(job: Job, plan: Strategy) -> list[Strategy]:
-    """Every (s, s, s) mesh, each with every reshard_after_forward int that is a node divisor."""
-    r = job.gpus_per_node
-    out = []
-    for s in factor_grid(job):
-        out.append(keep_non_sharding(plan, s_p=s, s_g=s, s_os=s))
-        for h in range(2, s):
-            if r % h == 0 and s % h == 0:
-                out.append(keep_non_sharding(plan, s_p=s, s_g=s, s_os=s, hpz=h))
-    return out
+    """Every strategy the target runs exactly for this job (its engine profile,
+    amsp_planner/engines.py), with the plan's micro-batch, accumulation and checkpointing."""
+    return expressible(job.for_engine(TARGET), plan)
 
 
 def settings(job: Job, s: Strategy) -> dict:
@@ -204,8 +198,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
                        "keeps it); memory peaks at the same point")
         return out
 
-    return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
-                  WHY, notes)
+    return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)
 
 
 def _Tiny():

@@ -21,7 +21,7 @@ not installed.
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
-from amsp_planner.exports.common import ExportResult, factor_grid, finish, keep_non_sharding
+from amsp_planner.exports.common import ExportResult, expressible, finish
 from amsp_planner.strategy import Strategy
 
 TARGET = "internevo"
@@ -37,11 +37,9 @@ WHY = {
 
 
 def candidates(job: Job, plan: Strategy) -> list[Strategy]:
-    out = []
-    for s in factor_grid(job):
-        out.append(keep_non_sharding(plan, s_os=s))
-        out.append(keep_non_sharding(plan, s_p=s, s_g=s, s_os=s))
-    return out
+    """Every strategy the target runs exactly for this job (its engine profile,
+    amsp_planner/engines.py), with the plan's micro-batch, accumulation and checkpointing."""
+    return expressible(job.for_engine(TARGET), plan)
 
 
 def config_dicts(job: Job, s: Strategy) -> dict[str, dict]:
@@ -84,13 +82,12 @@ def render(job: Job, s: Strategy) -> str:
 def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:
     def notes(s: Strategy) -> list[str]:
         out = []
-        if job.training.grad_dtype_name == "bf16" and s.s_p == 1:
-            out.append("InternEvo's hybrid ZeRO optimizer reduces gradients in its own buckets "
-                       "and dtype; the plan prices bf16 reductions")
+        if s.s_p == 1:
+            out.append("InternEvo's hybrid ZeRO optimizer reduces gradients in "
+                       "reduce_bucket_size buckets; the plan prices one reduction per unit")
         return out
 
-    return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
-                  WHY, notes)
+    return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)
 
 
 def check(text: str, num_gpus: int, batch_seqs: int) -> dict:

@@ -21,7 +21,7 @@ parses the overrides with torchtitan's own ConfigManager (the interop extra).
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
-from amsp_planner.exports.common import ExportResult, factor_grid, finish, keep_non_sharding
+from amsp_planner.exports.common import ExportResult, expressible, finish
 from amsp_planner.strategy import Strategy
 
 TARGET = "torchtitan"
@@ -56,7 +56,9 @@ CHECK_BASE = ("--module", "llama3", "--config", "llama3_debugmodel")
 
 
 def candidates(job: Job, plan: Strategy) -> list[Strategy]:
-    return [keep_non_sharding(plan, s_p=s, s_g=s, s_os=s) for s in factor_grid(job)]
+    """Every strategy the target runs exactly for this job (its engine profile,
+    amsp_planner/engines.py), with the plan's micro-batch, accumulation and checkpointing."""
+    return expressible(job.for_engine(TARGET), plan)
 
 
 def sections(job: Job, s: Strategy) -> dict[str, dict]:
@@ -102,16 +104,12 @@ def overrides(text: str) -> list[str]:
 def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:
     def notes(s: Strategy) -> list[str]:
         out = []
-        if job.training.grad_dtype_name == "bf16":
-            out.append("torchtitan 0.3 reduces gradients in float32 only: its gradient "
-                       "reductions move twice the plan's bf16 bytes")
         if s.s_p < job.num_gpus and job.n_micro(s) > 1:
             out.append("torchtitan all-reduces HSDP replicas on every micro-batch; the plan "
                        "prices one all-reduce per step")
         return out
 
-    return finish(TARGET, job, strategy, candidates(job, strategy), memory_limit, render,
-                  WHY, notes)
+    return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)
 
 
 def check(text: str, num_gpus: int) -> dict:

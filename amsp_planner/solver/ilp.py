@@ -17,6 +17,9 @@ Variables (binaries unless noted; times in seconds, memory in GiB):
            x the links force z to the product x_p * x_g.
   [hpz]    h_z <= sum_{f in F: f > z, z | f} xP_f
   [qwz]    xPq_1 = 0;  [qgz] xGq_1 = 0
+  [engine] with the engine's triples T (SearchSpace.triples): w_t binary, sum_t w_t = 1,
+           xP_f = sum_{t in T: t_P = f} w_t (likewise G, OS); with qgz_needs_p,
+           sum_g xGq_g <= sum_{f > 1} xP_f
 
 Per-micro-batch collective times (tables T from the cost model's schedule, see
 ``_tables``): C_f = sum_f xPn_f T_ag(f) + xPq_f T_agq(f) (forward gathers);
@@ -336,6 +339,7 @@ class StrategyIlp:
             prob += lin(self.h.values()) <= 1, "at_most_one_hpz"
         for z, hz in self.h.items():
             prob += hz <= lin(xP(f) for f in F if f > z and f % z == 0), f"hpz_{z}_needs_p"
+        self._add_engine(xP, xG)
 
         def pairs(name, left, right, rows, cols):
             z = {(a, b): B(f"z{name}_{a}_{b}", lowBound=0, upBound=1)
@@ -381,6 +385,22 @@ class StrategyIlp:
         if self.memory_limit != float("inf"):
             prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
         prob.setObjective(self.step_expr)
+
+    def _add_engine(self, xP, xG) -> None:
+        """The engine's restrictions (SearchSpace.triples, qgz_needs_p): one binary w_t per
+        allowed triple t = (p, g, o), sum_t w_t = 1, and each factor binary the sum of the w_t
+        that use it (so x picks an allowed triple, and w follows from x); qgZ at most where
+        s_P > 1."""
+        sp, prob, lin = self.space, self.prob, self.pulp.lpSum
+        if sp.triples is not None:
+            w = {t: prob.add_variable("w_{}_{}_{}".format(*t), cat="Binary") for t in sp.triples}
+            prob += lin(w.values()) == 1, "one_engine_triple"
+            for i, (name, x) in enumerate((("P", xP), ("G", xG), ("O", self.xO.__getitem__))):
+                for f in sp.factors:
+                    prob += x(f) == lin(v for t, v in w.items() if t[i] == f), f"engine_{name}_{f}"
+        if sp.qgz_needs_p and self.xGq:
+            prob += (lin(self.xGq.values()) <= lin(xP(f) for f in sp.factors if f > 1),
+                     "engine_qgz_needs_p")
 
     def _add_time(self, xP, xG, J) -> None:
         """The step model (cost/step_time.py) as linear constraints: every stage's

@@ -4,6 +4,11 @@ Decisions (each its own set of binaries in the ILP):
   s_P, s_G, s_OS in ``factors`` (AMSP's rules: divisors of N that divide R or are multiples of
   R), nested p | g | os; qwZ on/off; hpZ size in ``hpz`` (1 = off); qgZ on/off; and the
   activation decision (micro-batch, checkpointing) in ``micro_batches`` x ``ckpt``.
+
+The job's engine (amsp_planner/engines.py) restricts the space: ``triples`` lists the
+(s_P, s_G, s_OS) it runs (None: every nested triple), its ZeRO++ switches drop out of
+``qwz``/``hpz``/``qgz``, and ``qgz_needs_p`` keeps qgZ to strategies that shard parameters. The
+ILP adds the same restrictions as constraints, and ``candidates`` enumerates the same space.
 """
 
 from __future__ import annotations
@@ -106,40 +111,50 @@ class SearchSpace:
     qgz: tuple[bool, ...]
     micro_batches: tuple[int, ...]
     ckpt: tuple[bool, ...]
+    triples: tuple[tuple[int, int, int], ...] | None = None
+    """The (s_P, s_G, s_OS) the engine runs; None: every nested triple over ``factors``."""
+    qgz_needs_p: bool = False
+    """qgZ only with s_P > 1 (DeepSpeed: stage 3 only)."""
 
     @classmethod
     def for_job(cls, job: Job, zeropp: bool = True, micro_batch: int | None = None,
                 ckpt: bool | None = None, max_micro_batch: int = 64,
                 quantization: bool = True) -> SearchSpace:
-        """The full space of `job`, restricted by the pinned settings.
+        """The space of `job` on its engine, restricted by the pinned settings.
 
         micro_batch/ckpt default to the job's TrainingSpec pins (None = search); without
         `quantization` qwZ and qgZ are left out (hpZ stays: it is lossless).
         """
         n, r = job.num_gpus, job.gpus_per_node
         t = job.training
+        eng = job.profile
         mb = micro_batch if micro_batch is not None else t.micro_batch
         ck = ckpt if ckpt is not None else t.activation_checkpointing
         mbs = [mb] if mb is not None else job.micro_batch_options(max_micro_batch)
         hpz = [1] + ([h for h in factor_options(r, r) if 1 < h < min(r, n) or (h == r and n > r)]
-                     if zeropp else [])
+                     if zeropp and eng.hpz else [])
+        triples = eng.triples(n, r, t)
+        factors = (factor_options(n, r) if triples is None
+                   else sorted({f for tr in triples for f in tr}))
         return cls(
-            factors=tuple(factor_options(n, r)),
-            qwz=(False, True) if zeropp and quantization and n > 1 else (False,),
+            factors=tuple(factors),
+            qwz=(False, True) if zeropp and quantization and eng.qwz and n > 1 else (False,),
             hpz=tuple(hpz),
-            qgz=(False, True) if zeropp and quantization and n > 1 else (False,),
+            qgz=(False, True) if zeropp and quantization and eng.qgz and n > 1 else (False,),
             micro_batches=tuple(mbs),
             ckpt=(ck,) if ck is not None else (False, True),
+            triples=triples,
+            qgz_needs_p=eng.qgz_needs_p,
         )
 
     def candidates(self, job: Job):
         """Every valid complete Strategy (the brute-force enumeration)."""
         fs = self.factors
         for p, g, o in itertools.product(fs, fs, fs):
-            if g % p or o % g:
+            if g % p or o % g or self.triples is not None and (p, g, o) not in self.triples:
                 continue
             for q, h, qg in itertools.product(self.qwz, self.hpz, self.qgz):
-                if q and p == 1 or qg and g == 1:
+                if q and p == 1 or qg and g == 1 or qg and self.qgz_needs_p and p == 1:
                     continue
                 if h > 1 and (p <= h or p % h):
                     continue

@@ -1,0 +1,182 @@
+"""Engine profiles: what each training engine executes exactly, and how it behaves there.
+
+``amsp plan --engine E`` searches only the strategies engine E runs as written (its profile's
+``shapes`` and ZeRO++ switches, through ``SearchSpace.for_job``) and prices them with E's
+behaviour (``training_for``: the gradient-reduction dtype E uses), so the plan, its prediction
+and ``amsp export --to E`` agree. The exports (``amsp_planner/exports``) list the strategies a
+target expresses from the same profile, so a plan made for E always exports to E exactly.
+
+Shapes of (s_P, s_G, s_OS) on N GPUs, s over the factors AMSP allows (``factor_options``):
+
+========  =========================================  ==========================================
+shapes    (s_P, s_G, s_OS)                            engine
+========  =========================================  ==========================================
+any       every nested p | g | os                    amsp (the bundled runtime)
+stages    (1,1,1), (1,1,N), (1,N,N), (N,N,N)         DeepSpeed ZeRO stages 0-3
+tied      (s, s, s)                                  FSDP2 / HSDP mesh (N/s, s); torchtitan
+zero1     (1, 1, s) or (s, s, s)                     InternEvo zero1.size = s, zero1.fsdp
+========  =========================================  ==========================================
+
+Nothing here imports torch, DeepSpeed or the cost model; ``cost/job.py`` reads the profiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amsp_planner.errors import AmspUserError
+from amsp_planner.strategy import factor_options
+
+ENGINES = ("amsp", "deepspeed", "fsdp2", "torchtitan", "internevo")
+DEFAULT_ENGINE = "amsp"
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    title: str
+    """The engine and the version the profile was read from."""
+    shapes: str
+    """Which (s_P, s_G, s_OS) it expresses: 'any', 'stages', 'tied' or 'zero1' (module table)."""
+    hpz: bool
+    """hpZ (a secondary parameter shard inside the node for the backward all-gather)."""
+    qwz: bool
+    """Quantized (INT8) parameter all-gathers."""
+    qgz: bool
+    """Quantized (INT4 all-to-all) gradient reduction."""
+    qgz_needs_p: bool
+    """qgZ exists only where parameters are sharded too (DeepSpeed: stage 3 only)."""
+    reduce_dtype: str | None
+    """Gradient-reduction dtype the engine forces: 'fp32', 'param' (the parameters' dtype), or
+    None when it follows ``--grad-accum-dtype``."""
+    gathers: str
+    """Gather granularity and buffers, as the cost model prices them."""
+    checkpointing: str
+    """The activation-checkpointing options it has, and how the export sets them."""
+    sources: tuple[str, ...]
+    """Where each behaviour above is written down (docs URL or the engine's code path)."""
+
+    # ----- the search space ------------------------------------------------------------------
+    def stage0_allowed(self, training) -> bool:
+        """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation."""
+        return not (self.name == "deepspeed" and training.precision == "bf16"
+                    and training.grad_accum_dtype == "fp32")
+
+    def triples(self, num_gpus: int, gpus_per_node: int, training
+                ) -> tuple[tuple[int, int, int], ...] | None:
+        """The (s_P, s_G, s_OS) this engine runs for N GPUs; None: every nested triple."""
+        n, fs = num_gpus, factor_options(num_gpus, gpus_per_node)
+        if self.shapes == "any":
+            return None
+        if self.shapes == "stages":
+            stages = [(1, 1, 1), (1, 1, n), (1, n, n), (n, n, n)]
+            if n > 1 and not self.stage0_allowed(training):
+                stages = stages[1:]
+            return tuple(dict.fromkeys(stages))
+        if self.shapes == "tied":
+            return tuple((s, s, s) for s in fs)
+        assert self.shapes == "zero1", self.shapes
+        return tuple(dict.fromkeys(t for s in fs for t in ((1, 1, s), (s, s, s))))
+
+    # ----- behaviour -------------------------------------------------------------------------
+    def training_for(self, training):
+        """The TrainingSpec as this engine runs it (its gradient-reduction dtype)."""
+        want = self.grad_dtype(training)
+        if want is None or want == training.grad_accum_dtype:
+            return training
+        return training.model_copy(update={"grad_accum_dtype": want})
+
+    def grad_dtype(self, training) -> str | None:
+        """The grad_accum_dtype this engine forces on `training`, None when it follows it."""
+        if self.reduce_dtype == "fp32":
+            return "fp32"
+        if self.reduce_dtype == "param":
+            return training.dtype_name
+        return None
+
+    def training_note(self, training) -> str | None:
+        """One line when the engine changes the job's gradient dtype, else None."""
+        got = self.training_for(training)
+        if got is training:
+            return None
+        return (f"{self.title} reduces gradients {self.reduce_source}: priced with "
+                f"--grad-accum-dtype {got.grad_accum_dtype}, not {training.grad_accum_dtype}")
+
+    @property
+    def reduce_source(self) -> str:
+        """How it picks the gradient-reduction dtype, in words."""
+        return {"fp32": "in float32 only", "param": "in the parameters' dtype"}.get(
+            self.reduce_dtype or "", "in the dtype configured")
+
+
+PROFILES = {
+    "amsp": EngineProfile(
+        name="amsp", title="amsp train", shapes="any", hpz=True, qwz=True, qgz=True,
+        qgz_needs_p=False, reduce_dtype=None,
+        gathers="one all-gather per unit (embedding, block, head), prefetched one unit ahead; "
+                "two gather and two gradient buffers of the largest unit",
+        checkpointing="full per block, on or off (amsp train --strategy ...,ckpt)",
+        sources=("amsp_planner/runtime/engine.py", "docs/runtime.md"),
+    ),
+    "deepspeed": EngineProfile(
+        name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,
+        qgz_needs_p=True, reduce_dtype=None,
+        gathers="stage 3 fetches parameters per module and prefetches up to "
+                "stage3_prefetch_bucket_size elements; the export sets it, reduce_bucket_size and "
+                "allgather_bucket_size to one unit and stage3_max_live_parameters to two, so its "
+                "buffers are the memory model's (two gather, two gradient buffers)",
+        checkpointing="not a ds_config switch: the model wraps each block "
+                      "(deepspeed.checkpointing.checkpoint), on or off",
+        sources=("https://www.deepspeed.ai/docs/config-json/ (stages, buckets, "
+                 "communication_data_type, data_types.grad_accum_dtype)",
+                 "deepspeed/runtime/zero/config.py (zero_hpz_partition_size, "
+                 "zero_quantized_weights, zero_quantized_gradients)",
+                 "deepspeed/runtime/zero/stage3.py (qgZ: all_to_all_quant_reduce; "
+                 "stage_1_and_2.py has none)",
+                 "deepspeed/runtime/config.py (rejects mics_shard_size: MiCS removed)",
+                 "deepspeed/runtime/engine.py _do_optimizer_sanity_check (no ZeRO: bf16 parameters need "
+                 "bf16 grad_accum_dtype)"),
+    ),
+    "fsdp2": EngineProfile(
+        name="fsdp2", title="FSDP2", shapes="tied", hpz=True, qwz=False, qgz=False,
+        qgz_needs_p=False, reduce_dtype=None,
+        gathers="one all-gather per fully_shard unit (each block, then the root), implicit "
+                "prefetch one unit ahead: the memory model's two gather and two gradient buffers",
+        checkpointing="checkpoint_wrapper on each block, on or off",
+        sources=("https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html "
+                 "(mesh (replicate, shard), reshard_after_forward=int)",
+                 "torch/distributed/fsdp/_fully_shard/_fsdp_api.py (MixedPrecisionPolicy."
+                 "reduce_dtype: the export sets it to the plan's gradient dtype)"),
+    ),
+    "torchtitan": EngineProfile(
+        name="torchtitan", title="torchtitan 0.3", shapes="tied", hpz=False, qwz=False,
+        qgz=False, qgz_needs_p=False, reduce_dtype="fp32",
+        gathers="FSDP2 under the hood: one all-gather per block, prefetch one ahead",
+        checkpointing="activation-checkpoint:full or none (selective modes are not priced)",
+        sources=("torchtitan/config/configs.py (mixed_precision_reduce: Literal['float32'], "
+                 "fsdp_reshard_after_forward: default|always|never, "
+                 "data_parallel_shard_degree / data_parallel_replicate_degree)",
+                 "torchtitan/models/llama3/parallelize.py (reduce_dtype from "
+                 "mixed_precision_reduce)"),
+    ),
+    "internevo": EngineProfile(
+        name="internevo", title="InternEvo", shapes="zero1", hpz=False, qwz=False, qgz=False,
+        qgz_needs_p=False, reduce_dtype="param",
+        gathers="hybrid ZeRO optimizer: gradients reduced in reduce_bucket_size buckets, updated "
+                "parameters broadcast/all-gathered after the step; priced per unit",
+        checkpointing="model.checkpoint True/False (or a fraction of the layers)",
+        sources=("https://github.com/InternLM/InternEvo configs/7B_sft.py (parallel.zero1.size, "
+                 "zero1.fsdp, model.checkpoint)",
+                 "internlm/solver/optimizer/utils.py reduce_tensor (communicates in the "
+                 "gradient's own dtype, the model dtype)"),
+    ),
+}
+
+
+def profile(engine: str) -> EngineProfile:
+    """The profile of an engine name; AmspUserError naming --engine and the choices."""
+    try:
+        return PROFILES[engine]
+    except (KeyError, TypeError):
+        raise AmspUserError(f"--engine {engine}: unknown engine: use one of "
+                            f"{', '.join(ENGINES)}") from None
