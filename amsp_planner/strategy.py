@@ -241,16 +241,32 @@ def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
     )
 
 
+def inapplicable_baselines(num_gpus: int, gpus_per_node: int) -> dict[str, str]:
+    """Named baselines this job cannot run as themselves, each with the reason: they coincide
+    with another baseline here (so they are left out of the comparison, never an error)."""
+    n, r = num_gpus, gpus_per_node
+    out = {}
+    if n == 1:
+        return {name: "one GPU: nothing to shard" for name in BASELINE_NAMES if name != "ddp"}
+    if n <= r:
+        one = f"one node: its shard group would be all {n} GPUs, which is zero3"
+        return {"hsdp": one, "mics": one}
+    m = baseline("mics", n, r)
+    if m.s_p == min(n, r):
+        out["mics"] = (f"its largest shard group that divides {n} GPUs is one node ({m.s_p}), "
+                       "which is hsdp")
+    elif m.s_p == n:
+        out["mics"] = f"its 2-node shard group is the whole job ({n} GPUs), which is zero3"
+    return out
+
+
 def named_baselines(num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
                     ckpt: bool = False) -> dict[str, Strategy]:
-    """The named baselines valid for this N and R (MiCS only when it differs from HSDP)."""
-    out = {}
-    for name in BASELINE_NAMES:
-        s = baseline(name, num_gpus, gpus_per_node, micro_batch, ckpt)
-        if name == "mics" and (s.s_p == min(num_gpus, gpus_per_node) or s.s_p == num_gpus):
-            continue
-        out[name] = s
-    return out
+    """The named baselines this N and R run as themselves (``inapplicable_baselines`` says why
+    the others are left out); on one node zeropp stays, as qwZ + qgZ without hpZ."""
+    skip = inapplicable_baselines(num_gpus, gpus_per_node)
+    return {name: baseline(name, num_gpus, gpus_per_node, micro_batch, ckpt)
+            for name in BASELINE_NAMES if name not in skip}
 
 
 def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> Strategy:

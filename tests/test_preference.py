@@ -215,3 +215,21 @@ def test_plan_compare_and_whatif_work_on_odd_gpu_counts(gpus, tmp_path):
     assert "infeasible" not in out and "invalid" not in out, out
     if gpus == 12:
         assert "2 nodes of 6 GPUs" in plan_err
+
+
+@pytest.mark.parametrize(("gpus", "absent", "reason"), [
+    (1, {"zero1", "zero2", "zero3", "hsdp", "mics", "zeropp"}, "one GPU: nothing to shard"),
+    (8, {"hsdp", "mics"}, "one node: its shard group would be all 8 GPUs, which is zero3"),
+    (16, {"mics"}, "its 2-node shard group is the whole job (16 GPUs), which is zero3"),
+])
+def test_baselines_a_job_cannot_run_are_shown_with_their_reason(gpus, absent, reason):
+    model = "tiny" if gpus == 1 else "llama-7b"
+    code, out, err = run_cli(["compare", "--model", model, "--gpus", str(gpus),
+                              "--global-batch-seqs", "64"])
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("not applicable here:"))
+    assert reason in line and all(name in line for name in absent)
+    code, out, err = run_cli(["compare", "--model", model, "--gpus", str(gpus),
+                              "--global-batch-seqs", "64", "--format", "json"])
+    names = {r["name"] for r in json.loads(out)["rows"]}
+    assert not names & absent and "ddp" in names

@@ -48,10 +48,14 @@ def compare(strategies, strategy_from, fmt, as_json, wide, **opts):
         click.echo(json.dumps(doc, indent=2))
         return
     from amsp_planner.report.grid import emit
-    from amsp_planner.report.tables import compare_grid
+    from amsp_planner.report.tables import compare_grid, inapplicable_line
 
     title = (f"{job.model.name} ({job.model.num_params / 1e9:.2f}B) on {job.num_gpus} GPUs of "
              f"{job.cluster.name}, {t.batch_tokens:,} tokens/step, seq {t.seq_len}")
     fitting = [e for _, e in rows if e.fits]
     ref = min(fitting, key=lambda e: e.step_s) if fitting else None
-    emit([compare_grid(rows, title, ref=ref)], fmt, wide)
+    out = [compare_grid(rows, title, ref=ref)]
+    skipped = inapplicable_line(job)
+    if skipped:
+        out.append(skipped)
+    emit(out, fmt, wide)

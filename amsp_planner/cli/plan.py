@@ -97,7 +97,8 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         return
     from amsp_planner.report.grid import emit
     from amsp_planner.report.plan_report import components_grid, time_lines
-    from amsp_planner.report.tables import compare_grid, memory_grid, schedule_grid
+    from amsp_planner.report.tables import (compare_grid, inapplicable_line, memory_grid,
+                                            schedule_grid)
 
     m, t = job.model, job.training
     out: list = [f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "
@@ -115,6 +116,9 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
     table = compare_grid(rows, "chosen, fastest candidates and named baselines", ref=best,
                          band=pref.band)
     out.append(table)
+    skipped = inapplicable_line(job)
+    if skipped:
+        out.append(skipped)
     if solver_info:
         out.append(f"solver: {solver_info['name']} {solver_info['status']}, "
                    f"{solver_info['num_variables']} variables, {solver_info['num_constraints']} "

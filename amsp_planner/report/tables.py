@@ -53,7 +53,8 @@ def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation
                e.time.optimizer_s, e.time.exposed_comm_s, e.step_s, e.tokens_per_s, e.mfu]
         if ref is not None:
             gain = (e.step_s / ref.step_s if "chosen" in dict(rows) else ref.step_s / e.step_s) - 1
-            row.append(None if e is ref or not e.fits else (gain, abs(gain) <= band))
+            same = e is ref or str(e.strategy) == str(ref.strategy)
+            row.append(None if same or not e.fits else (gain, abs(gain) <= band))
         g.rows.append(row)
     if ref is not None:
         g.caption = (f"tie: within the +/-{band * 100:.0f} % band of the step-time model "
@@ -89,3 +90,17 @@ def memory_grid(e: Evaluation) -> Grid:
     g.rows = [[name, getattr(m, name)] for name in MEMORY_TERMS if getattr(m, name)]
     g.rows += [["total", m.total], ["limit", e.memory_limit]]
     return g
+
+
+def inapplicable_line(job) -> str | None:
+    """The named baselines this job leaves out, each with its reason (None when none is)."""
+    from amsp_planner.strategy import inapplicable_baselines
+
+    out = inapplicable_baselines(job.num_gpus, job.gpus_per_node)
+    if not out:
+        return None
+    by_reason: dict[str, list[str]] = {}
+    for name, why in out.items():
+        by_reason.setdefault(why, []).append(name)
+    return "not applicable here: " + "; ".join(f"{', '.join(names)} ({why})"
+                                               for why, names in by_reason.items())
