@@ -50,10 +50,15 @@ Memory per GPU (GiB), every term linear:
         always used, so its key has no u). Kinds on the same ranks share one communicator.
   [memory]  tensors (1 + frag) + comms + context <= limit
 
-Objective: minimise step (or comm); then, with it fixed within 1e-7 relative, minimise memory
-(equal step times are broken toward headroom). Runners-up come from no-good cuts on the
-decision binaries. Every solution is decoded, re-evaluated with the cost model, and both must
-agree (``check_agreement``).
+Choice (``Preference``, docs/planner.md), by lexicographic re-solves: minimise step (or comm);
+when that optimum is quantized and the rule is "auto", again with xPq = xGq = 0, and keep the
+quantized optimum only if it is faster beyond the band; then with the objective capped at the
+band's edge (cap = best (1 + band)) minimise each tie-break in turn (groups = sum_k u_k +
+[N > 1], then memory), each capped at its optimum for the next; last, with the decision
+binaries fixed, minimise step again (an LP: the stage variables are only bounded below, so
+under another objective they float). The memory constraint uses the limit less the headroom.
+Runners-up come from no-good cuts on the decision binaries. Every solution is decoded,
+re-evaluated with the cost model, and both must agree (``check_agreement``).
 """
 
 from __future__ import annotations
