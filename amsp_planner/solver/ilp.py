@@ -71,7 +71,7 @@ import time as _time
 import warnings
 from dataclasses import dataclass
 
-from amsp_planner.cost.communicators import communicator_bytes, used_kinds
+from amsp_planner.cost.communicators import communicator_bytes, process_groups, used_kinds
 from amsp_planner.cost.compute import unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
@@ -124,6 +124,8 @@ class IlpSolution:
     status: str
     decision: tuple = ()
     """The decision binaries at 1 in this solution (for the runners-up's no-good cuts)."""
+    groups: int = 0
+    """Process groups of the decoded strategy."""
 
 
 @dataclass
@@ -600,25 +602,27 @@ class StrategyIlp:
 
     def _solution(self) -> IlpSolution:
         ones = tuple(v for v in self._decision_vars() if (self.pulp.value(v) or 0) > 0.5)
-        return IlpSolution(self._decode(), self._objective(), self._memory(), self.stats.status,
-                           ones)
+        s = self._decode()
+        return IlpSolution(s, self._objective(), self._memory(), self.stats.status, ones,
+                           process_groups(s, self.job.num_gpus, self.job.gpus_per_node))
 
-    def _exact_solution(self) -> IlpSolution:
-        """The current decision with its exact objective: the stage variables are only bounded
-        below, so under another objective they may float up; with the decision binaries fixed,
-        minimising the objective brings them down to the model's values (an LP)."""
-        value = self.pulp.value
-        fixed = [(v, v.lowBound, v.upBound) for v in self._decision_vars()]
-        for v, _, _ in fixed:
-            v.lowBound = v.upBound = round(value(v) or 0)
+    def _exact_solution(self, decision: dict) -> IlpSolution:
+        """`decision` (binary -> 0/1) with its exact objective: the stage variables are only
+        bounded below, so under another objective they may float up; with the decision binaries
+        fixed, minimising the objective brings them down to the model's values (an LP)."""
+        fixed = [(v, v.lowBound, v.upBound) for v in decision]
+        for v, x in decision.items():
+            v.lowBound = v.upBound = x
         self.prob.setObjective(self.step_expr)
-        saved = self.cap.upBound
-        self.cap.upBound = None
+        saved = {c: c.upBound for c in (self.cap, *self.caps.values())}
+        for c in saved:
+            c.upBound = None
         try:
             self._run()
             return self._solution()
         finally:
-            self.cap.upBound = saved
+            for c, ub in saved.items():
+                c.upBound = ub
             for v, lo, up in fixed:
                 v.lowBound, v.upBound = lo, up
 
@@ -666,17 +670,24 @@ class StrategyIlp:
         # lexicographic re-solves inside the band: each tie-break minimised with the objective
         # capped at the band's edge and the earlier tie-breaks at their optimum
         pending = (self.cap, best_obj * (1 + preference.band), PHASE2_RTOLS)
+        floor = 1 if self.job.num_gpus > 1 else 0  # the world group: no plan has fewer
+        snapshot = None  # the decision of the last tie-break solve that held
         for name in preference.tie_breaks:
             expr = self.groups_expr if name == GROUPS else self.mem_expr
+            if name == GROUPS and chosen.groups == floor and pending[0] is self.cap:
+                # the admissible optimum already has the fewest groups possible: no re-solve
+                self.cap.upBound = pending[1] + abs(pending[1]) * pending[2][0] + 1e-12
+                pending = (self.caps[name], floor, (0.0,))
+                continue
             self.prob.setObjective(expr)
             if not self._run_capped(*pending):
-                break  # no slack holds: the previous solution stands
-            chosen = None
+                break  # no slack holds: the last decision that held stands
+            snapshot = {v: round(value(v) or 0) for v in self._decision_vars()}
             v = value(expr)
             pending = ((self.caps[name], round(v), (0.0,)) if name == GROUPS
                        else (self.caps[name], v, PHASE2_RTOLS))
-        if chosen is None:
-            chosen = self._exact_solution()
+        if snapshot is not None:
+            chosen = self._exact_solution(snapshot)
         out = [chosen]
         # runners-up: exclude each found decision, back to the objective alone
         for cap in (self.cap, *self.caps.values()):
