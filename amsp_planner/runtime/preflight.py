@@ -11,6 +11,7 @@
   writable folder; never the plan or the data), the checkpoint folder and the run folder of
   logs are writable. Never forced.
 - ``--resume``: the checkpoint's checksums, its model and its step against ``--steps``.
+- options that cannot apply together.
 """
 
 from __future__ import annotations
@@ -114,6 +115,19 @@ def check_outputs(opts: dict, inputs: list[str]) -> None:
                                 "folder")
         if opts.get("checkpoint_every"):  # a resume alone only reads it
             _probe(_existing(p.absolute()), "--checkpoint-dir", ck)
+
+
+def check_options(opts: dict) -> None:
+    """Options that cannot apply together (one line, exit 2)."""
+    ck, every = opts.get("checkpoint_dir"), opts.get("checkpoint_every")
+    if opts.get("resume") and not ck:
+        raise AmspUserError("--resume needs --checkpoint-dir DIR: the directory to resume from")
+    if every and not ck:
+        raise AmspUserError(f"--checkpoint-every {every}: needs --checkpoint-dir DIR, the "
+                            "folder to save to: add it or drop --checkpoint-every")
+    if opts.get("resume_from") is not None and not opts.get("resume"):
+        raise AmspUserError(f"--resume-from {opts['resume_from']}: only applies with --resume: "
+                            "add --resume or drop --resume-from")
 
 
 def check_resume(job, opts: dict) -> None:

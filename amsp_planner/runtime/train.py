@@ -150,7 +150,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
         dt = time.perf_counter() - t0
         if not (math.isfinite(loss) and math.isfinite(gnorm)):
             if cfg.on_nonfinite != "skip":
-                raise faults.RunFault(_nonfinite(loss, gnorm))
+                raise faults.JobFault(_nonfinite(loss, gnorm))
             skipped.append(step + 1)
             _log(rank, f"step {step + 1:>5}/{cfg.steps}  skipped: non-finite loss or gradients "
                        "(--on-nonfinite skip): no update")

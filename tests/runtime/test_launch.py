@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -52,19 +53,27 @@ def test_refuses_multi_node_plan_without_nodes(plans):
     one_error_line(r, "the plan is for 2 nodes of 4")
 
 
-def _inside_torchrun(plan, nproc, cwd):
-    cmd = torchrun_cmd(nproc, free_port()) + ["-m", "amsp_planner.runtime.launch", str(plan)]
+def _inside_torchrun(plan, nproc, cwd, wrapped):
+    run = [sys.executable, "-m", "amsp_planner.runtime.torchrun"] if wrapped else []
+    cmd = (run + torchrun_cmd(nproc, free_port())[3 if wrapped else 0:]
+           + ["-m", "amsp_planner.runtime.launch", str(plan)])
     return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("plan,nproc,msg", [
-    ("p4", 2, "error: plan is for 4 GPUs but the job has 2 processes"),
-    ("p8", 8, "error: plan expects 4 processes per node but this node runs 8"),
+@pytest.mark.parametrize("plan,nproc,wrapped,msg", [
+    ("p4", 2, True, "error: plan is for 4 GPUs but the job has 2 processes"),
+    ("p8", 8, False, "error: plan expects 4 processes per node but this node runs 8"),
 ])
-def test_refuses_mismatched_world_inside_torchrun(plans, plan, nproc, msg):
-    r = _inside_torchrun(plans[plan], nproc, plans["dir"])
-    assert r.returncode != 0
+def test_refuses_mismatched_world_inside_torchrun(plans, plan, nproc, wrapped, msg):
+    """Every rank refuses alike (exit 2), rank 0 prints the line. torchrun itself ends with 1
+    whatever its workers' codes (its failure table shows them); amsp_planner.runtime.torchrun
+    ends with the job's code."""
+    r = _inside_torchrun(plans[plan], nproc, plans["dir"], wrapped)
+    if wrapped:
+        assert r.returncode == 2, r.stderr[-3000:]
+    else:
+        assert r.returncode == 1 and re.search(r"exitcode\s*:\s*2\b", r.stderr), r.stderr[-3000:]
     hits = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert hits == [msg + hits[0][len(msg):]] and "Traceback" not in r.stderr.split(msg)[0]
 
