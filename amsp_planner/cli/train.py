@@ -53,16 +53,14 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
           on_nonfinite, force, report, lr, seed, local_nodes, node_rank, master_addr,
           master_port, nproc_per_node, timeout_s, cpu, fail_at_step, fail_rank, fail_mode):
     """Train the plan's model under the plan's sharding (torchrun; gloo on CPU, NCCL on GPU)."""
+    import importlib.util
     import os
 
     from amsp_planner.errors import AmspUserError
     from amsp_planner.plan import load_plan
 
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise AmspUserError("amsp train needs the runtime extra: pip install -e '.[runtime]'"
-                            ) from None
+    if importlib.util.find_spec("torch") is None:  # imported only where needed: refusals are fast
+        raise AmspUserError("amsp train needs the runtime extra: pip install -e '.[runtime]'")
     from amsp_planner.runtime import launch as L
     from amsp_planner.runtime.preflight import check_options
 

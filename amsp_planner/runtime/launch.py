@@ -113,9 +113,13 @@ def check_inputs(plan_path: str, opts: dict):
     process-group work: the launch's environment, the plan, the world against the plan, the
     options, the outputs, the checkpoint's step. Returns the plan."""
     from amsp_planner.plan import load_plan
-    from amsp_planner.runtime.model import check_supported
-    from amsp_planner.runtime.preflight import check_options, check_outputs
-    from amsp_planner.runtime.train import check_world
+    from amsp_planner.runtime.preflight import (
+        check_options,
+        check_outputs,
+        check_steps,
+        check_supported,
+        check_world,
+    )
 
     _slurm_env()
     check_options(opts)
@@ -125,8 +129,7 @@ def check_inputs(plan_path: str, opts: dict):
     check_world(plan.job, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     check_outputs(opts, [plan_path, opts.get("data")])
     if opts.get("resume") and opts.get("checkpoint_dir"):
-        from amsp_planner.runtime.checkpoint import resume_step
-        from amsp_planner.runtime.train import check_steps
+        from amsp_planner.runtime.ckpt_files import resume_step
 
         step = resume_step(opts["checkpoint_dir"], opts.get("resume_from"))
         if step is not None:
@@ -208,11 +211,14 @@ def _torchrun(nproc: int, nnodes: int, node_rank: int, addr: str, port: int, pla
 
 def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, ranks_here: int,
               force: bool = False) -> None:
-    """Refuse what can be refused before starting any process (one line, exit 2)."""
-    import torch
-
-    from amsp_planner.runtime.model import check_supported
-    from amsp_planner.runtime.preflight import check_outputs, check_resume, host_problems
+    """Refuse what can be refused before starting any process (one line, exit 2). Only the
+    host's checks need torch."""
+    from amsp_planner.runtime.preflight import (
+        check_outputs,
+        check_resume,
+        check_supported,
+        host_problems,
+    )
 
     job = plan.job
     check_supported(job.model)
@@ -223,6 +229,8 @@ def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, rank
                             f"--gpus {nproc_per_node * job.num_nodes}")
     check_outputs(opts, [plan_path, opts.get("data")])
     check_resume(job, opts)
+    import torch
+
     cuda = torch.cuda.is_available() and not opts.get("cpu")
     problems = host_problems(job, plan.evaluation, cuda, ranks_here)
     if problems and not force:
@@ -279,7 +287,7 @@ def _outcome(run: Path, code: int, log_text: str, world: int, opts: dict) -> int
         line = faults.summary(run, world, log_text, code)
         ck = opts.get("checkpoint_dir")
         if ck:
-            from amsp_planner.runtime.checkpoint import latest_step
+            from amsp_planner.runtime.ckpt_files import latest_step
 
             k = latest_step(ck) if (Path(ck) / "latest").exists() else None
             line += f"; last complete checkpoint: {ck}/step_{k}" if k is not None else ""
