@@ -212,11 +212,12 @@ def _torchrun(nproc: int, nnodes: int, node_rank: int, addr: str, port: int, pla
 def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, ranks_here: int,
               force: bool = False) -> None:
     """Refuse what can be refused before starting any process (one line, exit 2). Only the
-    host's checks need torch."""
+    host's checks may need torch (on a host with GPU devices)."""
     from amsp_planner.runtime.preflight import (
         check_outputs,
         check_resume,
         check_supported,
+        cuda_available,
         host_problems,
     )
 
@@ -229,9 +230,7 @@ def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, rank
                             f"--gpus {nproc_per_node * job.num_nodes}")
     check_outputs(opts, [plan_path, opts.get("data")])
     check_resume(job, opts)
-    import torch
-
-    cuda = torch.cuda.is_available() and not opts.get("cpu")
+    cuda = cuda_available() and not opts.get("cpu")
     problems = host_problems(job, plan.evaluation, cuda, ranks_here)
     if problems and not force:
         raise AmspUserError(f"{problems[0]}; or --force to run anyway")

@@ -81,6 +81,19 @@ def check_report(path: str) -> None:
     check_output(path, "--report", "an amsp run report", is_report)
 
 
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without importing torch (seconds of a CPU core) on a host
+    with no GPU device node: without the driver's devices (NVIDIA, ROCm, WSL) CUDA cannot be
+    available."""
+    import glob
+
+    if not any(glob.glob(p) for p in ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _gib(b: float) -> str:
     return f"{b / 2**30:.2f} GiB"
 
