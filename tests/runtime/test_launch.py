@@ -113,17 +113,17 @@ def test_killed_rank_ends_the_job_and_keeps_the_checkpoint(plans, plan, extra, r
     tmp = plans["dir"]
     ck = tmp / f"ck_kill_{plan}"
     t0 = time.monotonic()
-    r = amsp("train", plans[plan], *extra, "--steps", 6, "--checkpoint-dir", ck,
-             "--checkpoint-every", 2, "--fail-at-step", 5, "--fail-rank", rank,
+    r = amsp("train", plans[plan], *extra, "--steps", 4, "--checkpoint-dir", ck,
+             "--checkpoint-every", 2, "--fail-at-step", 3, "--fail-rank", rank,
              "--timeout", 30, cwd=tmp)
     took = time.monotonic() - t0
-    line = one_error_line(r, f"rank {rank}, step 5: the process exited with code 9", code=4)
-    assert re.fullmatch(rf"error: rank {rank}, step 5: the process exited with code 9 without an "
-                        rf"error; last complete checkpoint: {ck}/step_4 \(full log: \S+\)", line)
+    line = one_error_line(r, f"rank {rank}, step 3: the process exited with code 9", code=4)
+    assert re.fullmatch(rf"error: rank {rank}, step 3: the process exited with code 9 without an "
+                        rf"error; last complete checkpoint: {ck}/step_2 \(full log: \S+\)", line)
     assert took < 90
-    assert (ck / "latest").read_text().strip() == "step_4"
-    r = amsp("train", plans[plan], *extra, "--steps", 6, "--checkpoint-dir", ck, "--resume",
+    assert (ck / "latest").read_text().strip() == "step_2"
+    r = amsp("train", plans[plan], *extra, "--steps", 4, "--checkpoint-dir", ck, "--resume",
              "--report", "resumed.json", cwd=tmp)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads((tmp / "resumed.json").read_text())
-    assert rep["start_step"] == 4 and len(rep["loss"]) == 2
+    assert rep["start_step"] == 2 and len(rep["loss"]) == 2
