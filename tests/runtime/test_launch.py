@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,10 +24,15 @@ def plans(tmp_path_factory):
     other.write_text("num_layers: 1\nhidden_size: 64\nnum_heads: 4\nnum_kv_heads: 2\n"
                      "ffn_hidden_size: 176\nvocab_size: 256\ntied_embeddings: true\n"
                      "max_seq_len: 256\n")
+    # two nodes of two ranks: the smallest world with cross-node groups, for the launches
+    local = (Path(__file__).parents[2] / "amsp_planner/presets/cluster_specs/cpu-local.yaml")
+    two = tmp / "cpu2.yaml"
+    two.write_text(local.read_text().replace("gpus_per_node: 4", "gpus_per_node: 2"))
     return {"dir": tmp, "p4": make_plan(tmp, "p4.json", 4),
+            "n2": make_plan(tmp, "n2.json", 4, strategy="p=2,g=2,os=4", cluster=str(two)),
+            "n2b": make_plan(tmp, "n2b.json", 4, strategy="hsdp", cluster=str(two)),
             "p8": make_plan(tmp, "p8.json", 8, strategy="p=2,g=4,os=8"),
-            "p8b": make_plan(tmp, "p8b.json", 8, strategy="hsdp"),
-            "other": make_plan(tmp, "other.json", 4, model=str(other))}
+            "other": make_plan(tmp, "other.json", 2, model=str(other))}  # any world: plan-free
 
 
 @pytest.mark.multiprocess
@@ -84,15 +90,15 @@ def test_refuses_nodes_running_different_plans(plans):
     the plan fingerprints (the setup all-gather), before any training."""
     port = free_port()
     procs = []
-    for node, plan in enumerate(("p8", "p8b")):
-        cmd = torchrun_cmd(4, port, 2, node) + ["-m", "amsp_planner.runtime.launch",
+    for node, plan in enumerate(("n2", "n2b")):
+        cmd = torchrun_cmd(2, port, 2, node) + ["-m", "amsp_planner.runtime.launch",
                                                  str(plans[plan])]
         procs.append(subprocess.Popen(cmd, cwd=plans["dir"], env=env(), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode != 0 for p in procs)
     errs = [x for _, e in outs for x in e.splitlines() if x.startswith("error:")]
-    assert errs == ["error: rank 4 runs a different plan (model, world or strategy) than rank 0: "
+    assert errs == ["error: rank 2 runs a different plan (model, world or strategy) than rank 0: "
                     "launch every node with the same plan file"]
 
 
@@ -108,7 +114,7 @@ def test_refuses_a_checkpoint_of_another_model(plans):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("plan,extra,rank", [("p4", [], 2), ("p8", ["--local-nodes"], 6)])
+@pytest.mark.parametrize("plan,extra,rank", [("p4", [], 2), ("n2", ["--local-nodes"], 3)])
 def test_killed_rank_ends_the_job_and_keeps_the_checkpoint(plans, plan, extra, rank):
     tmp = plans["dir"]
     ck = tmp / f"ck_kill_{plan}"
