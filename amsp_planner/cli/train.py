@@ -53,26 +53,17 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
           on_nonfinite, force, report, lr, seed, local_nodes, node_rank, master_addr,
           master_port, nproc_per_node, timeout_s, cpu, fail_at_step, fail_rank, fail_mode):
     """Train the plan's model under the plan's sharding (torchrun; gloo on CPU, NCCL on GPU)."""
+    import importlib.util
     import os
 
     from amsp_planner.errors import AmspUserError
     from amsp_planner.plan import load_plan
 
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise AmspUserError("amsp train needs the runtime extra: pip install -e '.[runtime]'"
-                            ) from None
+    if importlib.util.find_spec("torch") is None:  # imported only where needed: refusals are fast
+        raise AmspUserError("amsp train needs the runtime extra: pip install -e '.[runtime]'")
     from amsp_planner.runtime import launch as L
+    from amsp_planner.runtime.preflight import check_options
 
-    if resume and not checkpoint_dir:
-        raise AmspUserError("--resume needs --checkpoint-dir DIR: the directory to resume from")
-    if checkpoint_every and not checkpoint_dir:
-        raise AmspUserError(f"--checkpoint-every {checkpoint_every}: needs --checkpoint-dir DIR, "
-                            "the folder to save to: add it or drop --checkpoint-every")
-    if resume_from is not None and not resume:
-        raise AmspUserError(f"--resume-from {resume_from}: only applies with --resume: add "
-                            "--resume or drop --resume-from")
     opts = {"steps": steps, "data": data, "checkpoint_dir": checkpoint_dir,
             "checkpoint_every": checkpoint_every, "resume": resume, "resume_from": resume_from,
             "on_nonfinite": on_nonfinite,
@@ -81,7 +72,8 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
             "fail_at_step": fail_at_step, "fail_rank": fail_rank, "fail_mode": fail_mode}
     plan_path = os.path.abspath(plan_file)
     if L.inside_launch():
-        return L.worker(plan_path, opts)
+        L.worker(plan_path, opts)  # every check on every rank; leaves with the rank's code
+    check_options(opts)
     plan = load_plan(plan_path)
     return L.launch(plan_path, plan, opts, local_nodes=local_nodes, node_rank=node_rank,
                     master_addr=master_addr, master_port=master_port,

@@ -10,7 +10,8 @@ losses (gloo's "Connection closed by peer" when another rank died) are secondary
 speak when no rank left a primary cause, and then a rank that left no record at all is named
 as the one that died.
 
-Exit codes (fixed; under an external torchrun or srun they are the ranks' own codes):
+Exit codes (fixed; under srun they are the ranks' own codes, under an external torchrun
+``runtime/torchrun.py`` ends with them):
 0 success, 2 refused input, 3 does not fit, 4 a rank failed, 5 the collectives differ from the
 plan.
 """
@@ -60,6 +61,11 @@ def at(step: int | None = None, doing: str | None = None) -> None:
 class RunFault(Exception):
     """A failure with a known cause, raised by the runtime itself (non-finite loss, a
     checkpoint that cannot be written): its message is the cause."""
+
+
+class JobFault(RunFault):
+    """A fault every rank meets alike (a non-finite loss or gradient norm, known to all from
+    the world all-reduce): under an external launch rank 0 alone prints its line."""
 
 
 _ALLOC = re.compile(r"tried to allocate (\d+(?:\.\d+)?) ?(bytes|[KMGT]i?B)", re.I)

@@ -4,7 +4,9 @@ torchrun / SLURM launch. Also the worker entry point torchrun runs.
     amsp train plan.json --steps 20                      # one node: torchrun on this host
     amsp train plan8.json --local-nodes                  # every node's agent on this host
     amsp train plan64.json --node-rank 3 --master-addr head-node   # one node of a cluster
-    torchrun --nproc-per-node=4 -m amsp_planner.runtime.launch plan.json   # inside torchrun
+    python -m amsp_planner.runtime.torchrun --nproc-per-node=4 \
+        -m amsp_planner.runtime.launch plan.json --steps 20         # inside an external torchrun
+    srun python -m amsp_planner.runtime.launch plan.json --steps 20  # one rank per SLURM task
 
 Safety: what can be checked before launching is (``preflight.py``: the host, the outputs,
 the checkpoint); a world that does not match the plan (size, processes per node, node-major
@@ -14,8 +16,13 @@ writes its first exception there, and the launcher prints one line naming the fa
 the cause (exit 4), with the log's path; rank 0 leaves the verdict there (exit 5 when the
 collectives differ from the plan). When an agent fails (a rank died), the launcher stops the
 others at once, so the job exits within a few seconds on one host; across hosts the
-process-group timeout (``--timeout``) bounds the wait of the surviving ranks. Under an external
-torchrun or srun each rank prints its own line and exits with the same codes.
+process-group timeout (``--timeout``) bounds the wait of the surviving ranks.
+
+Under an external launch every rank makes the same input checks (the plan, the world against
+the plan, the outputs, the checkpoint) before any process-group work, so a refusal ends every
+rank with exit 2 (rank 0 prints the line); a rank that fails exits 4 and prints its own line.
+Those are the process exit codes srun reports; torchrun itself ends with 1 whatever its
+workers' codes, which ``runtime/torchrun.py`` turns back into the job's code.
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ def inside_launch() -> bool:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return True
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+
+
+def env_rank() -> int:
+    """This rank's index from the launch's environment (torchrun's RANK, or SLURM's)."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
 
 
 def _slurm_env() -> None:
@@ -96,26 +108,44 @@ def run_config(opts: dict):
                      **kw)
 
 
-def _train(plan_path: str, opts: dict) -> int:
-    """One rank's work; returns 0, or EXIT_DIFFERS when the verdict fails and no launcher
-    collects it."""
-    import torch
-    import torch.distributed as dist
-
+def check_inputs(plan_path: str, opts: dict):
+    """Every input check a rank can make alone, identically on every rank and before any
+    process-group work: the launch's environment, the plan, the world against the plan, the
+    options, the outputs, the checkpoint's step. Returns the plan."""
     from amsp_planner.plan import load_plan
-    from amsp_planner.runtime.preflight import check_outputs
-    from amsp_planner.runtime.train import train
+    from amsp_planner.runtime.preflight import (
+        check_options,
+        check_outputs,
+        check_steps,
+        check_supported,
+        check_world,
+    )
 
     _slurm_env()
+    check_options(opts)
     plan = load_plan(plan_path)
+    check_supported(plan.job.model)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    check_world(plan.job, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     check_outputs(opts, [plan_path, opts.get("data")])
     if opts.get("resume") and opts.get("checkpoint_dir"):
-        from amsp_planner.runtime.checkpoint import resume_step
-        from amsp_planner.runtime.train import check_steps
+        from amsp_planner.runtime.ckpt_files import resume_step
 
         step = resume_step(opts["checkpoint_dir"], opts.get("resume_from"))
         if step is not None:
             check_steps(step, opts.get("steps", 10), opts["checkpoint_dir"])
+    return plan
+
+
+def _train(plan_path: str, opts: dict) -> int:
+    """One rank's work; returns 0, or EXIT_DIFFERS when the verdict fails and no launcher
+    collects it."""
+    plan = check_inputs(plan_path, opts)
+    import torch
+    import torch.distributed as dist
+
+    from amsp_planner.runtime.train import train
+
     cuda = torch.cuda.is_available() and not opts.get("cpu")
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -132,32 +162,44 @@ def _train(plan_path: str, opts: dict) -> int:
     return 0 if ok or run else faults.EXIT_DIFFERS
 
 
-def worker(plan_path: str, opts: dict) -> int:
-    """One rank: load the plan, check the world, train; leaves with the exit code. Its first
+def worker(plan_path: str, opts: dict) -> NoReturn:
+    """One rank: check the inputs, the world, train; leaves with the exit code. Its first
     exception goes to the run folder (under ``amsp train``) or to stderr as one line."""
     launched = bool(os.environ.get(faults.RUN_DIR_ENV))
+    rank = env_rank()
     try:
         code = _train(plan_path, opts)
     except AmspUserError as e:
-        rank = int(os.environ.get("RANK", "0"))
         faults.record(e, rank)
+        if not launched:
+            refuse(f"error: {e}")
         code = faults.EXIT_REFUSED
-        if rank == 0 and not launched:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        if rank != 0:
-            # Rank 0 reports the one line; the others give it time to do so before torchrun,
-            # seeing them exit, stops the whole job (and rank 0 with it).
-            time.sleep(5)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as e:  # noqa: BLE001 - a rank's fault (DCP's CheckpointException is a
         # BaseException): one line with its cause
-        rank = int(os.environ.get("RANK", "0"))
+        rank = env_rank()  # SLURM's variables are mapped by now
         faults.record(e, rank)
         code = faults.EXIT_RANK_FAILED
-        if not launched and faults.cause(e)[1]:
+        alike = isinstance(e, faults.JobFault) and rank != 0  # rank 0 tells it
+        if not launched and faults.cause(e)[1] and not alike:
             print(f"error: {faults.line(e, rank)}", file=sys.stderr, flush=True)
     leave(code)
+
+
+REFUSAL_PAUSE_S = 5.0
+"""How long ranks other than 0 wait before leaving with a refusal under an external launch."""
+
+
+def refuse(line: str) -> NoReturn:
+    """A refusal under an external launch: every rank leaves with exit 2, rank 0 prints the
+    line. The others leave after a pause, so that a launcher stopping the job at the first
+    exit (torchrun, srun --kill-on-bad-exit) does not stop rank 0 before it printed."""
+    if env_rank() == 0:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        time.sleep(REFUSAL_PAUSE_S)
+    leave(faults.EXIT_REFUSED)
 
 
 # ----- the launcher ------------------------------------------------------------------------------
@@ -169,11 +211,15 @@ def _torchrun(nproc: int, nnodes: int, node_rank: int, addr: str, port: int, pla
 
 def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, ranks_here: int,
               force: bool = False) -> None:
-    """Refuse what can be refused before starting any process (one line, exit 2)."""
-    import torch
-
-    from amsp_planner.runtime.model import check_supported
-    from amsp_planner.runtime.preflight import check_outputs, check_resume, host_problems
+    """Refuse what can be refused before starting any process (one line, exit 2). Only the
+    host's checks may need torch (on a host with GPU devices)."""
+    from amsp_planner.runtime.preflight import (
+        check_outputs,
+        check_resume,
+        check_supported,
+        cuda_available,
+        host_problems,
+    )
 
     job = plan.job
     check_supported(job.model)
@@ -184,7 +230,7 @@ def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, rank
                             f"--gpus {nproc_per_node * job.num_nodes}")
     check_outputs(opts, [plan_path, opts.get("data")])
     check_resume(job, opts)
-    cuda = torch.cuda.is_available() and not opts.get("cpu")
+    cuda = cuda_available() and not opts.get("cpu")
     problems = host_problems(job, plan.evaluation, cuda, ranks_here)
     if problems and not force:
         raise AmspUserError(f"{problems[0]}; or --force to run anyway")
@@ -240,7 +286,7 @@ def _outcome(run: Path, code: int, log_text: str, world: int, opts: dict) -> int
         line = faults.summary(run, world, log_text, code)
         ck = opts.get("checkpoint_dir")
         if ck:
-            from amsp_planner.runtime.checkpoint import latest_step
+            from amsp_planner.runtime.ckpt_files import latest_step
 
             k = latest_step(ck) if (Path(ck) / "latest").exists() else None
             line += f"; last complete checkpoint: {ck}/step_{k}" if k is not None else ""
@@ -285,14 +331,17 @@ def stop_agent(p: subprocess.Popen, sig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Worker entry: ``python -m amsp_planner.runtime.launch PLAN [--opts JSON]``."""
+    """Worker entry: ``python -m amsp_planner.runtime.launch PLAN [amsp train options]`` (the
+    command line of ``amsp train``), or ``PLAN --opts JSON`` (the launcher's own form)."""
     argv = sys.argv[1:] if argv is None else argv
-    opts = {}
-    if "--opts" in argv:
-        i = argv.index("--opts")
-        opts = json.loads(argv[i + 1])
-        argv = argv[:i] + argv[i + 2:]
-    sys.exit(worker(argv[0], opts))
+    if "--opts" not in argv:
+        from amsp_planner.cli.main import main as amsp
+
+        amsp(["train", *argv])
+        return
+    i = argv.index("--opts")
+    opts = json.loads(argv[i + 1])
+    worker((argv[:i] + argv[i + 2:])[0], opts)
 
 
 if __name__ == "__main__":

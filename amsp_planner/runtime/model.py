@@ -15,30 +15,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from amsp_planner.errors import AmspUserError
+from amsp_planner.runtime.preflight import check_supported  # noqa: F401 - also this API
 
 NORM_EPS = 1e-5
 INIT_STD = 0.02
-
-
-def check_supported(model) -> None:
-    """The runtime trains LLaMA-style models; anything else is refused with one line."""
-    bad = []
-    if model.norm_type != "rmsnorm":
-        bad.append("norm_type: rmsnorm")
-    if model.position_embedding != "rope":
-        bad.append("position_embedding: rope")
-    if model.ffn_type != "swiglu":
-        bad.append("ffn_type: swiglu")
-    if model.attention_bias != "none" or model.mlp_bias:
-        bad.append("attention_bias: none, mlp_bias: false")
-    if model.q_dim != model.hidden_size or model.qk_norm != "none" or model.post_norms:
-        bad.append("head_dim: hidden_size/num_heads, qk_norm: none, post_norms: false")
-    if bad:
-        raise AmspUserError(
-            f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "
-            f"set {', '.join(bad)} (or export the plan to another framework)"
-        )
 
 
 def unit_param_specs(model) -> list[list[tuple[str, tuple[int, ...]]]]:

@@ -11,6 +11,7 @@
   writable folder; never the plan or the data), the checkpoint folder and the run folder of
   logs are writable. Never forced.
 - ``--resume``: the checkpoint's checksums, its model and its step against ``--steps``.
+- options that cannot apply together.
 """
 
 from __future__ import annotations
@@ -23,6 +24,74 @@ from amsp_planner.errors import AmspUserError
 
 MAX_RANKS_PER_CORE = 4
 """CPU ranks share cores; beyond four per core a step is mostly waiting for a core."""
+REPORT_KIND = "amsp-run-report"
+"""The first key of a run report; an existing file without it is never replaced."""
+
+
+def check_supported(model) -> None:
+    """The runtime trains LLaMA-style models; anything else is refused with one line."""
+    bad = []
+    if model.norm_type != "rmsnorm":
+        bad.append("norm_type: rmsnorm")
+    if model.position_embedding != "rope":
+        bad.append("position_embedding: rope")
+    if model.ffn_type != "swiglu":
+        bad.append("ffn_type: swiglu")
+    if model.attention_bias != "none" or model.mlp_bias:
+        bad.append("attention_bias: none, mlp_bias: false")
+    if model.q_dim != model.hidden_size or model.qk_norm != "none" or model.post_norms:
+        bad.append("head_dim: hidden_size/num_heads, qk_norm: none, post_norms: false")
+    if bad:
+        raise AmspUserError(
+            f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "
+            f"set {', '.join(bad)} (or export the plan to another framework)"
+        )
+
+
+def check_world(job, world: int, local: int) -> None:
+    """Refuse a plan launched on a world of the wrong shape (one line, before any work)."""
+    n, r = job.num_gpus, job.gpus_per_node
+    if world != n:
+        raise AmspUserError(f"plan is for {n} GPUs but the job has {world} processes: "
+                            f"launch {n} (e.g. torchrun --nproc-per-node={r} --nnodes={n // r}) "
+                            f"or re-plan with --gpus {world}")
+    if local != r:
+        raise AmspUserError(f"plan expects {r} processes per node but this node runs {local}: "
+                            f"launch --nproc-per-node={r}, or re-plan for this cluster")
+
+
+def check_steps(step: int, steps: int, directory) -> None:
+    """`amsp train --resume` with nothing left to run is refused (``train()`` itself allows
+    it: a load alone, as the resharding tests use)."""
+    if step >= steps:
+        raise AmspUserError(f"--steps {steps}: the checkpoint in {directory} is at step {step} "
+                            f"already, so there is nothing to run: give --steps above {step}")
+
+
+def is_report(path) -> bool:
+    from amsp_planner.outfile import contains
+
+    return contains(f'"kind": "{REPORT_KIND}"')(path)
+
+
+def check_report(path: str) -> None:
+    """Refuse a report path that could not take the run report (before any work)."""
+    from amsp_planner.outfile import check_output
+
+    check_output(path, "--report", "an amsp run report", is_report)
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without importing torch (seconds of a CPU core) on a host
+    with no GPU device node: without the driver's devices (NVIDIA, ROCm, WSL) CUDA cannot be
+    available."""
+    import glob
+
+    if not any(glob.glob(p) for p in ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _gib(b: float) -> str:
@@ -94,8 +163,6 @@ def _existing(p: Path) -> Path:
 
 def check_outputs(opts: dict, inputs: list[str]) -> None:
     """Every output path writable and none of them an input (one line, exit 2)."""
-    from amsp_planner.runtime.train import check_report
-
     ins = {os.path.realpath(p) for p in inputs if p}
     rep = opts.get("report")
     if rep:
@@ -116,11 +183,23 @@ def check_outputs(opts: dict, inputs: list[str]) -> None:
             _probe(_existing(p.absolute()), "--checkpoint-dir", ck)
 
 
+def check_options(opts: dict) -> None:
+    """Options that cannot apply together (one line, exit 2)."""
+    ck, every = opts.get("checkpoint_dir"), opts.get("checkpoint_every")
+    if opts.get("resume") and not ck:
+        raise AmspUserError("--resume needs --checkpoint-dir DIR: the directory to resume from")
+    if every and not ck:
+        raise AmspUserError(f"--checkpoint-every {every}: needs --checkpoint-dir DIR, the "
+                            "folder to save to: add it or drop --checkpoint-every")
+    if opts.get("resume_from") is not None and not opts.get("resume"):
+        raise AmspUserError(f"--resume-from {opts['resume_from']}: only applies with --resume: "
+                            "add --resume or drop --resume-from")
+
+
 def check_resume(job, opts: dict) -> None:
     """The checkpoint a resume will load: its step against --steps, its checksums and its
     model, all before any rank starts."""
-    from amsp_planner.runtime.checkpoint import check_model, read_meta, resume_step, verify
-    from amsp_planner.runtime.train import check_steps
+    from amsp_planner.runtime.ckpt_files import check_model, resume_step, verify
 
     ck = opts.get("checkpoint_dir")
     if not (opts.get("resume") and ck):
@@ -131,5 +210,7 @@ def check_resume(job, opts: dict) -> None:
     check_steps(step, opts.get("steps", 10), ck)
     path = Path(ck) / f"step_{step}"
     verify(path)
+    from amsp_planner.runtime.checkpoint import read_meta  # torch: once the files are sound
+
     check_model(read_meta(path), job, ck)
     opts["verified"] = True

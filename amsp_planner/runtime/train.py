@@ -28,6 +28,13 @@ from amsp_planner.runtime.collectives import Comm, Group
 from amsp_planner.runtime.data import TokenSource
 from amsp_planner.runtime.engine import OptimConfig, ShardedEngine
 from amsp_planner.runtime.groups import build_groups
+from amsp_planner.runtime.preflight import (  # noqa: F401 - this module's API too
+    REPORT_KIND,
+    check_report,
+    check_steps,
+    check_world,
+    is_report,
+)
 
 STEP_PHASES = ("forward", "backward", "grad_sync", "update")
 
@@ -78,18 +85,6 @@ def fingerprint(job, strategy) -> int:
     doc = json.dumps([job.model.model_dump(), job.training.model_dump(), job.num_gpus,
                       job.gpus_per_node, str(strategy)], sort_keys=True, default=str)
     return int(hashlib.sha256(doc.encode()).hexdigest()[:15], 16)
-
-
-def check_world(job, world: int, local: int) -> None:
-    """Refuse a plan launched on a world of the wrong shape (one line, before any work)."""
-    n, r = job.num_gpus, job.gpus_per_node
-    if world != n:
-        raise AmspUserError(f"plan is for {n} GPUs but the job has {world} processes: "
-                            f"launch {n} (e.g. torchrun --nproc-per-node={r} --nnodes={n // r}) "
-                            f"or re-plan with --gpus {world}")
-    if local != r:
-        raise AmspUserError(f"plan expects {r} processes per node but this node runs {local}: "
-                            f"launch --nproc-per-node={r}, or re-plan for this cluster")
 
 
 def setup(job, strategy, comm: Comm) -> tuple[dict[str, Group], int]:
@@ -150,7 +145,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
         dt = time.perf_counter() - t0
         if not (math.isfinite(loss) and math.isfinite(gnorm)):
             if cfg.on_nonfinite != "skip":
-                raise faults.RunFault(_nonfinite(loss, gnorm))
+                raise faults.JobFault(_nonfinite(loss, gnorm))
             skipped.append(step + 1)
             _log(rank, f"step {step + 1:>5}/{cfg.steps}  skipped: non-finite loss or gradients "
                        "(--on-nonfinite skip): no update")
@@ -222,14 +217,6 @@ def _start(engine, cfg: RunConfig, rank: int) -> int:
     return 0
 
 
-def check_steps(step: int, steps: int, directory) -> None:
-    """`amsp train --resume` with nothing left to run is refused (``train()`` itself allows
-    it: a load alone, as the resharding tests use)."""
-    if step >= steps:
-        raise AmspUserError(f"--steps {steps}: the checkpoint in {directory} is at step {step} "
-                            f"already, so there is nothing to run: give --steps above {step}")
-
-
 def _nonfinite(loss: float, gnorm: float) -> str:
     return (f"non-finite training (loss {loss:.4g}, grad-norm {gnorm:.4g}): stopped before "
             "saving (--on-nonfinite skip skips such steps instead)")
@@ -251,22 +238,6 @@ def _die(rank: int, step: int, where: str) -> None:
     print(f"rank {rank}: dying in step {step} ({where}; fault injection)", file=sys.stderr,
           flush=True)
     os._exit(9)
-
-
-REPORT_KIND = "amsp-run-report"
-
-
-def is_report(path) -> bool:
-    from amsp_planner.outfile import contains
-
-    return contains(f'"kind": "{REPORT_KIND}"')(path)
-
-
-def check_report(path: str) -> None:
-    """Refuse a report path that could not take the run report (before any work)."""
-    from amsp_planner.outfile import check_output
-
-    check_output(path, "--report", "an amsp run report", is_report)
 
 
 def write_report(path: str, report: dict) -> None:

@@ -180,3 +180,31 @@ def test_host_checks_of_a_gpu_plan_and_of_an_oversubscribed_host():
     assert host_problems(job, ev, cuda=False, ranks_here=4) == []
     assert host_problems(job, ev, cuda=True, ranks_here=4)[0].startswith(
         "the plan is for CPU processes (cpu-local) but CUDA is available")
+
+
+def test_cuda_check_agrees_with_torch():
+    from amsp_planner.runtime.preflight import cuda_available
+
+    assert cuda_available() == torch.cuda.is_available()
+
+
+def test_a_refused_train_imports_no_torch(tmp_path):
+    """The launcher's refusals come before any torch import (seconds of a core each)."""
+    import subprocess
+    import sys
+
+    from amsp_testlib import run_cli
+
+    plan = tmp_path / "p2.json"
+    code, _, err = run_cli(["plan", "--model", "tiny", "--gpus", "2", "--cluster", "cpu-local",
+                            "--strategy", "zero3", "--seq-len", "32", "--global-batch-seqs", "4",
+                            "-o", str(plan)])
+    assert code == 0, err
+    probe = ("import sys\nfrom amsp_planner.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+             "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
+    for args in (["--report", str(plan)], ["--checkpoint-every", "2"],
+                 ["--checkpoint-dir", str(tmp_path / "none"), "--resume", "--resume-from", "2"]):
+        r = subprocess.run([sys.executable, "-c", probe, "train", str(plan), *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout.split() == ["2", "False"], (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("error: --") and len(r.stderr.splitlines()) == 1, r.stderr
