@@ -1,4 +1,5 @@
-"""Planner benchmark: cold `amsp plan` wall time, solve time, and ILP vs brute force.
+"""Planner benchmark: cold `amsp plan` wall time, solve time, and ILP vs brute force (both
+choosing by the planner's default rule, docs/planner.md).
 
     python bench/planner.py [--runs 5]
 
@@ -51,6 +52,7 @@ def ilp_vs_brute(runs: int) -> list[tuple[str, int, float, float]]:
     from amsp_planner.cost.job import Job
     from amsp_planner.solver import SearchSpace, solve
     from amsp_planner.solver.brute import brute_force
+    from amsp_planner.solver.space import Preference
     from amsp_planner.specs import TrainingSpec, load_cluster, load_model
 
     rows = []
@@ -59,15 +61,17 @@ def ilp_vs_brute(runs: int) -> list[tuple[str, int, float, float]]:
         job = Job.create(load_model(model), load_cluster(None), TrainingSpec(global_batch_seqs=seqs),
                          gpus)
         space = SearchSpace.for_job(job)
+        pref = Preference.default()
         t_ilp, t_bf = [], []
         for _ in range(runs):
             t0 = time.perf_counter()
-            a = solve(job, runners_up=0).best
+            a = solve(job, runners_up=0, preference=pref).best
             t_ilp.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            b = brute_force(job, space, job.cluster.memory_bytes)[0]
+            b = brute_force(job, space, job.cluster.memory_bytes, preference=pref)[0]
             t_bf.append(time.perf_counter() - t0)
-            assert abs(a.step_s - b.step_s) <= 1e-6 * b.step_s
+            # the same choice by the planner's rule (its last tie-break: memory)
+            assert abs(a.memory.total - b.memory.total) <= 1e-6 * b.memory.total
         rows.append((f"{model}, {gpus} GPUs", space.size(job), statistics.median(t_ilp),
                      statistics.median(t_bf)))
     return rows
