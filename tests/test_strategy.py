@@ -59,7 +59,7 @@ def test_string_form_round_trips(s):
     ("pp=8", "unknown token 'pp=8'"),
     ("zero4", "unknown token"),
     ("qgz=1", "takes no value"),
-    ("ckpt=yes", "takes no value"),
+    ("ckpt=yes", "ckpt=yes: use a block count K"),
     ("qwz=48", "must divide 256"),
     ("qwz=4", "at least 8"),
     ("p=8,,g=8", "unknown token ''"),

@@ -51,8 +51,8 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
 
         raise AmspUserError(f"--activation-checkpointing {opts['activation_checkpointing']}: "
                             f"--strategy {strategy} fixes the strategy, its checkpointing "
-                            "included: write ckpt in a strategy string (e.g. p=8,g=8,os=8,ckpt) "
-                            "or drop the option")
+                            "included: write ckpt, ckpt=K or ckpt=op in a strategy string "
+                            "(e.g. p=8,g=8,os=8,ckpt=12) or drop the option")
     if strategy is not None or strategy_from is not None:
         if strategy_from is not None:
             from amsp_planner.exports.deepspeed import strategy_for_job

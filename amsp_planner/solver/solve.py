@@ -52,7 +52,7 @@ def check_agreement(job: Job, sol, limit: float, objective: str) -> Evaluation:
 
 def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time",
           solver: str = "highs", zeropp: bool = True, micro_batch: int | None = None,
-          ckpt: bool | None = None, runners_up: int = 3, time_limit_s: float = 30.0
+          ckpt: bool | int | str | None = None, runners_up: int = 3, time_limit_s: float = 30.0
           ) -> SolveResult:
     """The best strategy for `job` under `memory_limit` bytes (default: the GPU's memory).
 
@@ -81,7 +81,7 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
         raise InfeasibleError(infeasible_message(job, space, limit, solver, time_limit_s))
     evals = [check_agreement(job, s, limit, objective) for s in sols]
     baselines = evaluate_baselines(job, limit, evals[0].strategy.micro_batch,
-                                   evals[0].strategy.ckpt)
+                                   evals[0].strategy.ckpt_value)
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes)
 
 
@@ -110,7 +110,7 @@ def infeasible_message(job: Job, space: SearchSpace, limit: float, solver: str =
     top = max(terms, key=terms.get)
     fixes = []
     if top == "activations" or act > 0.25 * m.total:
-        if not e.strategy.ckpt and True not in space.ckpt:
+        if not e.strategy.ckpt and not space.allows_checkpointing():
             fixes.append("allow activation checkpointing (--activation-checkpointing auto|on)")
         if e.strategy.micro_batch > 1:
             fixes.append("a smaller --micro-batch")
