@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError
-from amsp_planner.strategy import Strategy
+from amsp_planner.strategy import Strategy, ckpt_fields
 
 GIB = 1024**3
 
@@ -87,6 +87,9 @@ def knob_differences(plan: Strategy, closest: Strategy) -> list[tuple[str, str, 
         a, b = getattr(plan, name), getattr(closest, name)
         if a != b:
             out.append((name, f"{name} {'on' if a else 'off'} -> {'on' if b else 'off'}", a))
+    if plan.ckpt_value != closest.ckpt_value:
+        out.append(("checkpointing", f"checkpointing {plan.ckpt_words} -> {closest.ckpt_words}",
+                    True))
     quantized = (plan.qwz or plan.qgz) and (closest.qwz or closest.qgz)
     if quantized and plan.quant_block != closest.quant_block:
         out.append(("quantization", f"quantization block {plan.quant_block} -> "
@@ -133,7 +136,19 @@ def factor_grid(job: Job) -> list[int]:
     return factor_options(job.num_gpus, job.gpus_per_node)
 
 
-def keep_non_sharding(plan: Strategy, **sharding) -> Strategy:
-    """A candidate: the plan's micro-batch, accumulation and checkpointing, new sharding knobs."""
-    base = Strategy(micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, ckpt=plan.ckpt)
+def keep_non_sharding(plan: Strategy, ckpt=None, **sharding) -> Strategy:
+    """A candidate: the plan's micro-batch, accumulation and checkpointing (or `ckpt`: True,
+    False, K blocks or 'op'), new sharding knobs."""
+    value = plan.ckpt_value if ckpt is None else ckpt
+    base = Strategy(micro_batch=plan.micro_batch, grad_accum=plan.grad_accum,
+                    **ckpt_fields(value))
     return base.with_(**sharding)
+
+
+def ckpt_choices(job: Job, plan: Strategy, expressible) -> list:
+    """The checkpointing settings to try: the plan's when the target expresses it
+    (`expressible(value)`), else every setting it does express (none, full, 'op', K blocks)."""
+    if expressible(plan.ckpt_value):
+        return [plan.ckpt_value]
+    options = [False, True, "op", *range(1, job.model.num_layers)]
+    return [v for v in options if expressible(v)]
