@@ -69,3 +69,10 @@ def test_partial_and_op_plans_load_back(tmp_path):
         path.write_text(json.dumps(doc))
         code, _, err = run_cli(["explain", str(path)])
         assert code == 2 and "version 1 plan holds true or false" in err, err
+
+
+def test_baselines_of_a_given_strategy_keep_its_checkpointing():
+    code, out, err = run_cli([*SMALL, "--strategy", "p=4,g=4,os=16,ckpt=1", "--json"])
+    assert code == 0, err
+    baselines = json.loads(out)["baselines"]
+    assert baselines and all(b["strategy"].endswith(",ckpt=1") for b in baselines.values())

@@ -62,7 +62,7 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         else:
             s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
         best = evaluate(job, s, limit)
-        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt)
+        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value)
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s = [], None, 0.0
     else:
