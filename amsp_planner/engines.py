@@ -55,8 +55,19 @@ class EngineProfile:
     """The activation-checkpointing options it has, and how the export sets them."""
     sources: tuple[str, ...]
     """Where each behaviour above is written down (docs URL or the engine's code path)."""
+    ckpt_kinds: frozenset = frozenset({"none", "full", "blocks", "op"})
+    """The checkpointing settings it runs: 'none', 'full', 'blocks' (the first K of L) and 'op'
+    (op-level selective, matmul outputs kept)."""
 
     # ----- the search space ------------------------------------------------------------------
+    def runs_ckpt(self, value, num_layers: int) -> bool:
+        """Whether it runs checkpointing setting `value` (True, False, K blocks or 'op')."""
+        from amsp_planner.strategy import checkpointed_blocks
+
+        k, op = checkpointed_blocks(value, num_layers)
+        kind = "op" if op else "none" if k == 0 else "full" if k >= num_layers else "blocks"
+        return kind in self.ckpt_kinds
+
     def stage0_allowed(self, training) -> bool:
         """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation."""
         return not (self.name == "deepspeed" and training.precision == "bf16"
@@ -115,7 +126,7 @@ PROFILES = {
         qgz_needs_p=False, reduce_dtype=None,
         gathers="one all-gather per unit (embedding, block, head), prefetched one unit ahead; "
                 "two gather and two gradient buffers of the largest unit",
-        checkpointing="full per block, on or off (amsp train --strategy ...,ckpt)",
+        checkpointing="the first K of L blocks (ckpt=K, ckpt for all) or op-level (ckpt=op)",
         sources=("amsp_planner/runtime/engine.py", "docs/runtime.md"),
     ),
     "deepspeed": EngineProfile(
@@ -125,8 +136,10 @@ PROFILES = {
                 "stage3_prefetch_bucket_size elements; the export sets it, reduce_bucket_size and "
                 "allgather_bucket_size to one unit and stage3_max_live_parameters to two, so its "
                 "buffers are the memory model's (two gather, two gradient buffers)",
-        checkpointing="not a ds_config switch: the model wraps each block "
-                      "(deepspeed.checkpointing.checkpoint), on or off",
+        checkpointing="activation_checkpointing section (number_checkpoints: the first K "
+                      "blocks, or all); the model wraps the blocks "
+                      "(deepspeed.checkpointing.checkpoint); no op-level policy",
+        ckpt_kinds=frozenset({"none", "full", "blocks"}),
         sources=("https://www.deepspeed.ai/docs/config-json/ (stages, buckets, "
                  "communication_data_type, data_types.grad_accum_dtype)",
                  "deepspeed/runtime/zero/config.py (zero_hpz_partition_size, "
@@ -142,7 +155,7 @@ PROFILES = {
         qgz_needs_p=False, reduce_dtype=None,
         gathers="one all-gather per fully_shard unit (each block, then the root), implicit "
                 "prefetch one unit ahead: the memory model's two gather and two gradient buffers",
-        checkpointing="checkpoint_wrapper on each block, on or off",
+        checkpointing="checkpoint_wrapper on the chosen blocks, or a selective policy (op)",
         sources=("https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html "
                  "(mesh (replicate, shard), reshard_after_forward=int)",
                  "torch/distributed/fsdp/_fully_shard/_fsdp_api.py (MixedPrecisionPolicy."
@@ -152,7 +165,10 @@ PROFILES = {
         name="torchtitan", title="torchtitan 0.3", shapes="tied", hpz=False, qwz=False,
         qgz=False, qgz_needs_p=False, reduce_dtype="fp32",
         gathers="FSDP2 under the hood: one all-gather per block, prefetch one ahead",
-        checkpointing="activation-checkpoint:full or none (selective modes are not priced)",
+        checkpointing="activation_checkpoint.mode none, full or selective with "
+                      "selective_ac_option op (its int option, every N-th block, is not "
+                      "the first K of L)",
+        ckpt_kinds=frozenset({"none", "full", "op"}),
         sources=("torchtitan/config/configs.py (mixed_precision_reduce: Literal['float32'], "
                  "fsdp_reshard_after_forward: default|always|never, "
                  "data_parallel_shard_degree / data_parallel_replicate_degree)",
@@ -164,7 +180,9 @@ PROFILES = {
         qgz_needs_p=False, reduce_dtype="param",
         gathers="hybrid ZeRO optimizer: gradients reduced in reduce_bucket_size buckets, updated "
                 "parameters broadcast/all-gathered after the step; priced per unit",
-        checkpointing="model.checkpoint True/False (or a fraction of the layers)",
+        checkpointing="model.checkpoint True/False or a fraction of the layers (K of L); no "
+                      "op-level policy",
+        ckpt_kinds=frozenset({"none", "full", "blocks"}),
         sources=("https://github.com/InternLM/InternEvo configs/7B_sft.py (parallel.zero1.size, "
                  "zero1.fsdp, model.checkpoint)",
                  "internlm/solver/optimizer/utils.py reduce_tensor (communicates in the "

@@ -34,7 +34,11 @@ from amsp_planner.specs.training import TrainingSpec
 from amsp_planner.strategy import Strategy
 
 FORMAT = "amsp-plan"
-VERSION = 1
+VERSION = 2
+"""The newest version. A plan is written with the lowest version that holds its decision:
+version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
+checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op")."""
+SUPPORTED_VERSIONS = (1, 2)
 
 
 # ----- the document's schema ----------------------------------------------------------------
@@ -80,7 +84,8 @@ class Decision(_Strict):
     qgz: bool
     micro_batch: int
     grad_accum: int
-    ckpt: bool
+    ckpt: bool | int | Literal["op"]
+    """true: every block; false: none; K: the first K blocks; "op": op-level selective."""
 
 
 class Summary(_Strict):
@@ -176,7 +181,7 @@ def decision(e: Evaluation, gpus_per_node: int) -> dict:
                     "scope": "none" if f == 1 else ("intra" if s1 == 1 else "inter")}
     return {"strategy": str(s.with_(grad_accum=None)), "components": comps, "qwz": s.qwz,
             "quant_block": s.quant_block, "hpz": s.hpz, "qgz": s.qgz,
-            "micro_batch": s.micro_batch, "grad_accum": e.n_micro, "ckpt": s.ckpt}
+            "micro_batch": s.micro_batch, "grad_accum": e.n_micro, "ckpt": s.ckpt_value}
 
 
 def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
@@ -188,9 +193,10 @@ def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
         "cluster": job.cluster.model_dump(mode="json"),
         "training": job.training.model_dump(mode="json"),
     }
+    dec = decision(best, job.gpus_per_node)
     doc = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": 1 if isinstance(dec["ckpt"], bool) else VERSION,
         "inputs": {
             **specs,
             "num_gpus": job.num_gpus,
@@ -200,7 +206,7 @@ def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
             "search": search or {},
             "hashes": {k: sha256(v) for k, v in specs.items()},
         },
-        "decision": decision(best, job.gpus_per_node),
+        "decision": dec,
         "predictions": {**best.to_dict(), "bands": bands(),
                         "references": {k: summary(e) for k, e in (references or {}).items()}},
         "runners_up": [summary(e) for e in runners_up],
@@ -289,15 +295,19 @@ def load_plan(path: str | Path) -> Plan:
 def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise AmspUserError(f"{source}: not an amsp plan (field 'format' must be '{FORMAT}')")
-    if raw.get("version") != VERSION:
+    version = raw.get("version")
+    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
         raise AmspUserError(
-            f"{source}: plan version {raw.get('version')!r} is not supported (this amsp reads "
-            f"version {VERSION}): regenerate it with this amsp's `amsp plan`"
+            f"{source}: plan version {version!r} is not supported (this amsp reads versions "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))}): regenerate it with this amsp's `amsp plan`"
         )
     try:
         doc = PlanDoc.model_validate(raw)
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, source)) from None
+    if version == 1 and not isinstance(doc.decision.ckpt, bool):
+        raise AmspUserError(f"{source}: field 'decision.ckpt' is {doc.decision.ckpt!r}, but a "
+                            "version 1 plan holds true or false: regenerate it with amsp plan")
     inp = doc.inputs
     for key in ("model", "cluster", "training"):
         got = sha256(raw["inputs"][key])

@@ -15,7 +15,11 @@ String form (docs/design.md), parsed only here::
 - ``qgz``: gradient reduction by a two-hop INT4 all-to-all (intra-node, then inter-node).
 - ``mb=B``: sequences per GPU per micro-batch; ``ga=K`` optionally pins the accumulation steps
   (checked against the global batch).
-- ``ckpt`` / ``nockpt``: full activation checkpointing per block.
+- ``ckpt`` / ``nockpt``: full activation checkpointing of every block / none; ``ckpt=K``
+  checkpoints the first K of the L blocks (``ckpt=0`` is none, ``ckpt=L`` is full, as
+  Megatron's ``--recompute-num-layers K`` with the block method); ``ckpt=op`` is op-level
+  selective checkpointing of every block (matmul and attention outputs kept, the elementwise
+  ops recomputed: docs/memory.md). ``ckpt=full`` and ``ckpt=none`` are accepted too.
 
 Named baselines (``baseline(name, N, R)``): ddp, zero1, zero2, zero3 (= fsdp), hsdp, mics (p = 2R
 by default, ``mics-16`` for p = 16), zeropp (ZeRO-3 + qwZ + hpZ=R + qgZ).
@@ -58,6 +62,36 @@ class Strategy:
     """Micro-batches per step when pinned; None derives it from the global batch."""
     ckpt: bool = False
     """Full activation checkpointing (recompute each block in backward)."""
+    ckpt_blocks: int = 0
+    """With ``ckpt`` off: checkpoint the first K blocks only (0 = none)."""
+    ckpt_op: bool = False
+    """Op-level selective checkpointing of every block (matmul outputs kept)."""
+
+    @property
+    def ckpt_value(self) -> bool | int | str:
+        """The checkpointing setting as the cost model takes it: True (every block), False
+        (none), K (the first K blocks) or 'op'."""
+        if self.ckpt_op:
+            return "op"
+        if self.ckpt:
+            return True
+        return self.ckpt_blocks or False
+
+    @property
+    def ckpt_words(self) -> str:
+        """The setting in words: 'on', 'off', 'the first K blocks' or 'op-level'."""
+        v = self.ckpt_value
+        if v is True or v is False:
+            return "on" if v else "off"
+        return "op-level" if v == "op" else f"the first {v} blocks"
+
+    @property
+    def ckpt_token(self) -> str | None:
+        """The setting's token in the string form (None: no checkpointing)."""
+        v = self.ckpt_value
+        if v is False:
+            return None
+        return "ckpt" if v is True else f"ckpt={v}"
 
     # ----- string form --------------------------------------------------------------------
     def __str__(self) -> str:
@@ -71,8 +105,8 @@ class Strategy:
         parts.append(f"mb={self.micro_batch}")
         if self.grad_accum is not None:
             parts.append(f"ga={self.grad_accum}")
-        if self.ckpt:
-            parts.append("ckpt")
+        if self.ckpt_token:
+            parts.append(self.ckpt_token)
         return ",".join(parts)
 
     @classmethod
@@ -101,6 +135,8 @@ class Strategy:
                 kw["qwz"] = True
                 if value:
                     kw["quant_block"] = _positive_int(value, key, text)
+            elif key == "ckpt" and value:
+                kw.update(ckpt_fields(parse_ckpt_value(value, "--strategy: ckpt=")))
             elif key in ("qgz", "ckpt", "nockpt"):
                 if value:
                     raise AmspUserError(f"--strategy: '{key}' takes no value (got '{token}')")
@@ -111,7 +147,7 @@ class Strategy:
             else:
                 raise AmspUserError(
                     f"--strategy: unknown token '{token}' in '{text}': use p=, g=, os=, qwz[=block], "
-                    "hpz=, qgz, mb=, ga=, ckpt or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
+                    "hpz=, qgz, mb=, ga=, ckpt[=K|op] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
                     "hsdp, mics, zeropp)"
                 )
         s = cls(**kw)
@@ -182,6 +218,49 @@ class Strategy:
         return replace(self, **changes)
 
 
+CKPT_HELP = "a block count K (0 = none), 'op' (op-level selective), 'full' or 'none'"
+
+
+def parse_ckpt_value(value: str, where: str) -> bool | int | str:
+    """'full' -> True, 'none' -> False, 'op' -> 'op', 'K' -> K (K >= 0); AmspUserError
+    naming `where` otherwise."""
+    v = value.strip().lower()
+    if v in ("full", "none", "op"):
+        return {"full": True, "none": False, "op": "op"}[v]
+    try:
+        k = int(v)
+    except ValueError:
+        raise AmspUserError(f"{where}{value}: use {CKPT_HELP}") from None
+    if k < 0:
+        raise AmspUserError(f"{where}{value}: the block count must be at least 0")
+    return k or False
+
+
+def ckpt_fields(value: bool | int | str, num_layers: int | None = None) -> dict:
+    """Strategy fields for a checkpointing setting (True, False, K or 'op'); with the block
+    count given, K = L is full checkpointing and K = 0 none (the canonical forms)."""
+    if value == "op":
+        return {"ckpt": False, "ckpt_blocks": 0, "ckpt_op": True}
+    if value is True or value is False:
+        return {"ckpt": value, "ckpt_blocks": 0, "ckpt_op": False}
+    k = int(value)
+    if num_layers is not None and k >= num_layers:
+        return {"ckpt": True, "ckpt_blocks": 0, "ckpt_op": False}
+    return {"ckpt": False, "ckpt_blocks": k, "ckpt_op": False}
+
+
+def checkpointed_blocks(value: bool | int | str, num_layers: int) -> tuple[int, bool]:
+    """(K, op) of a checkpointing setting for L blocks: the blocks fully checkpointed (the
+    first K), and whether every block is op-level checkpointed instead."""
+    if value == "op":
+        return 0, True
+    if value is True:
+        return num_layers, False
+    if value is False:
+        return 0, False
+    return int(value), False
+
+
 def _positive_int(value: str, key: str, text: str) -> int:
     try:
         n = int(value)
@@ -206,11 +285,12 @@ _ALIASES = {"fsdp": "zero3", "zero++": "zeropp", "zero-1": "zero1", "zero-2": "z
 
 
 def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
-             ckpt: bool = False) -> Strategy:
-    """A named baseline as a Strategy for N GPUs with R per node."""
+             ckpt: bool | int | str = False) -> Strategy:
+    """A named baseline as a Strategy for N GPUs with R per node (`ckpt`: True, False, a
+    block count K or 'op')."""
     n, r = num_gpus, gpus_per_node
     key = _ALIASES.get(name.lower(), name.lower())
-    base = Strategy(micro_batch=micro_batch, ckpt=ckpt)
+    base = Strategy(micro_batch=micro_batch, **ckpt_fields(ckpt))
     if key == "ddp":
         return base
     if key == "zero1":
@@ -261,7 +341,7 @@ def inapplicable_baselines(num_gpus: int, gpus_per_node: int) -> dict[str, str]:
 
 
 def named_baselines(num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
-                    ckpt: bool = False) -> dict[str, Strategy]:
+                    ckpt: bool | int | str = False) -> dict[str, Strategy]:
     """The named baselines this N and R run as themselves (``inapplicable_baselines`` says why
     the others are left out); on one node zeropp stays, as qwZ + qgZ without hpZ."""
     skip = inapplicable_baselines(num_gpus, gpus_per_node)
@@ -278,10 +358,10 @@ def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> 
         given = {t.partition("=")[0].strip().lower() for t in rest.split(",")} if rest else set()
         if given - {"mb", "ga", "ckpt", "nockpt"}:
             raise AmspUserError(
-                f"--strategy: '{text}': after a baseline name only mb=, ga= and ckpt/nockpt may "
+                f"--strategy: '{text}': after a baseline name only mb=, ga= and ckpt[=K|op]/nockpt may "
                 "follow: write the whole strategy instead, e.g. 'p=8,g=8,os=64,qwz,mb=1'"
             )
         extra = Strategy.parse(rest) if rest.strip() else Strategy()
-        s = baseline(key, num_gpus, gpus_per_node, extra.micro_batch, extra.ckpt)
+        s = baseline(key, num_gpus, gpus_per_node, extra.micro_batch, extra.ckpt_value)
         return s.with_(grad_accum=extra.grad_accum)
     return Strategy.parse(text)

@@ -47,7 +47,7 @@ class SolveOptions:
     """Everything of a point that is not swept (the `amsp plan` options)."""
 
     micro_batch: int | None = None
-    activation_checkpointing: bool | None = None
+    activation_checkpointing: bool | int | str | None = None
     flash_attention: bool = True
     precision: str = "bf16"
     grad_accum_dtype: str = "bf16"
@@ -355,7 +355,7 @@ def solve_point(p: Point, opt: SolveOptions) -> Row:
     row = Row(
         p, "ok", **base, strategy=str(s),
         sharding=",".join(t for t in str(s).split(",")
-                          if t != "ckpt" and not t.startswith(("mb=", "ga="))),
+                          if t != "ckpt" and not t.startswith(("mb=", "ga=", "ckpt="))),
         memory_gib=b.memory.total / GIB, step_s=b.step_s, compute_s=b.time.compute_s,
         optimizer_s=b.time.optimizer_s, exposed_comm_s=b.time.exposed_comm_s,
         tokens_per_s=b.tokens_per_s, mfu=b.mfu,

@@ -496,6 +496,26 @@ def test_compute_by_hand_on_cpu_processes():
     assert ck.time.compute_s - ev.time.compute_s == pytest.approx(
         t * 2 * (327_680 + 32_768) / rate)
     assert ck.model_flops_per_step == ev.model_flops_per_step
+    # the first 1 of the 2 blocks: one block's forward recomputed
+    one = evaluate(job, Strategy(micro_batch=2, ckpt_blocks=1))
+    assert one.time.compute_s - ev.time.compute_s == pytest.approx(
+        t * (327_680 + 32_768) / rate)
+    # op-level recomputes only elementwise kernels, which a CPU process does not price
+    op = evaluate(job, Strategy(micro_batch=2, ckpt_op=True))
+    assert op.time.compute_s == pytest.approx(ev.time.compute_s)
+
+
+def test_op_level_recomputes_the_elementwise_forward():
+    # A100 preset, small_model (h 128, d_kv 128, f 256, SwiGLU, bf16), seq 128, micro-batch 2:
+    # per token and block the forward's elementwise kernels move (2 norms 28h + RoPE 6(h + d_kv)
+    # + residual adds 6h + SwiGLU 5f) x 2 bytes = 7,168 x 2 = 14,336 bytes at the HBM rate;
+    # op-level recomputes them in each of the 2 blocks, nothing else
+    job = make_job(16, cluster="dgx-a100-hdr")
+    ev = evaluate(job, Strategy(micro_batch=2))
+    op = evaluate(job, Strategy(micro_batch=2, ckpt_op=True))
+    hbm = job.cluster.gpu.hbm_gbyte_per_s * 1e9
+    assert op.time.compute_s - ev.time.compute_s == pytest.approx(2 * 256 * 14_336 / hbm)
+    assert op.memory.activations < ev.memory.activations
 
 
 def test_small_micro_batches_and_fp32_run_below_the_large_matrix_rate():

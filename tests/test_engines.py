@@ -118,7 +118,7 @@ def test_plan_for_engine_exports_to_it_exactly(jobs, engine):
         assert out.exact and out.closest == s and out.differences == (), (engine, s)
         if engine == "deepspeed":
             back = ds.strategy_from_ds_config(json.loads(out.text), job.num_gpus,
-                                              job.gpus_per_node, ckpt=s.ckpt)
+                                              job.gpus_per_node, ckpt=s.ckpt_value)
             assert back == s
         if engine == "torchtitan":
             doc = tt.check(out.text, job.num_gpus)

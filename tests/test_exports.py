@@ -41,7 +41,8 @@ def same_costs(job, a: Strategy, b: Strategy) -> None:
 
 # ----- DeepSpeed ------------------------------------------------------------------------------
 DS_EXACT = ["ddp", "zero1", "zero2", "zero3", "zeropp", "p=64,g=64,os=64,hpz=8,mb=2",
-            "p=64,g=64,os=64,qwz,mb=1,ckpt", "p=64,g=64,os=64,hpz=4,qgz,mb=4"]
+            "p=64,g=64,os=64,qwz,mb=1,ckpt", "p=64,g=64,os=64,hpz=4,qgz,mb=4",
+            "p=64,g=64,os=64,mb=1,ckpt=12"]
 
 
 def _strategy(text: str) -> Strategy:
@@ -55,7 +56,7 @@ def test_deepspeed_exact_round_trip_prices_the_same(job, text):
     s = _strategy(text)
     r = ds.export(job, s)
     assert r.exact and r.closest == s and r.differences == ()
-    back = ds.strategy_from_ds_config(json.loads(r.text), N, R, ckpt=s.ckpt)
+    back = ds.strategy_from_ds_config(json.loads(r.text), N, R, ckpt=s.ckpt_value)
     assert back.with_(grad_accum=None) == s.with_(grad_accum=None)
     assert back.grad_accum == job.n_micro(s)
     same_costs(job, s, back)
@@ -234,7 +235,11 @@ _FSDP2_CHECK = textwrap.dedent("""
         results.append(out)
     print(json.dumps(results))
 """)
-FSDP2_CASES = ["p=16,g=16,os=16,hpz=8,mb=2", "zero3,ckpt", "ddp"]
+FSDP2_CASES = ["p=16,g=16,os=16,hpz=8,mb=2", "zero3,ckpt", "ddp", "zero3,ckpt=1",
+               "p=16,g=16,os=16,ckpt=op"]
+FSDP2_WRAPPED = {"zero3,ckpt": [True, True], "zero3,ckpt=1": [True, False],
+                 "p=16,g=16,os=16,ckpt=op": [True, True]}
+"""Which of the check model's two blocks each case wraps with checkpoint_wrapper."""
 
 
 def test_fsdp2_module_applies_fully_shard_on_cpu(job):
@@ -247,8 +252,10 @@ def test_fsdp2_module_applies_fully_shard_on_cpu(job):
                           env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29631"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    for s, got in zip(plans, results, strict=True):
+    for text, s, got in zip(FSDP2_CASES, plans, results, strict=True):
         assert got["all_dtensor"] and got["grads"], s
+        assert got["checkpointed"] == FSDP2_WRAPPED.get(text, [False, False]), text
+        assert got["selective"] == [s.ckpt_op] * 2, text
         assert got["mesh_shape"] == [1, 1] and got["placements"] == ["R", "S(0)"]  # HSDP mesh
         assert got["module_mesh_for_plan"] == [N // s.s_p, s.s_p]
         assert got["reshard_after_forward"] == (s.hpz if s.hpz > 1 else True)
@@ -278,7 +285,7 @@ def test_torchtitan_check_catches_wrong_fields(job):
         torchtitan.check(text, 128)
 
 
-@pytest.mark.parametrize("strategy", ["mics-16", "zero3,ckpt", "ddp"])
+@pytest.mark.parametrize("strategy", ["mics-16", "zero3,ckpt", "ddp", "zero3,ckpt=op"])
 def test_torchtitan_own_config_manager_parses_the_export(job, strategy):
     pytest.importorskip("torchtitan")
     text = torchtitan.export(job, _strategy(strategy)).text
@@ -287,6 +294,30 @@ def test_torchtitan_own_config_manager_parses_the_export(job, strategy):
         torchtitan.check_with_torchtitan(text.replace("=always", "=sometimes"))
     with pytest.raises(ValueError, match="torchtitan refused it"):
         torchtitan.check_with_torchtitan(text.replace("seq_len", "sequence_length"))
+
+
+def test_partial_and_op_checkpointing_in_every_target(job):
+    L = job.model.num_layers
+    s = _strategy("zero3,ckpt=12")
+    cfg = json.loads(ds.export(job, s).text)
+    assert ds.export(job, s).exact and cfg["activation_checkpointing"]["number_checkpoints"] == 12
+    r = internevo.export(job, s)
+    frac = internevo.check(r.text, N, 1024)["model"]["checkpoint"]
+    assert r.exact and int(L * frac) == 12  # InternEvo checkpoints its first int(f L) blocks
+    assert int(L * internevo.checkpoint_value(s.with_(ckpt_blocks=7), L)) == 7
+    r = torchtitan.export(job, s)  # torchtitan 0.3: every block or none
+    assert not r.exact and r.closest.ckpt_value in (True, False, "op")
+    assert any(d.startswith("checkpointing the first 12 blocks -> ") and "torchtitan 0.3" in d
+               for d in r.differences), r.differences
+    torchtitan.check(r.text, N)
+    op = _strategy("zero3,ckpt=op")
+    r = torchtitan.export(job, op)
+    assert r.exact and f"{torchtitan.AC}:selective" in r.text
+    assert torchtitan.check(r.text, N)["activation_checkpoint"] == "selective"
+    for target in (ds, internevo):  # no op-level form: the best of the others, priced
+        r = target.export(job, op)
+        assert not r.exact and r.closest.ckpt_value != "op"
+        assert any(d.startswith("checkpointing op-level -> ") for d in r.differences)
 
 
 def test_internevo_zero1_and_fsdp(job):

@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amsp_planner.cost.communicators import process_groups
+from amsp_planner.cost.compute import recompute_s
 from amsp_planner.cost.evaluate import evaluate
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import InfeasibleError
 from amsp_planner.solver import SearchSpace, solve
-from amsp_planner.solver.space import GROUPS, MEMORY, Preference
+from amsp_planner.solver.space import GROUPS, MEMORY, RECOMPUTE, Preference
 from amsp_planner.specs import TrainingSpec, load_cluster, load_model
 from amsp_planner.strategy import Strategy
 from amsp_planner.validation import step_time_band
@@ -26,10 +27,14 @@ from amsp_planner.validation import step_time_band
 GIB = 1024**3
 
 
-def job_of(model, cluster, gpus, seqs_per_gpu=1, seq_len=2048, gpus_per_node=None, **train):
+def job_of(model, cluster, gpus, seqs_per_gpu=1, seq_len=2048, gpus_per_node=None, layers=None,
+           **train):
     c = load_cluster(cluster, {"gpus_per_node": gpus_per_node} if gpus_per_node else None)
     t = TrainingSpec(seq_len=seq_len, global_batch_seqs=gpus * seqs_per_gpu, **train)
-    return Job.create(load_model(model), c, t, gpus)
+    spec = load_model(model)
+    if layers is not None:  # the model's shapes with fewer blocks: a small checkpointing space
+        spec = spec.model_copy(update={"num_layers": layers})
+    return Job.create(spec, c, t, gpus)
 
 
 def quantized(s: Strategy) -> bool:
@@ -54,10 +59,12 @@ def oracle_class(job, limit, pref, objective="time"):
     best = min(map(key, adm))
     cls = [e for e in adm if key(e) <= best * (1 + pref.band) * (1 + 1e-7)]
     for name in pref.tie_breaks:
-        f = ((lambda e: process_groups(e.strategy, job.num_gpus, job.gpus_per_node))
-             if name == GROUPS else (lambda e: e.memory.total))
+        f = {GROUPS: lambda e: process_groups(e.strategy, job.num_gpus, job.gpus_per_node),
+             MEMORY: lambda e: e.memory.total,
+             RECOMPUTE: lambda e: recompute_s(job, e.strategy.micro_batch, e.strategy.ckpt_value),
+             }[name]
         least = min(map(f, cls))
-        cls = [e for e in cls if f(e) <= least * (1 + 1e-6)]
+        cls = [e for e in cls if f(e) <= least * (1 + 1e-6) + 1e-12]
     return cls, best
 
 
@@ -68,11 +75,13 @@ instances = st.fixed_dictionaries({
     "nodes": st.sampled_from([1, 2, 4]),
     "seqs_per_gpu": st.sampled_from([1, 2, 4]),
     "seq_len": st.sampled_from([512, 2048]),
+    "layers": st.sampled_from([1, 2, 3, 4]),
     "limit_frac": st.floats(min_value=0.05, max_value=1.2),
     "band": st.sampled_from([0.0, 0.02, 0.05, step_time_band()]),
     "headroom": st.sampled_from([0.0, 0.1, 0.25]),
     "quantization": st.sampled_from(["auto", "auto", "on", "off"]),
-    "tie_breaks": st.sampled_from([(GROUPS, MEMORY), (GROUPS, MEMORY), (MEMORY,), ()]),
+    "tie_breaks": st.sampled_from([(RECOMPUTE, GROUPS, MEMORY), (RECOMPUTE, GROUPS, MEMORY),
+                                   (GROUPS, MEMORY), (MEMORY,), ()]),
     "objective": st.sampled_from(["time", "time", "time", "comm"]),
 })
 
@@ -83,7 +92,7 @@ instances = st.fixed_dictionaries({
 def test_ilp_applies_the_rule_as_the_brute_force_does(p):
     gpus = p["gpus_per_node"] * p["nodes"]
     job = job_of(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
-                 gpus_per_node=p["gpus_per_node"])
+                 gpus_per_node=p["gpus_per_node"], layers=p["layers"])
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
     limit = ddp * p["limit_frac"]
     pref = Preference(band=p["band"], headroom=p["headroom"], quantization=p["quantization"],
@@ -105,6 +114,10 @@ def test_ilp_applies_the_rule_as_the_brute_force_does(p):
     if GROUPS in pref.tie_breaks:
         want = process_groups(cls[0].strategy, job.num_gpus, job.gpus_per_node)
         assert process_groups(got.strategy, job.num_gpus, job.gpus_per_node) == want
+    if RECOMPUTE in pref.tie_breaks:
+        least = min(recompute_s(job, e.strategy.micro_batch, e.strategy.ckpt_value) for e in cls)
+        got_r = recompute_s(job, got.strategy.micro_batch, got.strategy.ckpt_value)
+        assert got_r <= least * (1 + 1e-6) + 1e-12, (got.strategy, cls[0].strategy)
     if MEMORY in pref.tie_breaks:
         least = min(e.memory.total for e in cls)
         assert got.memory.total <= least * (1 + 1e-6), (got.strategy, cls[0].strategy)

@@ -94,6 +94,99 @@ def test_runtime_saves_the_eager_prediction(name, seq, mb, ckpt):
     assert measured == pytest.approx(predicted, rel=0.02), (measured, predicted)
 
 
+def _runtime_saved_checkpointed(spec: ModelSpec, seq: int, mb: int, ckpt, monkeypatch) -> int:
+    """Peak saved bytes of one micro-batch of the runtime's model with its own checkpointing
+    (``run_block``, non-reentrant): what forward keeps outside the checkpointed blocks
+    (``saved_tensors_hooks``), each checkpointed block's input, the matmul and attention
+    outputs that op-level checkpointing keeps (counted in the policy), plus the most one
+    block's recomputation saves beyond those in backward (``saved_tensors_hooks`` of the
+    recomputation, wrapped)."""
+    from torch.utils import checkpoint as C
+    from torch.utils._pytree import tree_flatten
+
+    torch.manual_seed(0)
+    ref = M.ReferenceModel(spec, 0, torch.bfloat16)
+    tok = torch.randint(0, spec.vocab_size, (mb, seq))
+    tgt = torch.randint(0, spec.vocab_size, (mb, seq))
+    units = [M.views(f, s) for f, s in zip(ref.flats, ref.specs, strict=True)]
+    params = list(ref.parameters())
+    c = SavedCounter(params)
+    policy = M.op_policy
+
+    def counting_policy(ctx, func, *args, **kwargs):
+        decision = policy(ctx, func, *args, **kwargs)
+        if not ctx.is_recompute and decision == C.CheckpointPolicy.MUST_SAVE:
+            for t in tree_flatten(ctx.op_output)[0]:
+                if isinstance(t, torch.Tensor):
+                    c.pack(t)
+        return decision
+
+    recompute: list[SavedCounter] = []
+
+    class CountingRecomputation(C._recomputation_hook):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            inner, counter = self.pack_hook, SavedCounter(params)
+            counter.exclude |= set(c.seen)  # kept since forward: not new
+            recompute.append(counter)
+            self.pack_hook = lambda t: inner(counter.pack(t))
+
+    monkeypatch.setattr(M, "op_policy", counting_policy)
+    monkeypatch.setattr(C, "_recomputation_hook", CountingRecomputation)
+    modes = M.block_modes(ckpt, spec.num_layers)
+    with torch.autograd.graph.saved_tensors_hooks(c.pack, lambda t: t):
+        x = M.embed(tok, units[0])
+        for p, mode in zip(units[1:-1], modes, strict=True):
+            if mode:
+                c.pack(x)  # the checkpoint keeps its input for the recomputation
+            x = M.run_block(x, p, spec, mode)
+        lm = units[0]["tok_emb"] if spec.tied_embeddings else units[-1]["lm_head"]
+        loss = M.head_loss(x, units[-1], lm, tgt)
+    forward = c.total
+    loss.backward()
+    assert len(recompute) == sum(1 for m in modes if m)  # each checkpointed block recomputed
+    return forward + max((r.total for r in recompute), default=0)
+
+
+CKPT_CASES = [("tiny", 128, 2, c) for c in (0, 1, 3, 8, "op")] + [("mid", 256, 1, 3),
+                                                                    ("mid", 256, 1, "op")]
+"""tiny (2 blocks): none, 1, every block (3 and 8 clip to 2), op; mid (8 blocks): 3 of 8 and
+op (its none and every-block counts are the plain and full tests above)."""
+
+
+@pytest.mark.parametrize("name,seq,mb,ckpt", CKPT_CASES,
+                         ids=[f"{n}-ckpt={c}" for n, _, _, c in CKPT_CASES])
+def test_runtime_checkpointing_saves_the_prediction(name, seq, mb, ckpt, monkeypatch):
+    """k of L blocks and op-level: the runtime's own checkpointing against cost/activations."""
+    spec = load_model("tiny") if name == "tiny" else MID
+    k = min(ckpt, spec.num_layers) if ckpt != "op" else ckpt
+    measured = _runtime_saved_checkpointed(spec, seq, mb, k, monkeypatch)
+    predicted = saved_bytes(_job(spec, seq, mb), mb, k)
+    assert measured == pytest.approx(predicted, rel=0.02), (measured, predicted)
+
+
+def test_checkpointing_keeps_the_gradients():
+    """Full, partial and op-level checkpointing recompute exactly what forward computed."""
+    spec = load_model("tiny")
+    torch.manual_seed(0)
+    ref = M.ReferenceModel(spec, 0, torch.float32)
+    tok = torch.randint(0, spec.vocab_size, (2, 32))
+    units = [M.views(f, s) for f, s in zip(ref.flats, ref.specs, strict=True)]
+
+    def grads(ckpt):
+        ref.zero_grad()
+        x = M.embed(tok, units[0])
+        for p, mode in zip(units[1:-1], M.block_modes(ckpt, spec.num_layers), strict=True):
+            x = M.run_block(x, p, spec, mode)
+        M.head_loss(x, units[-1], units[0]["tok_emb"], tok).backward()
+        return [f.grad.clone() for f in ref.flats]
+
+    plain = grads(False)
+    for ckpt in (1, True, "op"):
+        for a, b in zip(grads(ckpt), plain, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_mid_model_is_about_50m_parameters():
     assert 45e6 < MID.num_params < 60e6
 

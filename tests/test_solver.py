@@ -18,8 +18,8 @@ from amsp_planner.errors import InfeasibleError
 from amsp_planner.solver import SearchSpace
 from amsp_planner.solver import solve as _solve
 from amsp_planner.solver.brute import brute_force
-from amsp_planner.specs import TrainingSpec, load_cluster, load_model
 from amsp_planner.solver.space import FASTEST
+from amsp_planner.specs import TrainingSpec, load_cluster, load_model
 from amsp_planner.strategy import Strategy
 
 GIB = 1024**3
@@ -27,13 +27,16 @@ solve = functools.partial(_solve, preference=FASTEST)
 
 
 def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=None,
-             overlap=None, engine="amsp", **train):
+             overlap=None, engine="amsp", layers=None, **train):
     overrides = {"gpus_per_node": gpus_per_node} if gpus_per_node else {}
     if overlap is not None:
         overrides["overlap_efficiency"] = overlap
     c = load_cluster(cluster, overrides or None)
     t = TrainingSpec(seq_len=seq_len, global_batch_seqs=gpus * seqs_per_gpu, **train)
-    return Job.create(load_model(model), c, t, gpus, engine)
+    spec = load_model(model)
+    if layers is not None:  # the model's shapes with fewer blocks (a small checkpointing space)
+        spec = spec.model_copy(update={"num_layers": layers})
+    return Job.create(spec, c, t, gpus, engine)
 
 
 def check_against_brute_force(job, limit, zeropp=True, objective="time"):
@@ -69,10 +72,11 @@ instances = st.fixed_dictionaries({
     "objective": st.sampled_from(["time", "time", "comm"]),
     "overlap": st.sampled_from([1.0, 1.0, 0.5, 0.0]),
     "profile": st.sampled_from(["eager", "fused"]),
-    # the engine restricts the space (SearchSpace.triples, ZeRO++ switches) and the gradient
-    # dtype it runs; amsp, the unrestricted space, twice as often
+    # the engine restricts the space (SearchSpace.triples, ZeRO++ switches, checkpointing
+    # kinds) and the gradient dtype it runs; amsp, the unrestricted space, twice as often
     "engine": st.sampled_from(["amsp", "amsp", *ENGINES[1:]]),
     "grad_dtype": st.sampled_from(["bf16", "bf16", "fp32"]),
+    "layers": st.sampled_from([1, 2, 3, 4]),
 })
 
 
@@ -84,7 +88,11 @@ def test_ilp_equals_brute_force(p):
     job = make_job(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
                    gpus_per_node=p["gpus_per_node"], overlap=p["overlap"],
                    activation_profile=p["profile"], engine=p["engine"],
-                   grad_accum_dtype=p["grad_dtype"])
+                   grad_accum_dtype=p["grad_dtype"], layers=p["layers"])
+    # every checkpointing kind the engine runs is in the space: none, K of L blocks, all, op
+    L = job.model.num_layers
+    want = tuple(c for c in (*range(L + 1), "op") if job.profile.runs_ckpt(c, L))
+    assert SearchSpace.for_job(job).ckpt == want
     # memory limits from "nothing fits" to "everything fits" relative to DDP's need
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
     check_against_brute_force(job, ddp * p["limit_frac"], p["zeropp"], p["objective"])
@@ -213,3 +221,60 @@ def test_rediscovers_the_amsp_point_on_a_calibrated_two_node_cluster(batch, n_mi
         assert best.n_micro == n_micro
         assert (s.s_p, s.s_os) == (1, job.gpus_per_node) and s.s_g in g_options, s
         assert not (s.qwz or s.qgz or s.hpz > 1)
+
+
+def _default_job(model, gpus, seqs=None):
+    t = TrainingSpec(global_batch_seqs=seqs) if seqs else TrainingSpec()
+    return Job.create(load_model(model), load_cluster(None), t, gpus)
+
+
+def test_partial_checkpointing_is_the_optimum():
+    # llama3-405b on 16384 GPUs of the default cluster, one sequence per GPU: checkpointing
+    # every block fits, none does not; the planner checkpoints only as many blocks as the
+    # memory needs: the first K of 126 with K - 1 not fitting, and faster than all 126
+    job = _default_job("llama3-405b", 16384, 16384)
+    L = job.model.num_layers
+    best = solve(job, runners_up=0).best
+    s = best.strategy
+    k = s.ckpt_blocks
+    assert not s.ckpt and not s.ckpt_op and 0 < k < L, s
+    fewer = evaluate(job, s.with_(ckpt_blocks=k - 1))
+    full = evaluate(job, s.with_(ckpt=True, ckpt_blocks=0))
+    assert not fewer.fits and fewer.step_s < best.step_s      # one block less: too big
+    assert full.fits and full.step_s > best.step_s            # every block: slower
+    # for this sharding the brute force over every K agrees: the smallest K that fits
+    fits = [kk for kk in range(L + 1) if evaluate(job, s.with_(ckpt_blocks=kk)).fits]
+    assert min(fits) == k
+    op = evaluate(job, s.with_(ckpt_blocks=0, ckpt_op=True))
+    assert not op.fits or op.step_s > best.step_s
+
+
+def test_op_level_checkpointing_beats_partial_for_llama_65b():
+    # llama-65b on 1024 GPUs: op-level keeps the matmul outputs and recomputes only the
+    # memory-bound elementwise kernels, so it is faster than checkpointing the K blocks that
+    # would make the same memory fit; without the op-level option the optimum is partial
+    import dataclasses
+
+    from amsp_planner.solver.ilp import StrategyIlp
+
+    job = _default_job("llama-65b", 1024)
+    best = solve(job, runners_up=0).best
+    assert best.strategy.ckpt_op, best.strategy
+    space = SearchSpace.for_job(job)
+    no_op = dataclasses.replace(space, ckpt=tuple(c for c in space.ckpt if c != "op"))
+    sols, _, _ = StrategyIlp(job, no_op, job.cluster.memory_bytes).solve(0)
+    partial = evaluate(job, sols[0].strategy)
+    assert 0 < partial.strategy.ckpt_blocks < job.model.num_layers, partial.strategy
+    assert partial.fits and partial.step_s > best.step_s
+    assert evaluate(job, partial.strategy.with_(ckpt=True, ckpt_blocks=0)).step_s > partial.step_s
+
+
+def test_no_checkpointing_is_the_optimum():
+    # llama-7b on 1024 GPUs: the activations of one sequence fit without checkpointing, and
+    # any recomputation lengthens the step
+    job = _default_job("llama-7b", 1024)
+    best = solve(job, runners_up=0).best
+    s = best.strategy
+    assert s.ckpt_value is False, s
+    for ck in ({"ckpt_blocks": 1}, {"ckpt_op": True}, {"ckpt": True}):
+        assert evaluate(job, s.with_(**ck)).step_s > best.step_s

@@ -59,7 +59,7 @@ def test_string_form_round_trips(s):
     ("pp=8", "unknown token 'pp=8'"),
     ("zero4", "unknown token"),
     ("qgz=1", "takes no value"),
-    ("ckpt=yes", "takes no value"),
+    ("ckpt=yes", "ckpt=yes: use a block count K"),
     ("qwz=48", "must divide 256"),
     ("qwz=4", "at least 8"),
     ("p=8,,g=8", "unknown token ''"),
@@ -170,3 +170,23 @@ def test_default_mics_adapts_to_jobs_two_nodes_do_not_divide(n):
     s = baseline("mics", n, 8)
     s.check(n, 8)  # every named baseline can run on the job
     assert s.s_p == (16 if n % 16 == 0 else min(n, 8))
+
+
+@pytest.mark.parametrize("text, canonical, value", [
+    ("p=8,g=8,os=8,mb=1,ckpt=12", "p=8,g=8,os=8,mb=1,ckpt=12", 12),
+    ("p=8,g=8,os=8,mb=1,ckpt=op", "p=8,g=8,os=8,mb=1,ckpt=op", "op"),
+    ("p=8,g=8,os=8,mb=1,ckpt=full", "p=8,g=8,os=8,mb=1,ckpt", True),
+    ("p=8,g=8,os=8,mb=1,ckpt=none", "p=8,g=8,os=8,mb=1", False),
+    ("p=8,g=8,os=8,mb=1,ckpt=0", "p=8,g=8,os=8,mb=1", False),
+    ("p=8,g=8,os=8,mb=1,ckpt", "p=8,g=8,os=8,mb=1,ckpt", True),
+])
+def test_checkpointing_forms_round_trip(text, canonical, value):
+    s = Strategy.parse(text)
+    assert str(s) == canonical and s.ckpt_value == value and type(s.ckpt_value) is type(value)
+    assert Strategy.parse(str(s)) == s
+
+
+def test_a_baseline_keeps_partial_checkpointing():
+    from amsp_planner.strategy import parse_strategy_or_baseline
+
+    assert str(parse_strategy_or_baseline("zero3,ckpt=5", 16, 8)) == "p=16,g=16,os=16,mb=1,ckpt=5"

@@ -27,7 +27,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, **opts):
     job, limit = build_job(**opts)
     t = job.training
     mb = t.micro_batch or 1
-    ckpt = bool(t.activation_checkpointing)
+    ckpt = t.activation_checkpointing or False
     rows = list(evaluate_baselines(job, limit, mb, ckpt).items())
     for text in strategies:
         s = parse_strategy_or_baseline(text, job.num_gpus, job.gpus_per_node)

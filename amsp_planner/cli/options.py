@@ -36,9 +36,10 @@ def job_options(f):
                      help="Global batch in sequences (instead of --global-batch)."),
         click.option("--micro-batch", type=click.IntRange(min=1), default=None,
                      help="Pin sequences per GPU per micro-batch (default: searched; compare uses 1)."),
-        click.option("--activation-checkpointing", type=click.Choice(["on", "off", "auto"]),
-                     default="auto", show_default=True,
-                     help="Full activation checkpointing; auto lets the planner choose."),
+        click.option("--activation-checkpointing", metavar="auto|on|off|K|op", default="auto",
+                     show_default=True,
+                     help="Activation checkpointing: on (every block), off, K (the first K "
+                          "blocks), op (op-level selective); auto lets the planner choose."),
         click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations."),
         click.option("--activation-profile", type=click.Choice(["eager", "fused"]), default="eager",
                      show_default=True, help="Activations of eager PyTorch or of fused kernels."),
@@ -120,7 +121,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     tokens = parse_batch(global_batch) if global_batch is not None else None
     if tokens is not None and global_batch_seqs is not None:
         raise AmspUserError("give --global-batch or --global-batch-seqs, not both")
-    ckpt = {"on": True, "off": False, "auto": None}[activation_checkpointing]
+    ckpt = ckpt_option(activation_checkpointing)
     try:
         t = TrainingSpec(seq_len=seq_len, global_batch_tokens=tokens,
                          global_batch_seqs=global_batch_seqs, micro_batch=micro_batch,
@@ -139,3 +140,18 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
         click.echo(f"note: {note}", err=True)
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit
+
+
+def ckpt_option(text: str) -> bool | int | str | None:
+    """--activation-checkpointing: auto -> None, on -> True, off -> False, K -> K blocks
+    (0 = off), op -> 'op'; one line naming the option otherwise."""
+    from amsp_planner.strategy import parse_ckpt_value
+
+    v = str(text).strip().lower()
+    if v in ("auto", "on", "off"):
+        return {"on": True, "off": False, "auto": None}[v]
+    try:
+        return parse_ckpt_value(v, "--activation-checkpointing ")
+    except AmspUserError:
+        raise AmspUserError(f"--activation-checkpointing {text}: use auto, on, off, a block "
+                            "count K (the first K blocks) or op") from None

@@ -54,8 +54,8 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
 
         raise AmspUserError(f"--activation-checkpointing {opts['activation_checkpointing']}: "
                             f"--strategy {strategy} fixes the strategy, its checkpointing "
-                            "included: write ckpt in a strategy string (e.g. p=8,g=8,os=8,ckpt) "
-                            "or drop the option")
+                            "included: write ckpt, ckpt=K or ckpt=op in a strategy string "
+                            "(e.g. p=8,g=8,os=8,ckpt=12) or drop the option")
     if strategy is not None or strategy_from is not None:
         if strategy_from is not None:
             from amsp_planner.exports.deepspeed import strategy_for_job
@@ -65,7 +65,7 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         else:
             s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
         best = evaluate(job, s, limit)
-        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt)
+        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value)
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s, refs = [], None, 0.0, {}
     else:
@@ -97,8 +97,12 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         return
     from amsp_planner.report.grid import emit
     from amsp_planner.report.plan_report import components_grid, time_lines
-    from amsp_planner.report.tables import (compare_grid, inapplicable_line, memory_grid,
-                                            schedule_grid)
+    from amsp_planner.report.tables import (
+        compare_grid,
+        inapplicable_line,
+        memory_grid,
+        schedule_grid,
+    )
 
     m, t = job.model, job.training
     out: list = [f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from amsp_planner.cli.options import choice_options, engine_option
+from amsp_planner.cli.options import choice_options, ckpt_option, engine_option
 from amsp_planner.errors import AmspUserError
 from amsp_planner.report.grid import format_option
 
@@ -108,8 +108,8 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
               help="Memory per GPU in GiB, comma-separated (default: the GPU's memory).")
 @click.option("--micro-batch", type=click.IntRange(min=1), default=None,
               help="Pin sequences per GPU per micro-batch (default: searched).")
-@click.option("--activation-checkpointing", type=click.Choice(["on", "off", "auto"]),
-              default="auto", show_default=True)
+@click.option("--activation-checkpointing", metavar="auto|on|off|K|op", default="auto",
+              show_default=True)
 @click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations.")
 @click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
 @click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
@@ -167,7 +167,7 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
         else:
             raise AmspUserError(f"--gpu-hour-price: give one price, or one per cluster "
                                 f"({len(cl)}), got {len(pv)}")
-    ckpt = {"on": True, "off": False, "auto": None}[activation_checkpointing]
+    ckpt = ckpt_option(activation_checkpointing)
     opts = w.SolveOptions(micro_batch=micro_batch, activation_checkpointing=ckpt,
                           flash_attention=not no_flash_attention, precision=precision,
                           grad_accum_dtype=grad_accum_dtype, zeropp=not no_zeropp, engine=engine,

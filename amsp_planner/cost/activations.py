@@ -27,12 +27,20 @@ Korthikanti et al. 2022 (arXiv 2205.05198) count adapted to no dropout, GQA and 
 cross-entropy never holds the fp32 logits of the whole micro-batch).
 
 Full checkpointing keeps each block's input (h a_b per token) and one block's activations
-while it is recomputed, plus the head.
+while it is recomputed, plus the head. Checkpointing the first K of the L blocks keeps K inputs,
+the L - K other blocks whole and, when K > 0, one block's activations while it is recomputed.
+Op-level selective checkpointing (every block; matmul and attention outputs kept, the rest
+recomputed) keeps per block the input h, the QKV output h + 2 d_kv, the attention output h and
+its 4a log-sum-exp, the output projection's h, the MLP's up projection 2f (SwiGLU's gate and up;
+GELU: f) and its down projection's h, and while one block is recomputed the saved tensors it
+does not have yet: its norms, the rotated Q and K, the head-merged attention output, SiLU's
+output and the product (docs/memory.md derives both).
 """
 
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
+from amsp_planner.strategy import checkpointed_blocks
 
 INDEX_BYTES = 8
 """int64 token ids (embedding backward) and targets (cross-entropy backward)."""
@@ -68,12 +76,39 @@ def head_bytes_per_token(job: Job) -> float:
     return _norm(job) + 4 * m.vocab_size + 2 * INDEX_BYTES
 
 
-def saved_bytes_per_token(job: Job, ckpt: bool) -> float:
-    """Bytes autograd holds per token at the end of forward (one block's more when
-    checkpointing: the one being recomputed)."""
+def op_kept_bytes_per_token(job: Job) -> float:
+    """Bytes one op-level checkpointed block keeps per token: its input and the outputs of
+    its matmuls and of attention (module docstring)."""
+    m, t = job.model, job.training
+    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
+    up = f if m.ffn_type == "gelu" else 2 * f
+    lse = 4 * m.num_heads if t.flash_attention else 0
+    return (h + (h + 2 * kv) + h + h + up + h) * t.param_bytes + lse
+
+
+def op_recompute_bytes_per_token(job: Job) -> float:
+    """Bytes the recomputation of one op-level block adds per token: the block's saved
+    tensors other than the kept matmul and attention outputs that backward saves too (the QKV
+    output, the attention output and its log-sum-exp, the MLP's up projection)."""
+    m, t = job.model, job.training
+    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
+    up = f if m.ffn_type == "gelu" else 2 * f
+    lse = 4 * m.num_heads if t.flash_attention else 0
+    shared = (h + 2 * kv + h + up) * t.param_bytes + lse
+    return max(0.0, block_bytes_per_token(job) - shared)
+
+
+def saved_bytes_per_token(job: Job, ckpt: bool | int | str) -> float:
+    """Bytes autograd holds per token at the end of forward, plus, when checkpointing, what
+    the recomputation of one block adds in backward. `ckpt`: True (every block), False, the
+    first K blocks, or 'op'."""
     m, ab = job.model, job.training.param_bytes
     block = block_bytes_per_token(job)
-    kept = m.num_layers * m.hidden_size * ab + block if ckpt else m.num_layers * block
+    k, op = checkpointed_blocks(ckpt, m.num_layers)
+    if op:
+        kept = m.num_layers * op_kept_bytes_per_token(job) + op_recompute_bytes_per_token(job)
+    else:
+        kept = k * m.hidden_size * ab + (m.num_layers - k) * block + (block if k else 0)
     return kept + head_bytes_per_token(job)
 
 
@@ -85,7 +120,7 @@ def rope_table_bytes(job: Job) -> float:
     return t.seq_len * m.head_dim * t.param_bytes
 
 
-def saved_bytes(job: Job, micro_batch: int, ckpt: bool) -> float:
+def saved_bytes(job: Job, micro_batch: int, ckpt: bool | int | str) -> float:
     """Bytes of every tensor autograd saves for one micro-batch (what the tests measure)."""
     tokens = micro_batch * job.training.seq_len
     return saved_bytes_per_token(job, ckpt) * tokens + rope_table_bytes(job)

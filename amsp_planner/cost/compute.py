@@ -19,7 +19,12 @@ memory-bound kernels weigh more.
 Units (as the runtime shards them): the embedding (a lookup: no FLOPs), each block
 (QKV, output, MLP matmuls, attention, elementwise), and the head (final norm, LM head matmul,
 and the fp32 cross-entropy over the vocabulary). Full activation checkpointing recomputes each
-block's forward during backward; the head is not recomputed.
+block's forward during backward; the head is not recomputed. Checkpointing K of the L blocks
+recomputes K forwards per micro-batch: the block class (one class, counted L times by the step
+model) takes the average, backward + (K/L) x forward, so that the step stays linear in K (the
+ILP and the cost model use this same figure; docs/cost-model.md says what it approximates).
+Op-level selective checkpointing keeps the matmul and attention outputs and recomputes the
+elementwise kernels only: backward + the block's forward elementwise time.
 
 Elementwise bytes per token and block, forward (eager, a = activation bytes per element):
   2 RMSNorms 2 x 14h a  (upcast to fp32, variance, normalise, downcast, weight: ~7 passes of h)
@@ -37,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amsp_planner.cost.job import Job
+from amsp_planner.strategy import checkpointed_blocks
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,8 @@ def _elementwise_block(job: Job) -> float:
     return (28 * h + 6 * (h + kv) + 6 * h + act) * a
 
 
-def block_compute(job: Job, micro_batch: int, ckpt: bool) -> UnitCompute:
+def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str) -> UnitCompute:
+    """One block's seconds; `ckpt` True (every block), False, K blocks or 'op'."""
     r = _rates(job)
     m, s = job.model, job.training.seq_len
     t = micro_batch * s
@@ -101,7 +108,9 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool) -> UnitCompute:
     elem = t * _elementwise_block(job) / r.hbm if r.hbm else 0.0
     fwd = mm + attn + elem
     bwd = 2 * mm + 2.5 * attn + 2 * elem
-    return UnitCompute(fwd, bwd + (fwd if ckpt else 0.0))
+    k, op = checkpointed_blocks(ckpt, m.num_layers)
+    recompute = elem if op else fwd * (k / m.num_layers)
+    return UnitCompute(fwd, bwd + recompute)
 
 
 def head_compute(job: Job, micro_batch: int) -> UnitCompute:
@@ -113,7 +122,15 @@ def head_compute(job: Job, micro_batch: int) -> UnitCompute:
     return UnitCompute(mm + 12 * ce, 2 * mm + 18 * ce)
 
 
-def unit_computes(job: Job, micro_batch: int, ckpt: bool) -> dict[str, UnitCompute]:
+def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str) -> float:
+    """Seconds per step that checkpointing setting `ckpt` adds to the blocks' compute (0 for
+    none): what the planner's rule does not spend to save memory (docs/planner.md)."""
+    a, b = block_compute(job, micro_batch, ckpt), block_compute(job, micro_batch, False)
+    extra = a.forward + a.backward - b.forward - b.backward
+    return job.seqs_per_gpu // micro_batch * job.model.num_layers * max(extra, 0.0)
+
+
+def unit_computes(job: Job, micro_batch: int, ckpt: bool | int | str) -> dict[str, UnitCompute]:
     """Per unit class ('embedding', 'block', 'head'): one micro-batch's compute seconds."""
     return {"embedding": UnitCompute(0.0, 0.0), "block": block_compute(job, micro_batch, ckpt),
             "head": head_compute(job, micro_batch)}

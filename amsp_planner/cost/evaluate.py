@@ -62,7 +62,7 @@ class Evaluation:
 
 
 def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch: int = 1,
-                       ckpt: bool = False) -> dict[str, Evaluation]:
+                       ckpt: bool | int | str = False) -> dict[str, Evaluation]:
     """Every named baseline valid for the job, evaluated (same micro-batch and checkpointing)."""
     from amsp_planner.strategy import named_baselines
 
@@ -78,12 +78,23 @@ def best_baseline(baselines: dict[str, Evaluation]) -> tuple[str, Evaluation] | 
     return min(fitting, key=lambda ne: (ne[1].step_s, ne[1].memory.total))
 
 
-def evaluate(job: Job, s: Strategy, memory_limit: float | None = None) -> Evaluation:
-    """Everything the cost model predicts for `s` on `job` (checks `s` first)."""
+def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
+             schedules: dict | None = None) -> Evaluation:
+    """Everything the cost model predicts for `s` on `job` (checks `s` first). `schedules`,
+    when given, caches the collective schedule across strategies that differ only in
+    checkpointing (which moves no bytes)."""
     job.check(s)
+    if s.ckpt_blocks == job.model.num_layers:  # K = L is full checkpointing
+        s = s.with_(ckpt=True, ckpt_blocks=0)
     n_micro = job.n_micro(s)
-    sched = build_schedule(job, s, n_micro)
-    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt, s.s_os)
+    if schedules is None:
+        sched = build_schedule(job, s, n_micro)
+    else:
+        key = s.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False)
+        if key not in schedules:
+            schedules[key] = build_schedule(job, s, n_micro)
+        sched = schedules[key]
+    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt_value, s.s_os)
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     return Evaluation(
         strategy=s,

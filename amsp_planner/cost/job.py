@@ -147,3 +147,9 @@ class Job:
             strategy.n_micro(self.training.batch_seqs, self.num_gpus)
         except ValueError as e:
             raise AmspUserError(f"--strategy {strategy}: {e}") from None
+        L = self.model.num_layers
+        if strategy.ckpt_blocks > L:
+            raise AmspUserError(
+                f"--strategy {strategy}: ckpt={strategy.ckpt_blocks} exceeds the model's {L} "
+                f"blocks: use ckpt=K with K from 0 to {L}, or ckpt=op"
+            )

@@ -97,7 +97,7 @@ def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes:
     }
 
 
-def activation_bytes(job: Job, micro_batch: int, ckpt: bool) -> float:
+def activation_bytes(job: Job, micro_batch: int, ckpt: bool | int | str) -> float:
     """Saved activations of one micro-batch and the loss peak above them."""
     return saved_bytes(job, micro_batch, ckpt) + loss_peak_bytes(job, micro_batch)
 
@@ -126,7 +126,7 @@ def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     t = job.training
     states = model_state_bytes(job.phi, s, t.param_bytes, t.grad_bytes)
     bufs = buffer_bytes(job, s)
-    act = saved_bytes(job, s.micro_batch, s.ckpt)
+    act = saved_bytes(job, s.micro_batch, s.ckpt_value)
     peak = loss_peak_bytes(job, s.micro_batch)
     gpu = job.cluster.gpu
     frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak)

@@ -167,7 +167,7 @@ def stage_time(compute, comm, sigma: float, eta: float, maxfn):
 
 # ----- numbers --------------------------------------------------------------------------------
 def unit_quantities(job: Job, schedule: tuple[ScheduleEntry, ...], micro_batch: int,
-                    ckpt: bool) -> dict[tuple[str, str], float]:
+                    ckpt: bool | int | str) -> dict[tuple[str, str], float]:
     """(role, class) -> seconds for one micro-batch: communication per call by role, and
     compute ('fwd', 'bwd') with the quantization kernels of that unit."""
     qty = {(r, c): 0.0 for r in ROLES + ("fwd", "bwd") for c in CLASSES}
@@ -228,7 +228,7 @@ def pipeline(num_layers: int, qty: dict[tuple[str, str], float], n_micro: int, s
 
 
 def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro_batch: int,
-              ckpt: bool, s_os: int) -> StepTime:
+              ckpt: bool | int | str, s_os: int) -> StepTime:
     """The step of the module docstring, with its parts apart."""
     qty = unit_quantities(job, schedule, micro_batch, ckpt)
     p = pipeline(job.model.num_layers, qty, n_micro, job.cluster.gpu.comm_compute_slowdown,

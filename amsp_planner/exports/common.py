@@ -87,10 +87,14 @@ def closest_expressible(job: Job, plan: Strategy, candidates: Iterable[Strategy]
 
 def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     """Every strategy ``job.engine`` runs exactly (its SearchSpace, ZeRO++ included), with the
-    plan's micro-batch, accumulation and checkpointing."""
+    plan's micro-batch, accumulation and checkpointing (every checkpointing setting the engine
+    runs, when it does not run the plan's)."""
     from amsp_planner.solver.space import SearchSpace
 
-    space = SearchSpace.for_job(job, micro_batch=plan.micro_batch, ckpt=plan.ckpt)
+    ck = plan.ckpt_value
+    if not job.profile.runs_ckpt(ck, job.model.num_layers):
+        ck = None
+    space = SearchSpace.for_job(job, micro_batch=plan.micro_batch, ckpt=ck)
     return [c.with_(grad_accum=plan.grad_accum) for c in space.candidates(job)]
 
 
@@ -140,6 +144,9 @@ def knob_differences(plan: Strategy, closest: Strategy) -> list[tuple[str, str, 
         a, b = getattr(plan, name), getattr(closest, name)
         if a != b:
             out.append((name, f"{name} {'on' if a else 'off'} -> {'on' if b else 'off'}", a))
+    if plan.ckpt_value != closest.ckpt_value:
+        out.append(("checkpointing", f"checkpointing {plan.ckpt_words} -> {closest.ckpt_words}",
+                    True))
     quantized = (plan.qwz or plan.qgz) and (closest.qwz or closest.qgz)
     if quantized and plan.quant_block != closest.quant_block:
         out.append(("quantization", f"quantization block {plan.quant_block} -> "

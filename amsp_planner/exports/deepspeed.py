@@ -28,6 +28,14 @@ while the other is reduced: the two gradient buffers), one unit per all-gather b
 (``stage3_max_live_parameters``: the two gather buffers) and every parameter partitioned
 (``stage3_param_persistence_threshold`` 0: the model keeps no parameter whole).
 
+Activation checkpointing: which blocks run under ``deepspeed.checkpointing.checkpoint`` is the
+model code's choice, not a ds_config switch; the config's ``activation_checkpointing`` section
+sets how that API works. The export writes it with ``number_checkpoints`` = the blocks the plan
+checkpoints (the first K, or all L; DeepSpeed uses it to size contiguous checkpoint buffers)
+and no partitioning or CPU offload of the checkpoints, and says in a note which blocks to wrap.
+Op-level selective checkpointing has no DeepSpeed form: such a plan exports as the best of
+none, full and K blocks, priced.
+
 qwZ/qgZ: DeepSpeed picks its own quantization group size (thousands of elements); the planner
 prices them with its default block of 256 elements, i.e. slightly more scale bytes.
 """
@@ -41,7 +49,7 @@ from typing import Any
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError
 from amsp_planner.exports.common import ExportResult, expressible, finish
-from amsp_planner.strategy import Strategy
+from amsp_planner.strategy import Strategy, checkpointed_blocks, ckpt_fields
 
 TARGET = "deepspeed"
 
@@ -53,6 +61,7 @@ WHY = {
     "qwz": "zero_quantized_weights exists only with stage 3",
     "qgz": "zero_quantized_gradients exists only with stage 3",
     "quantization": "DeepSpeed chooses its own quantization groups (priced at block 256)",
+    "checkpointing": "DeepSpeed checkpoints whole blocks: it has no op-level selective policy",
 }
 
 
@@ -98,7 +107,7 @@ def config_dict(job: Job, s: Strategy) -> dict[str, Any]:
     if stage == 3:
         zero.update(zero_hpz_partition_size=s.hpz, zero_quantized_weights=s.qwz,
                     zero_quantized_gradients=s.qgz)
-    return {
+    out = {
         "train_batch_size": t.batch_seqs,
         "train_micro_batch_size_per_gpu": s.micro_batch,
         "gradient_accumulation_steps": n_micro,
@@ -107,6 +116,13 @@ def config_dict(job: Job, s: Strategy) -> dict[str, Any]:
         "data_types": {"grad_accum_dtype": t.grad_dtype_name},
         "zero_optimization": zero,
     }
+    k, _ = checkpointed_blocks(s.ckpt_value, job.model.num_layers)
+    if k:
+        out["activation_checkpointing"] = {
+            "partition_activations": False, "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False, "number_checkpoints": k,
+            "synchronize_checkpoint_boundary": False, "profile": False}
+    return out
 
 
 def render(job: Job, s: Strategy) -> str:
@@ -118,9 +134,12 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
     def notes(s: Strategy) -> list[str]:
         out = ["train_batch_size assumes every GPU is a data-parallel rank (no tensor or "
                "pipeline parallelism)"]
-        if s.ckpt:
-            out.append("activation checkpointing is not a ds_config switch: wrap each block "
-                       "with deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint)")
+        k, _ = checkpointed_blocks(s.ckpt_value, job.model.num_layers)
+        if k:
+            which = "each block" if s.ckpt else f"the first {k} of the {job.model.num_layers} blocks"
+            out.append("activation checkpointing is not a ds_config switch: wrap "
+                       f"{which} with deepspeed.checkpointing.checkpoint (or "
+                       "torch.utils.checkpoint)")
         if s.qwz or s.qgz:
             out.append(WHY["quantization"])
         p = strategy
@@ -259,7 +278,7 @@ def _batch(cfg: dict, n: int, where: str, default_mb: int) -> tuple[int, int | N
 
 
 def strategy_from_ds_config(source: str | Path | dict, num_gpus: int, gpus_per_node: int, *,
-                            micro_batch: int = 1, ckpt: bool = False) -> Strategy:
+                            micro_batch: int = 1, ckpt: bool | int | str = False) -> Strategy:
     """Read a DeepSpeed config (path or dict) as the Strategy it runs on N GPUs.
 
     Stage 0/1/2/3 map to (1,1,1), (1,1,N), (1,N,N), (N,N,N); with stage 3,
@@ -299,7 +318,7 @@ def strategy_from_ds_config(source: str | Path | dict, num_gpus: int, gpus_per_n
         raise AmspUserError(f"{where}: field 'zero_optimization.stage' is {stage!r}, not a ZeRO "
                             "stage: use 0, 1, 2 or 3")
     mb, ga = _batch(cfg, n, where, micro_batch)
-    s = Strategy(micro_batch=mb, grad_accum=ga, ckpt=ckpt)
+    s = Strategy(micro_batch=mb, grad_accum=ga, **ckpt_fields(ckpt))
     if n == 1 or stage == 0:
         return s
     if stage == 1:
@@ -337,7 +356,7 @@ def strategy_for_job(source: str | Path | dict, job: Job) -> Strategy:
     t = job.training
     s = strategy_from_ds_config(source, job.num_gpus, job.gpus_per_node,
                                 micro_batch=t.micro_batch or 1,
-                                ckpt=bool(t.activation_checkpointing))
+                                ckpt=t.activation_checkpointing or False)
     where = "ds_config" if isinstance(source, dict) else str(source)
     per_step = s.micro_batch * (s.grad_accum or 1) * job.num_gpus
     if s.grad_accum is not None and per_step != t.batch_seqs:

@@ -21,6 +21,11 @@ together), qwZ and qgZ (no quantized collectives). ``reshard_after_forward=False
 per micro-batch, keep full parameters until backward ends) is ZeRO-2-like in traffic but holds
 unsharded parameters, a point outside the cost model's space: we do not emit it.
 
+Activation checkpointing (``ACTIVATION_CHECKPOINTING``: True, False, K or "op"), applied by
+``apply`` before sharding: ``checkpoint_wrapper`` on every block, on the first K blocks (the
+planner's convention), or on every block with a selective-checkpointing ``context_fn`` that
+keeps the outputs of the matmuls and of attention ("op", as the bundled runtime does).
+
 With gradient accumulation, HSDP's replica all-reduce runs on every micro-batch unless told
 otherwise; the plan's schedule all-reduces once per step, so the module provides
 ``set_micro_batch(model, index)`` to call before each micro-batch's backward.
@@ -69,7 +74,7 @@ def settings(job: Job, s: Strategy) -> dict:
         "REDUCE_DTYPE": reduce,
         "MICRO_BATCH": s.micro_batch,
         "GRAD_ACCUM": job.n_micro(s),
-        "ACTIVATION_CHECKPOINTING": s.ckpt,
+        "ACTIVATION_CHECKPOINTING": s.ckpt_value,
     }
 
 
@@ -123,13 +128,34 @@ def default_blocks(model):
     return list(layers.values()) if hasattr(layers, "values") else list(layers)
 
 
-def checkpoint_blocks(model):
-    """Wrap each block (see block_container) for full recomputation."""
+def _op_policy(ctx, func, *args, **kwargs):
+    """Selective checkpointing: keep the outputs of matmuls and attention, recompute the rest."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    keep = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    return CheckpointPolicy.MUST_SAVE if func in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpoint_blocks(model, setting=ACTIVATION_CHECKPOINTING):
+    """Wrap the blocks (see block_container) for recomputation: all of them (True), the
+    first K (an int), or all with op-level selective checkpointing ("op")."""
+    import functools
+
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     container = block_container(model)
-    for name, child in list(container.named_children()):
-        setattr(container, name, checkpoint_wrapper(child))
+    children = list(container.named_children())
+    count = len(children) if setting is True or setting == "op" else int(setting)
+    kw = {}
+    if setting == "op":
+        kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _op_policy)
+    for name, child in children[:count]:
+        setattr(container, name, checkpoint_wrapper(child, **kw))
 
 
 def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
@@ -231,6 +257,7 @@ def check_with_torch(text: str) -> dict:
 
     import torch
     import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
@@ -254,6 +281,10 @@ def check_with_torch(text: str) -> dict:
         "module_mesh_shape": tuple(mod.MESH_SHAPE),
         "module_mesh_for_plan": mod.mesh_shape(mod.NUM_GPUS),
         "reshard_after_forward": mod.RESHARD_AFTER_FORWARD,
+        "checkpointed": [isinstance(b, CheckpointWrapper) for b in model.layers],
+        "selective": [getattr(b, "checkpoint_fn", None) is not None
+                      and "context_fn" in getattr(b.checkpoint_fn, "keywords", {})
+                      for b in model.layers],
     }
     if created:
         dist.destroy_process_group()

@@ -14,6 +14,12 @@ shards P and G differently but needs its sequence-parallel mode, outside the cos
 hpZ, qwZ and qgZ. Newer InternEvo releases configure FSDP under ``parallel.fsdp``; this export
 writes the ``zero1.fsdp`` form of the released configs.
 
+Activation checkpointing: ``model.checkpoint`` takes True, False or a fraction f in [0, 1];
+InternEvo checkpoints the first int(f x L) blocks, the planner's convention, so K of L blocks
+is the fraction K/L (nudged up by half a block where the float product would round down).
+InternEvo has no op-level selective checkpointing: such a plan exports as the best of none,
+full and K blocks, priced.
+
 Checked here by exec'ing the file and checking the fields and arithmetic; InternEvo itself is
 not installed.
 """
@@ -33,7 +39,18 @@ WHY = {
     "hpZ": "InternEvo has no hpZ",
     "qwz": "InternEvo has no quantized all-gather",
     "qgz": "InternEvo has no quantized gradient reduction",
+    "checkpointing": "InternEvo checkpoints whole blocks: it has no op-level selective policy",
 }
+
+
+def checkpoint_value(s: Strategy, num_layers: int) -> bool | float:
+    """``model.checkpoint`` for the plan: True, False, or the fraction f with
+    int(f x L) = K (InternEvo checkpoints its first int(f x L) blocks)."""
+    v = s.ckpt_value
+    if v is True or v is False:
+        return v
+    f = v / num_layers
+    return f if int(num_layers * f) == v else (v + 0.5) / num_layers
 
 
 def candidates(job: Job, plan: Strategy) -> list[Strategy]:
@@ -48,7 +65,7 @@ def config_dicts(job: Job, s: Strategy) -> dict[str, dict]:
     t = job.training
     return {
         "data": {"seq_len": t.seq_len, "micro_num": job.n_micro(s), "micro_bsz": s.micro_batch},
-        "model": {"checkpoint": s.ckpt,
+        "model": {"checkpoint": checkpoint_value(s, job.model.num_layers),
                   "dtype": "torch.bfloat16" if t.precision == "bf16" else "torch.float32"},
         "parallel": {
             "zero1": {"size": s.s_os, "fsdp": fsdp},

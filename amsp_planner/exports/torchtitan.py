@@ -7,7 +7,12 @@
 torchtitan 0.3 builds its configuration from a Python config function (``--module``,
 ``--config``) and ``--section.field=value`` overrides parsed by its ``ConfigManager`` (tyro);
 the overrides here set the data-parallel mesh, batch and precision, and the activation
-checkpointing policy (a tyro subcommand, ``activation-checkpoint:full|none``). torchtitan
+checkpointing policy (a tyro subcommand, ``activation-checkpoint:full|selective|none``).
+torchtitan 0.3 checkpoints every block or none: ``full``, or ``selective`` (per-op SAC; the
+per-layer ``selective_ac_option: N`` of torchtitan 0.1, every N-th block, is gone), so a plan
+that checkpoints K of L blocks exports as the best of none, full and op-level, priced.
+Op-level maps to ``selective``, whose policy keeps the matmul and attention outputs but
+recomputes every second matmul: less memory and more recompute than the plan's op-level. torchtitan
 builds FSDP2/HSDP from ``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``;
 ``fsdp_reshard_after_forward`` takes only "default", "always" or "never" (no int), so it
 expresses (s, s, s) with s = shard degree and nothing else: no hpZ, qwZ or qgZ. Gradient
@@ -33,7 +38,14 @@ WHY = {
     "hpZ": "fsdp_reshard_after_forward has no partial (int) setting",
     "qwz": "torchtitan has no quantized all-gather",
     "qgz": "torchtitan has no quantized gradient reduction",
+    "checkpointing": "torchtitan 0.3 checkpoints every block or none (no per-layer option)",
 }
+AC_MODES = {True: "full", False: "none", "op": "selective"}
+"""The plan's checkpointing -> torchtitan's activation-checkpoint subcommand."""
+
+
+def _expressible(value) -> bool:
+    return value is True or value is False or value == "op"
 
 # The Trainer.Config fields this export writes, by section, with their types (torchtitan 0.3:
 # torchtitan/config/configs.py TrainingConfig, ParallelismConfig).
@@ -92,7 +104,7 @@ def render(job: Job, s: Strategy) -> str:
              f"# Gradient accumulation: {job.n_micro(s)} micro-batches per step."]
     for name, fields in sections(job, s).items():
         lines += [f"--{name}.{k}={v}" for k, v in fields.items()]
-    lines.append(f"{AC}:{'full' if s.ckpt else 'none'}")
+    lines.append(f"{AC}:{AC_MODES[s.ckpt_value]}")
     return "\n".join(lines) + "\n"
 
 
@@ -104,6 +116,10 @@ def overrides(text: str) -> list[str]:
 def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:
     def notes(s: Strategy) -> list[str]:
         out = []
+        if s.ckpt_op:
+            out.append("torchtitan's selective policy recomputes every second matmul, which "
+                       "the plan's op-level checkpointing keeps: less activation memory and "
+                       "more recompute than priced")
         if s.s_p < job.num_gpus and job.n_micro(s) > 1:
             out.append("torchtitan all-reduces HSDP replicas on every micro-batch; the plan "
                        "prices one all-reduce per step")
@@ -139,8 +155,8 @@ def check(text: str, num_gpus: int) -> dict:
         missing = sorted(set(fields) - set(doc[section]))
         if missing:
             raise ValueError(f"--{section}.{missing[0]} missing")
-    if doc.get("activation_checkpoint") not in ("full", "none"):
-        raise ValueError(f"{AC}:full or {AC}:none missing")
+    if doc.get("activation_checkpoint") not in AC_MODES.values():
+        raise ValueError(f"{AC}:full, {AC}:selective or {AC}:none missing")
     par, tr = doc["parallelism"], doc["training"]
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     if dp != num_gpus:
@@ -179,5 +195,6 @@ def check_with_torchtitan(text: str) -> dict:
     doc = {name: {f: getattr(getattr(cfg, name), f) for f in fields}
            for name, fields in SCHEMA.items()}
     ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "none"
-    doc["activation_checkpoint"] = "full" if ac.startswith("FullAC") else ac
+    names = {"FullAC": "full", "SelectiveAC": "selective"}
+    doc["activation_checkpoint"] = names.get(ac.split(".")[0], ac)
     return doc

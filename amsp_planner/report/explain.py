@@ -15,9 +15,11 @@ def _diff(a, b) -> str:
     for c, name in (("p", "P"), ("g", "G"), ("os", "OS")):
         if a.factor(c) != b.factor(c):
             out.append(f"{name} {a.factor(c)}->{b.factor(c)}")
-    for field, name in (("qwz", "qwZ"), ("qgz", "qgZ"), ("ckpt", "checkpointing")):
+    for field, name in (("qwz", "qwZ"), ("qgz", "qgZ")):
         if getattr(a, field) != getattr(b, field):
             out.append(f"{name} {'on' if getattr(b, field) else 'off'}")
+    if a.ckpt_value != b.ckpt_value:
+        out.append(f"checkpointing {b.ckpt_words}")
     if a.hpz != b.hpz:
         out.append(f"hpZ {a.hpz}->{b.hpz}")
     if a.micro_batch != b.micro_batch:

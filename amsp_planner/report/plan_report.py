@@ -27,7 +27,7 @@ def components_grid(e: Evaluation, gpus_per_node: int) -> Grid:
     if s.qgz:
         extras.append("qgZ INT4 two-hop gradients")
     g.caption = (f"micro-batch {s.micro_batch} x {e.n_micro} accumulation steps; activation "
-                 f"checkpointing {'on' if s.ckpt else 'off'}"
+                 f"checkpointing {s.ckpt_words}"
                  + ("; " + ", ".join(extras) if extras else ""))
     return g
 

@@ -105,6 +105,8 @@ class ShardedEngine:
         self.i_p, self.i_os = rank % s.s_p, rank % s.s_os
         self.i_h = rank % s.hpz
         self.s0_g, self.s1_g = s.mesh("g", job.gpus_per_node)
+        self.ckpt_modes = [None] + M.block_modes(s.ckpt_value, job.model.num_layers) + [None]
+        """Per unit: None, 'full' or 'op' checkpointing (blocks only)."""
         self.step_count = 0
         self._alloc()
 
@@ -361,7 +363,7 @@ class ShardedEngine:
                     acts[i] = (None, y)
                 elif kind == "block":
                     xin = x.detach().requires_grad_(True)
-                    y = M.block(xin, leaves[i], model)
+                    y = M.run_block(xin, leaves[i], model, self.ckpt_modes[i])
                     acts[i] = (xin, y)
                 else:
                     xin = x.detach().requires_grad_(True)
@@ -395,6 +397,11 @@ class ShardedEngine:
             self._cur[j] = buf
             if j == head and self.tied:
                 self._cur[0] = emb_fetch.wait()
+            if self.ckpt_modes[j]:
+                # the recomputation reads the parameters through the forward's leaves: point
+                # them at this backward gather (the forward's buffer holds another unit now)
+                for name, view in M.views(buf, self.specs[j]).items():
+                    leaves[j][name].data = view
             xin, y = acts[j]
             names = list(leaves[j])
             inputs = ([xin] if xin is not None else []) + [leaves[j][k] for k in names]

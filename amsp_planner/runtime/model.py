@@ -6,10 +6,17 @@ buffer, in the order of ``unit_param_specs``; the functions below take those vie
 so the sharded runtime and the single-process reference (``ReferenceModel``) run the same code.
 
 Parameter counts per unit equal ``ModelSpec.unit_params()`` exactly (checked at build time).
+
+Activation checkpointing (``run_block``): a block runs plainly, under full checkpointing
+(torch.utils.checkpoint, non-reentrant: only its input is kept, the whole block recomputed in
+backward), or under op-level selective checkpointing (the same with
+``create_selective_checkpoint_contexts``: the outputs of the matmuls and of attention are kept,
+everything else recomputed). ``block_modes`` says which blocks: the first K, or all for op.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -125,6 +132,56 @@ def block(x: torch.Tensor, p: dict[str, torch.Tensor], model) -> torch.Tensor:
     y = rms_norm(x, p["mlp_norm"])
     gate, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, p["w2"])
+
+
+def _save_ops() -> frozenset:
+    """The aten ops whose outputs op-level checkpointing keeps: the matmuls and the fused
+    attention kernels of every backend (those this torch build has)."""
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention")
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+SAVE_OPS = _save_ops()
+
+
+def op_policy(ctx, func, *args, **kwargs):
+    """Selective checkpointing policy: keep matmul and attention outputs, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if func in SAVE_OPS:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def block_modes(ckpt, num_layers: int) -> list[str | None]:
+    """Per block: None (no checkpointing), 'full' or 'op', for a checkpointing setting (True,
+    False, the first K blocks, or 'op')."""
+    from amsp_planner.strategy import checkpointed_blocks
+
+    k, op = checkpointed_blocks(ckpt, num_layers)
+    if op:
+        return ["op"] * num_layers
+    return ["full" if b < k else None for b in range(num_layers)]
+
+
+def run_block(x: torch.Tensor, p: dict[str, torch.Tensor], model, mode: str | None = None
+              ) -> torch.Tensor:
+    """One block, checkpointed per `mode` (module docstring). Under checkpointing the block is
+    recomputed in backward from `p`'s tensors as they are then (the caller points them at the
+    unit's backward gather)."""
+    if mode is None:
+        return block(x, p, model)
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    kw = {}
+    if mode == "op":
+        # op_policy is looked up at call time, so a test may wrap it to count what it keeps
+        kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts,
+                                             lambda *a, **k: op_policy(*a, **k))
+    return checkpoint(block, x, p, model, use_reentrant=False, **kw)
 
 
 def head_loss(x: torch.Tensor, p: dict[str, torch.Tensor], lm_weight: torch.Tensor,

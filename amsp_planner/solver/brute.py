@@ -2,17 +2,26 @@
 
 The order is the planner's (``Preference``, docs/planner.md): candidates that fit with the
 rule's headroom; lossless ones unless a quantized one is faster beyond the band; those within
-the band of the best; then each tie-break in turn (fewest process groups, least memory); then
-the lowest objective and the strategy string, so ties resolve the same way every time.
+the band of the best; then each tie-break in turn (least recompute, fewest process groups,
+least memory); then the lowest objective and the strategy string, so ties resolve the
+same way every time.
 """
 
 from __future__ import annotations
 
 from amsp_planner.cost.communicators import process_groups
+from amsp_planner.cost.compute import recompute_s
 from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
-from amsp_planner.solver.space import (FASTEST, GROUPS, TIME_RTOL, Preference, SearchSpace,
-                                       objective_value)
+from amsp_planner.solver.space import (
+    FASTEST,
+    GROUPS,
+    RECOMPUTE,
+    TIME_RTOL,
+    Preference,
+    SearchSpace,
+    objective_value,
+)
 
 MEMORY_RTOL = 1e-6
 """Memory per GPU closer than this (relative) ties, in the brute force and the ILP alike."""
@@ -26,6 +35,8 @@ def criterion(job: Job, e: Evaluation, name: str) -> float:
     """A tie-break's value for one candidate (lower is preferred)."""
     if name == GROUPS:
         return float(process_groups(e.strategy, job.num_gpus, job.gpus_per_node))
+    if name == RECOMPUTE:
+        return recompute_s(job, e.strategy.micro_batch, e.strategy.ckpt_value)
     return e.memory.total
 
 
@@ -53,7 +64,7 @@ def preferred_order(job: Job, fits: list[Evaluation], objective: str,
     for name in pref.tie_breaks:
         least = min(criterion(job, e, name) for e in tie)
         rtol = MEMORY_RTOL if name != GROUPS else 0.0
-        tie = [e for e in tie if within(criterion(job, e, name), least, rtol)]
+        tie = [e for e in tie if criterion(job, e, name) <= least * (1 + rtol) + 1e-12]
     tie.sort(key=lambda e: (objective_value(e, objective), e.memory.total, str(e.strategy)))
     chosen = set(id(e) for e in tie)
     rest = sorted((e for e in fits if id(e) not in chosen),
@@ -65,5 +76,7 @@ def brute_force(job: Job, space: SearchSpace, memory_limit: float, objective: st
                 top: int = 1, preference: Preference = FASTEST) -> list[Evaluation]:
     """The `top` best fitting candidates under `preference` (empty when none fits)."""
     usable = preference.usable(memory_limit)
-    fits = [e for e in (evaluate(job, s, usable) for s in space.candidates(job)) if e.fits]
+    schedules: dict = {}  # one schedule per sharding and micro-batch: checkpointing moves no bytes
+    fits = [e for e in (evaluate(job, s, usable, schedules) for s in space.candidates(job))
+            if e.fits]
     return preferred_order(job, fits, objective, preference)[:top]

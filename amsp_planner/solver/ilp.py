@@ -1,7 +1,12 @@
 """The ILP: choose the sharding of P, G and OS, the ZeRO++ switches and the activation setting.
 
 Sets: F = shard factors (``SearchSpace.factors``), Z = hpZ sizes > 1, J = activation options
-(micro-batch b_j, checkpointing c_j) with n_j = sequences per GPU / b_j micro-batches.
+(micro-batch b_j, checkpointing c_j: the first K of the L blocks, K = 0..L, or op-level) with
+n_j = sequences per GPU / b_j micro-batches. Per option the tables hold the block class's
+compute (with K of L checkpointed: the average, backward + (K/L) forward) and the activation
+bytes, both from the cost model. Per micro-batch the block counts K = lo..hi >= 1 (three or
+more in a row) are one option j = (b, 'K') with an integer k_j = K - lo: compute and memory are
+affine in K there, so its tables hold the values at K = lo and the slopes per block.
 Pairs: PG = {(p, g) in F^2 : p | g}, GO = {(g, o) : g | o}, PO = {(p, o) : p | o}.
 
 Variables (binaries unless noted; times in seconds, memory in GiB):
@@ -10,6 +15,7 @@ Variables (binaries unless noted; times in seconds, memory in GiB):
   xO_o           OS factor o                              sum_o xO_o = 1
   h_z            hpZ of size z                            sum_z h_z <= 1
   y_j            activation option j                      sum_j y_j = 1
+  k_j            integer, for j = (b, 'K'): K - lo        0 <= k_j <= (hi - lo) y_j
   zPG, zGO, zPO  in [0, 1]: the chosen pair (linearised products of the factor binaries)
   with xP_f = xPn_f + xPq_f, xG_g = xGn_g + xGq_g and
   [link]   sum_g zPG_pg = xP_p,  sum_p zPG_pg = xG_g   (likewise GO, PO)
@@ -26,22 +32,23 @@ Per-micro-batch collective times (tables T from the cost model's schedule, see
 C_bag >= C_f - M (sum_z h_z), C_bag >= sum_z h_z T_hpz(z), C_bag >= 0 (backward gathers);
 C_g = sum_g xGn_g T_rs(g) + xGq_g T_qgz(g); C_b = C_bag + C_g.
 Once per step: C_s = sum_GO zGO T_osrs(g, o) + sum_o xO_o T_ar(o);
-C_u = sum_PO zPO T_upd(p, o) + T_metrics. Compute: T_f = sum_j y_j Tf_j, T_b = sum_j y_j Tb_j.
+C_u = sum_PO zPO T_upd(p, o) + T_metrics. Compute: T_f = sum_j y_j Tf_j,
+T_b = sum_j (y_j Tb_j + k_j dTb_j); activations sum_j (y_j A_j + k_j dA_j).
 
 Overlap (cost/step_time.py), linearised with auxiliaries (continuous, >= 0):
   e_f >= C_f - eta T_f;  e_b >= C_b - eta T_b;  e_l >= C_b + C_s - eta T_b
   (eta = the cluster's overlap_efficiency)
   with w = (U-1)/U (the units whose communication can hide behind another's compute):
-  E_F >= n_j (w e_f + C_f/U) - M_Fj (1 - y_j)        [products n x e, per option j]
-  E_B >= (n_j - 1)(w e_b + C_b/U) - M_Bj (1 - y_j)
+  E_F >= n_j (w e_f + C_f/U) - M_Fj (1 - Y_b)        [products n x e, per micro-batch b,
+  E_B >= (n_j - 1)(w e_b + C_b/U) - M_Bj (1 - Y_b)     Y_b = the sum of its options' y_j]
   step = sum_j y_j n_j (Tf_j + Tb_j) + sum_o xO_o T_opt(o) + E_F + E_B + w e_l
          + (C_b + C_s)/U + C_u                       (T_opt: the AdamW step on Phi/o elements)
-With `objective="comm"`: comm >= n_j (C_f + C_b) - M (1 - y_j), + C_s + C_u.
+With `objective="comm"`: comm >= n_j (C_f + C_b) - M (1 - Y_b), + C_s + C_u.
 
 Memory per GPU (GiB), every term linear:
   tensors = sum_f xP_f P(f) + sum_g xG_g G(g) + sum_o xO_o O(o) + sum_z h_z H(z)
           + sum_f (xPn_f B_ag(f) + xPq_f B_agq(f)) + sum_g (xGn_g B_gr(g) + xGq_g B_grq(g))
-          + st + sum_GO zGO S_step(g, o) + sum_j y_j A_j        (A_j: activations + loss peak)
+          + st + sum_GO zGO S_step(g, o) + sum_j (y_j A_j + k_j dA_j)  (A_j: activations + loss peak)
   st >= S_perm sum_{1<p<g} zPG_pg,  st >= S_perm sum_g xGq_g         [permuted gradient copy]
   comms = C_comm (sum_k u_k + [N > 1]) + sum_g xGq_g A2A(g)          [NCCL communicators]
   u_k >= every decision variable that puts a used group kind on ranks k = (size, stride):
@@ -72,13 +79,21 @@ import warnings
 from dataclasses import dataclass
 
 from amsp_planner.cost.communicators import communicator_bytes, process_groups, used_kinds
-from amsp_planner.cost.compute import unit_computes
+from amsp_planner.cost.compute import recompute_s, unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
 from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
 from amsp_planner.cost.step_time import optimizer_time, stage_time, stages
-from amsp_planner.solver.space import FASTEST, GROUPS, MEMORY, TIME_RTOL, Preference, SearchSpace
-from amsp_planner.strategy import Strategy
+from amsp_planner.solver.space import (
+    FASTEST,
+    GROUPS,
+    MEMORY,
+    RECOMPUTE,
+    TIME_RTOL,
+    Preference,
+    SearchSpace,
+)
+from amsp_planner.strategy import Strategy, ckpt_fields
 
 GIB = 1024**3
 PHASE2_RTOLS = (TIME_RTOL, 1e-6)
@@ -201,6 +216,18 @@ class _Tables:
     """G factor -> GiB of qgZ's all-to-all buffers beyond its communicators."""
     time_unit: float = 1.0
     """Seconds per model time unit."""
+    krange: dict | None = None
+    rec: dict | None = None
+    """option j -> recompute per step of its checkpointing (model time units)."""
+    drec: dict | None = None
+    """Option (mb, 'K') -> (lo, hi): checkpointing K in lo..hi blocks as one binary and an
+    integer k = K - lo; fwd, bwd, act hold its values at K = lo."""
+    bwd_hi: dict | None = None
+    """Option (mb, 'K') -> backward seconds per class at K = hi."""
+    dbwd: dict | None = None
+    """Option (mb, 'K') -> backward seconds per class per block more checkpointed."""
+    dact: dict | None = None
+    """Option (mb, 'K') -> activation GiB per block more checkpointed."""
 
 
 def _tables(job: Job, sp: SearchSpace) -> _Tables:
@@ -256,21 +283,43 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
             step_buf[g, o] = buffer_bytes(job, s)["step_buffer"] / GIB
     perm = job.max_unit * gb / GIB
     fwd, bwd, nn, act = {}, {}, {}, {}
+    krange, bwd_hi, dbwd, dact = {}, {}, {}, {}
+    rec, drec = {}, {}  # recompute seconds per step of option j, and per block of K
+    blocks = sorted(c for c in sp.ckpt if c != "op" and c >= 1)
+    compact = len(blocks) >= 3 and blocks == list(range(blocks[0], blocks[-1] + 1))
+    listed = [c for c in sp.ckpt if not (compact and c in blocks)]
+
+    def probe(j, mb, ck):
+        rec[j] = recompute_s(job, mb, ck)
+        uc = unit_computes(job, mb, ck)
+        fwd[j] = tuple(uc[c].forward for c in CLASSES)
+        bwd[j] = tuple(uc[c].backward for c in CLASSES)
+        nn[j] = job.seqs_per_gpu // mb
+        act[j] = activation_bytes(job, mb, ck) / GIB
+
     for mb in sp.micro_batches:
-        for ck in sp.ckpt:
-            j = (mb, ck)
-            uc = unit_computes(job, mb, ck)
-            fwd[j] = tuple(uc[c].forward for c in CLASSES)
-            bwd[j] = tuple(uc[c].backward for c in CLASSES)
-            nn[j] = job.seqs_per_gpu // mb
-            act[j] = activation_bytes(job, mb, ck) / GIB
+        for ck in listed:
+            probe((mb, ck), mb, ck)
+        if compact:
+            # K blocks in lo..hi: one option, its tables at K = lo, plus K - lo times the slope
+            # (compute and memory are affine in K there: cost/compute.py, cost/activations.py)
+            lo, hi = blocks[0], blocks[-1]
+            j = (mb, "K")
+            uc_hi = unit_computes(job, mb, hi)
+            probe(j, mb, lo)
+            krange[j] = (lo, hi)
+            bwd_hi[j] = tuple(uc_hi[c].backward for c in CLASSES)
+            dbwd[j] = tuple((x - y) / (hi - lo) for x, y in zip(bwd_hi[j], bwd[j], strict=True))
+            dact[j] = (activation_bytes(job, mb, hi) / GIB - act[j]) / (hi - lo)
+            drec[j] = (recompute_s(job, mb, hi) - rec[j]) / (hi - lo)
     # Times enter the model in units of one step's compute (objective about 1), so that solver
     # tolerances are relative to the job's scale.
     counts = (1, job.model.num_layers, 1)
-    unit = max(nn[j] * sum(c * (x + y) for c, x, y in zip(counts, fwd[j], bwd[j], strict=True))
+    unit = max(nn[j] * sum(c * (x + y) for c, x, y in
+                           zip(counts, fwd[j], bwd_hi.get(j, bwd[j]), strict=True))
                for j in fwd) or 1.0
     opt = {o: optimizer_time(job, o) / unit for o in F}
-    for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd):
+    for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd, bwd_hi, dbwd):
         for k in d:
             d[k] = tuple(x / unit for x in d[k])
     for k in upd:
@@ -278,6 +327,9 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     tables = _Tables(ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, upd, metrics / unit, fwd, bwd, nn,
                      mem_p, mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf,
                      act, opt)
+    tables.krange, tables.bwd_hi, tables.dbwd, tables.dact = krange, bwd_hi, dbwd, dact
+    tables.rec = {j: v / unit for j, v in rec.items()}
+    tables.drec = {j: v / unit for j, v in drec.items()}
     _comm_tables(job, tables)
     tables.time_unit = unit
     return tables
@@ -294,6 +346,11 @@ def _comm_tables(job: Job, tables: _Tables) -> None:
         s = Strategy(s_p=g, s_g=g, s_os=g, qgz=True)
         keys = set(used_kinds(s, n, job.gpus_per_node).values())
         tables.a2a[g] = communicator_bytes(job, s) / GIB - tables.comm * len(keys)
+
+
+def _tag(j: tuple[int, int | str]) -> str:
+    """Name part of activation option j = (micro-batch, K blocks or 'op')."""
+    return f"mb{j[0]}_ck{j[1]}"
 
 
 class StrategyIlp:
@@ -330,7 +387,9 @@ class StrategyIlp:
         self.xO = {o: B(f"xO_{o}", cat="Binary") for o in F}
         self.h = {z: B(f"h_{z}", cat="Binary") for z in T.hpz}
         J = list(T.fwd)
-        self.y = {j: B(f"y_mb{j[0]}_{'ckpt' if j[1] else 'nockpt'}", cat="Binary") for j in J}
+        self.y = {j: B(f"y_{_tag(j)}", cat="Binary") for j in J}
+        self.k = {j: B(f"k_{_tag(j)}", lowBound=0, upBound=hi - lo, cat="Integer")
+                  for j, (lo, hi) in T.krange.items()}
 
         def xP(f):
             return self.xPn[f] + (self.xPq[f] if f in self.xPq else 0)
@@ -342,6 +401,9 @@ class StrategyIlp:
         prob += lin(xG(g) for g in F) == 1, "one_G_factor"
         prob += lin(self.xO.values()) == 1, "one_OS_factor"
         prob += lin(self.y.values()) == 1, "one_activation_option"
+        for j, kj in self.k.items():
+            lo, hi = T.krange[j]
+            prob += kj <= (hi - lo) * self.y[j], f"blocks_{_tag(j)}_need_option"
         if self.h:
             prob += lin(self.h.values()) <= 1, "at_most_one_hpz"
         for z, hz in self.h.items():
@@ -364,6 +426,8 @@ class StrategyIlp:
         self.zPO = pairs("PO", xP, lambda o: self.xO[o], F, F)
 
         self._add_time(xP, xG, J)
+        self.recompute_expr = (lin(self.y[j] * T.rec[j] for j in J)
+                               + lin(kj * T.drec[j] for j, kj in self.k.items()))
 
         # memory
         st = B("staging", lowBound=0)
@@ -378,7 +442,7 @@ class StrategyIlp:
             + lin(self.xPn[f] * T.buf_ag[f] for f in F) + lin(v * T.buf_agq[f] for f, v in self.xPq.items())
             + lin(self.xGn[g] * T.buf_gr[g] for g in F) + lin(v * T.buf_grq[g] for g, v in self.xGq.items())
             + st + lin(v * T.step_buf[k] for k, v in self.zGO.items())
-            + lin(self.y[j] * T.act[j] for j in J)
+            + lin(self.y[j] * T.act[j] for j in J) + lin(kj * T.dact[j] for j, kj in self.k.items())
         )
         gpu = job.cluster.gpu
         self.mem_expr = (tensors * (1 + gpu.fragmentation_fraction) + self._comm_expr(xP)
@@ -386,9 +450,11 @@ class StrategyIlp:
         # phase 2 caps the objective through this variable's upper bound (None: no cap)
         self.cap = B("objective_cap")
         prob += self.step_expr <= self.cap, "objective_cap"
-        self.caps = {MEMORY: B("memory_cap"), GROUPS: B("groups_cap")}
+        self.caps = {MEMORY: B("memory_cap"), GROUPS: B("groups_cap"),
+                     RECOMPUTE: B("recompute_cap")}
         prob += self.mem_expr <= self.caps[MEMORY], "memory_cap"
         prob += self.groups_expr <= self.caps[GROUPS], "groups_cap"
+        prob += self.recompute_expr <= self.caps[RECOMPUTE], "recompute_cap"
         if self.memory_limit != float("inf"):
             prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
         prob.setObjective(self.step_expr)
@@ -438,8 +504,8 @@ class StrategyIlp:
             q["reduce", c] = col(T.rs, self.xGn, i) + col(T.qgz, self.xGq, i)
             q["sync", c] = col(T.osrs, self.zGO, i) + col(T.ar, self.xO, i)
             q["fwd", c] = col(T.fwd, self.y, i) + fwd_kernel
-            q["bwd", c] = (col(T.bwd, self.y, i) + k_bwd + col(T.krs, self.xGn, i)
-                           + col(T.kg, self.xGq, i))
+            q["bwd", c] = (col(T.bwd, self.y, i) + col(T.dbwd, self.k, i) + k_bwd
+                           + col(T.krs, self.xGn, i) + col(T.kg, self.xGq, i))
         Cu = lin(v * T.upd[k] for k, v in self.zPO.items()) + T.metrics
         t_opt = lin(self.xO[o] * T.opt[o] for o in F)
         counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
@@ -448,9 +514,8 @@ class StrategyIlp:
                          for c in CLASSES)
             bound = self._bound_comm()
             CC = B("C_micro", lowBound=0)
-            for j in J:
-                prob += CC >= T.n[j] * per_mb - T.n[j] * bound * (1 - self.y[j]), \
-                    f"comm_x_n_{j[0]}_{int(j[1])}"
+            for mb, (nj, ymb) in self._per_micro_batch(J).items():
+                prob += CC >= nj * per_mb - nj * bound * (1 - ymb), f"comm_x_n_mb{mb}"
             self.step_expr = CC + lin(counts[c] * q["sync", c] for c in CLASSES) + Cu
             return
         gpu, eta = job.cluster.gpu, job.cluster.overlap_efficiency
@@ -468,14 +533,22 @@ class StrategyIlp:
                                   for st in sts if st.phase == p)
                  for p in ("forward", "backward", "last")}
         EF, EB = B("E_F", lowBound=0), B("E_B", lowBound=0)
-        for j in J:
-            nj, tag = T.n[j], f"{j[0]}_{int(j[1])}"
+        for mb, (nj, ymb) in self._per_micro_batch(J).items():
             prob += EF >= nj * phase["forward"] - nj * self._bound_phase("forward") * (
-                1 - self.y[j]), f"fwd_x_n_{tag}"
+                1 - ymb), f"fwd_x_n_mb{mb}"
             if nj > 1:
                 prob += EB >= (nj - 1) * phase["backward"] - (nj - 1) * self._bound_phase(
-                    "backward") * (1 - self.y[j]), f"bwd_x_n_{tag}"
+                    "backward") * (1 - ymb), f"bwd_x_n_mb{mb}"
         self.step_expr = EF + EB + phase["last"] + t_opt + Cu
+
+    def _per_micro_batch(self, J) -> dict:
+        """micro-batch -> (n, the sum of its options' y): the products with n need one big-M
+        per micro-batch, not per option (the checkpointing options of a micro-batch share n)."""
+        out: dict = {}
+        for j in J:
+            n, ys = out.get(j[0], (self.T.n[j], []))
+            out[j[0]] = (n, ys + [self.y[j]])
+        return {mb: (n, self.pulp.lpSum(ys)) for mb, (n, ys) in out.items()}
 
     def _qmax(self) -> dict:
         """Each (role, class) quantity's largest value over the space (for big-M bounds)."""
@@ -488,7 +561,7 @@ class StrategyIlp:
             out["reduce", c] = top(T.rs, T.qgz)
             out["sync", c] = top(T.osrs) + top(T.ar)
             out["fwd", c] = top(T.fwd) + top(T.ka, T.kq)
-            out["bwd", c] = top(T.bwd) + top(T.ka, T.kq, T.khz) + top(T.krs, T.kg)
+            out["bwd", c] = top(T.bwd, T.bwd_hi) + top(T.ka, T.kq, T.khz) + top(T.krs, T.kg)
         return out
 
     def _bound_phase(self, phase: str) -> float:
@@ -577,9 +650,11 @@ class StrategyIlp:
         g = pick(self.xGn) or pick(self.xGq)
         o = pick(self.xO)
         mb, ck = pick(self.y)
+        if ck == "K":
+            ck = self.T.krange[mb, ck][0] + round(val(self.k[mb, ck]))
         return Strategy(s_p=p, s_g=g, s_os=o, qwz=pick(self.xPq) is not None,
                         hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None,
-                        micro_batch=mb, ckpt=ck)
+                        micro_batch=mb, **ckpt_fields(ck, self.job.model.num_layers))
 
     def _objective(self) -> float:
         """Objective of the current solution in seconds."""
@@ -672,17 +747,22 @@ class StrategyIlp:
         pending = (self.cap, best_obj * (1 + preference.band), PHASE2_RTOLS)
         floor = 1 if self.job.num_gpus > 1 else 0  # the world group: no plan has fewer
         snapshot = None  # the decision of the last tie-break solve that held
+        exprs = {RECOMPUTE: self.recompute_expr, GROUPS: self.groups_expr, MEMORY: self.mem_expr}
         for name in preference.tie_breaks:
-            expr = self.groups_expr if name == GROUPS else self.mem_expr
-            if name == GROUPS and chosen.groups == floor and pending[0] is self.cap:
-                # the admissible optimum already has the fewest groups possible: no re-solve
-                self.cap.upBound = pending[1] + abs(pending[1]) * pending[2][0] + 1e-12
-                pending = (self.caps[name], floor, (0.0,))
+            expr = exprs[name]
+            at_floor = (chosen.groups == floor if name == GROUPS else
+                        name == RECOMPUTE and not chosen.strategy.ckpt_value)
+            if at_floor and snapshot is None:
+                # the admissible optimum is already at this criterion's least: no re-solve
+                cap, v, rtols = pending
+                cap.upBound = v + abs(v) * rtols[0] + 1e-12
+                pending = (self.caps[name], floor if name == GROUPS else 0.0, (0.0,))
                 continue
             self.prob.setObjective(expr)
             if not self._run_capped(*pending):
                 break  # no slack holds: the last decision that held stands
-            snapshot = {v: round(value(v) or 0) for v in self._decision_vars()}
+            snapshot = {v: round(value(v) or 0) for v in (*self._decision_vars(),
+                                                          *self.k.values())}
             v = value(expr)
             pending = ((self.caps[name], round(v), (0.0,)) if name == GROUPS
                        else (self.caps[name], v, PHASE2_RTOLS))

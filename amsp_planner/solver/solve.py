@@ -58,7 +58,7 @@ def check_agreement(job: Job, sol, limit: float, objective: str) -> Evaluation:
 
 def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time",
           solver: str = "highs", zeropp: bool = True, micro_batch: int | None = None,
-          ckpt: bool | None = None, runners_up: int = 3, time_limit_s: float = 30.0,
+          ckpt: bool | int | str | None = None, runners_up: int = 3, time_limit_s: float = 30.0,
           preference: Preference | None = None) -> SolveResult:
     """The preferred strategy for `job` under `memory_limit` bytes (default: the GPU's memory)
     by `preference` (default ``Preference.default()``: the validated band, 10 % headroom,
@@ -93,7 +93,7 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     evals = [check_agreement(job, s, limit, objective) for s in sols]
     ref = {k: check_agreement(job, s, limit, objective) for k, s in refs.items()}
     baselines = evaluate_baselines(job, limit, evals[0].strategy.micro_batch,
-                                   evals[0].strategy.ckpt)
+                                   evals[0].strategy.ckpt_value)
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes,
                        pref, ref.get("fastest"), ref.get("fastest_lossless"))
 
@@ -124,7 +124,7 @@ def infeasible_message(job: Job, space: SearchSpace, limit: float, solver: str =
     top = max(terms, key=terms.get)
     fixes = []
     if top == "activations" or act > 0.25 * m.total:
-        if not e.strategy.ckpt and True not in space.ckpt:
+        if not e.strategy.ckpt and not space.allows_checkpointing():
             fixes.append("allow activation checkpointing (--activation-checkpointing auto|on)")
         if e.strategy.micro_batch > 1:
             fixes.append("a smaller --micro-batch")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,8 +22,9 @@ class TrainingSpec(BaseModel):
     """Global batch in tokens; must be a multiple of seq_len."""
     micro_batch: int | None = Field(default=None, ge=1, le=65536)
     """Sequences per GPU per micro-batch; None lets the planner choose (compare uses 1)."""
-    activation_checkpointing: bool | None = None
-    """Full per-block recomputation; None lets the planner choose (compare uses off)."""
+    activation_checkpointing: bool | Annotated[int, Field(ge=0)] | Literal["op"] | None = None
+    """true: recompute every block; false: none; K: the first K blocks; 'op': op-level
+    selective checkpointing of every block; None lets the planner choose (compare uses off)."""
     flash_attention: bool = True
     """FlashAttention (no s^2 attention-score activations)."""
     activation_profile: Literal["eager", "fused"] = "eager"

@@ -23,7 +23,10 @@ from .mp import run_worker  # noqa: E402
 
 STEPS = 3
 EXACT_4 = {"ddp": "ddp", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3",
-           "amsp_1_2_4": "p=1,g=2,os=4", "amsp_2_4_4": "p=2,g=4,os=4"}
+           "amsp_1_2_4": "p=1,g=2,os=4", "amsp_2_4_4": "p=2,g=4,os=4",
+           # checkpointing recomputes from the backward gather: same bytes, same numbers
+           "zero3_ckpt1": "p=4,g=4,os=4,ckpt=1", "amsp_2_4_4_ckpt_op": "p=2,g=4,os=4,ckpt=op",
+           "amsp_1_2_4_ckpt": "p=1,g=2,os=4,ckpt"}
 QUANT_4 = {"zeropp": "zeropp", "qwz_hpz2": "p=4,g=4,os=4,qwz,hpz=2"}
 EXACT_8 = {"hsdp": "hsdp", "mics2": "p=2,g=2,os=2", "zero3": "zero3",
            "amsp_2_4_8": "p=2,g=4,os=8", "amsp_1_4_8": "p=1,g=4,os=8",
