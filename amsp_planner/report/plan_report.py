@@ -57,6 +57,13 @@ def preferred_for(job, chosen: Evaluation, other: Evaluation, pref) -> list[str]
         return out
     if _quantized(other) and not _quantized(chosen):
         out.append("lossless numerics")
+    from amsp_planner.cost.compute import recompute_s
+
+    rc = recompute_s(job, chosen.strategy.micro_batch, chosen.strategy.ckpt_value)
+    ro = recompute_s(job, other.strategy.micro_batch, other.strategy.ckpt_value)
+    if ro > rc * (1 + 1e-6) + 1e-9:
+        out.append("no checkpointing recompute" if rc == 0 else
+                   f"{secs(ro - rc)} less checkpointing recompute")
     n, r = job.num_gpus, job.gpus_per_node
     gc, go = process_groups(chosen.strategy, n, r), process_groups(other.strategy, n, r)
     if gc < go:
