@@ -68,6 +68,11 @@ class Strategy:
     """Op-level selective checkpointing of every block (matmul outputs kept)."""
 
     @property
+    def quantized(self) -> bool:
+        """qwZ or qgZ: collectives that change the training numerics (INT8 / INT4)."""
+        return self.qwz or self.qgz
+
+    @property
     def ckpt_value(self) -> bool | int | str:
         """The checkpointing setting as the cost model takes it: True (every block), False
         (none), K (the first K blocks) or 'op'."""

@@ -39,15 +39,9 @@ def margin_words(gain: float, band: float) -> str:
     return f"beyond the +/-{band * 100:.0f} % band of the step-time model"
 
 
-def _quantized(e: Evaluation) -> bool:
-    return e.strategy.qwz or e.strategy.qgz
-
-
 def preferred_for(job, chosen: Evaluation, other: Evaluation, pref) -> list[str]:
     """Why `chosen` is preferred to `other` by the planner's rule, in words (empty when
     nothing but speed separates them)."""
-    from amsp_planner.cost.communicators import process_groups
-
     out = []
     if other.memory.total > pref.usable(other.memory_limit):
         free = other.memory_limit - other.memory.total
@@ -55,17 +49,16 @@ def preferred_for(job, chosen: Evaluation, other: Evaluation, pref) -> list[str]
                    f"{pref.headroom * 100:.0f} % headroom" if other.fits else
                    f"{other.strategy} does not fit")
         return out
-    if _quantized(other) and not _quantized(chosen):
+    if other.strategy.quantized and not chosen.strategy.quantized:
         out.append("lossless numerics")
-    from amsp_planner.cost.compute import recompute_s
+    from amsp_planner.solver.brute import criterion
+    from amsp_planner.solver.space import GROUPS, RECOMPUTE
 
-    rc = recompute_s(job, chosen.strategy.micro_batch, chosen.strategy.ckpt_value)
-    ro = recompute_s(job, other.strategy.micro_batch, other.strategy.ckpt_value)
+    rc, ro = criterion(job, chosen, RECOMPUTE), criterion(job, other, RECOMPUTE)
     if ro > rc * (1 + 1e-6) + 1e-9:
         out.append("no checkpointing recompute" if rc == 0 else
                    f"{secs(ro - rc)} less checkpointing recompute")
-    n, r = job.num_gpus, job.gpus_per_node
-    gc, go = process_groups(chosen.strategy, n, r), process_groups(other.strategy, n, r)
+    gc, go = int(criterion(job, chosen, GROUPS)), int(criterion(job, other, GROUPS))
     if gc < go:
         out.append(f"{go - gc} fewer process group{'s' if go - gc > 1 else ''} ({gc} vs {go})")
     dm = other.memory.total - chosen.memory.total
@@ -79,9 +72,7 @@ def margin_line(job, label: str, chosen: Evaluation, other: Evaluation, pref) ->
     and what the rule chose `chosen` for."""
     gain = other.step_s / chosen.step_s - 1
     band = pref.band
-    tie = abs(gain) <= band
-    words = (f"within the +/-{band * 100:.0f} % band: a tie" if tie else
-             f"beyond the +/-{band * 100:.0f} % band")
+    words = margin_words(gain, band)
     why = preferred_for(job, chosen, other, pref) if gain <= band * (1 + 1e-9) else []
     if why:
         words += "; chosen for " + _join(why)
@@ -94,7 +85,7 @@ def _join(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job=None,
+def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
                pref=None, refs: dict | None = None) -> list[str]:
     """The step time with its band, throughput and memory with theirs, and the margins
     against the fastest candidates (`refs`) and the best named baseline."""
@@ -117,17 +108,12 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job=
     for key, label in (("fastest", "the fastest candidate"),
                        ("fastest_lossless", "the fastest lossless candidate")):
         other = (refs or {}).get(key)
-        if other is not None and str(other.strategy) not in seen and job is not None:
+        if other is not None and str(other.strategy) not in seen:
             seen.add(str(other.strategy))
             lines.append(margin_line(job, label, e, other, pref))
     if best_baseline is not None:
         name, b = best_baseline
-        if job is not None:
-            lines.append(margin_line(job, f"the best named baseline {name}", e, b, pref))
-        else:
-            gain = b.step_s / e.step_s - 1
-            lines.append(f"vs best named baseline {name} ({b.strategy}): {gain * 100:+.2f}% "
-                         f"tokens/s ({margin_words(gain, band)}), {gib(b.memory.total)} GiB per GPU")
+        lines.append(margin_line(job, f"the best named baseline {name}", e, b, pref))
     else:
         lines.append("no named baseline fits in memory")
     return lines

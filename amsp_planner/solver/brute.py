@@ -27,10 +27,6 @@ MEMORY_RTOL = 1e-6
 """Memory per GPU closer than this (relative) ties, in the brute force and the ILP alike."""
 
 
-def quantized(e: Evaluation) -> bool:
-    return e.strategy.qwz or e.strategy.qgz
-
-
 def criterion(job: Job, e: Evaluation, name: str) -> float:
     """A tie-break's value for one candidate (lower is preferred)."""
     if name == GROUPS:
@@ -52,7 +48,7 @@ def preferred_order(job: Job, fits: list[Evaluation], objective: str,
         return []
     admissible = fits
     if pref.quantization == "auto":
-        lossless = [e for e in fits if not quantized(e)]
+        lossless = [e for e in fits if not e.strategy.quantized]
         if lossless:
             t_all = min(objective_value(e, objective) for e in fits)
             t_lossless = min(objective_value(e, objective) for e in lossless)

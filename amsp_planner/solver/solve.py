@@ -91,7 +91,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     if not sols:
         raise InfeasibleError(infeasible_message(job, space, limit, solver, time_limit_s, pref))
     evals = [check_agreement(job, s, limit, objective) for s in sols]
-    ref = {k: check_agreement(job, s, limit, objective) for k, s in refs.items()}
+    ref = {k: evals[0] if s.strategy == sols[0].strategy else
+           check_agreement(job, s, limit, objective) for k, s in refs.items()}
     baselines = evaluate_baselines(job, limit, evals[0].strategy.micro_batch,
                                    evals[0].strategy.ckpt_value)
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes,
