@@ -55,7 +55,7 @@ class SolveOptions:
     engine: str = "amsp"
     """The engine that runs the plans (amsp_planner/engines.py)."""
     objective: str = "time"
-    solver: str = "highs"
+    solver: str = "exhaustive"
     time_limit_s: float = 30.0
     gpu_hour_price: tuple[tuple[str | None, float], ...] = ()
     """(cluster, price of one GPU-hour); cluster None prices every cluster."""
@@ -289,7 +289,18 @@ def _topology(cluster_key: tuple, num_gpus: int):
 
 
 def build_point_job(p: Point, opt: SolveOptions):
-    """(Job, memory limit in bytes) of a point, as `amsp plan` builds them."""
+    """(Job, memory limit in bytes) of a point, as `amsp plan` builds them. Points that differ
+    only in the memory limit share one Job object (so the solver's tables, which do not depend
+    on the limit, are built once for them: solver/exhaustive.py)."""
+    lim = p.get("memory_limit_gib")
+    values = tuple(kv for kv in p.values if kv[0] != "memory_limit_gib")
+    job = _point_job(values, opt)
+    return job, (lim * GIB if lim is not None else job.cluster.memory_bytes)
+
+
+@lru_cache(maxsize=64)
+def _point_job(values: tuple, opt: SolveOptions):
+    p = Point(-1, values)
     from pydantic import ValidationError
 
     from amsp_planner.cost.job import Job
@@ -314,8 +325,7 @@ def build_point_job(p: Point, opt: SolveOptions):
     job = Job.create(model, cluster, t, p.get("gpus"), opt.engine)
     if split is None:  # the cluster as given: its topology is shared by the points that use it
         job = dataclasses.replace(job, topology=_topology(key, job.num_gpus))
-    lim = p.get("memory_limit_gib")
-    return job, (lim * GIB if lim is not None else cluster.memory_bytes)
+    return job
 
 
 def _price(opt: SolveOptions, cluster: str | None) -> float | None:

@@ -89,7 +89,7 @@ instances = st.fixed_dictionaries({
 @settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(instances)
-def test_ilp_applies_the_rule_as_the_brute_force_does(p):
+def test_ilp_and_enumeration_apply_the_rule_as_the_brute_force_does(p):
     gpus = p["gpus_per_node"] * p["nodes"]
     job = job_of(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
                  gpus_per_node=p["gpus_per_node"], layers=p["layers"])
@@ -98,13 +98,19 @@ def test_ilp_applies_the_rule_as_the_brute_force_does(p):
     pref = Preference(band=p["band"], headroom=p["headroom"], quantization=p["quantization"],
                       tie_breaks=p["tie_breaks"])
     oracle = oracle_class(job, limit, pref, p["objective"])
+    for solver in ("highs", "exhaustive"):  # the ILP, and the enumeration over its tables
+        check_choice(job, limit, pref, p["objective"], solver, oracle)
+
+
+def check_choice(job, limit, pref, objective, solver, oracle):
     if oracle is None:
         with pytest.raises(InfeasibleError):
-            solve(job, limit, preference=pref, objective=p["objective"], runners_up=0)
+            solve(job, limit, preference=pref, objective=objective, runners_up=0, solver=solver)
         return
     cls, best = oracle
-    got = solve(job, limit, preference=pref, objective=p["objective"], runners_up=0).best
-    key = got.step_s if p["objective"] == "time" else got.time.comm_total_s
+    got = solve(job, limit, preference=pref, objective=objective, runners_up=0,
+                solver=solver).best
+    key = got.step_s if objective == "time" else got.time.comm_total_s
     assert got.memory.total <= limit * (1 - pref.headroom) * (1 + 1e-9)
     if pref.quantization == "off" or not any(quantized(e.strategy) for e in cls):
         assert not quantized(got.strategy)
@@ -121,6 +127,56 @@ def test_ilp_applies_the_rule_as_the_brute_force_does(p):
     if MEMORY in pref.tie_breaks:
         least = min(e.memory.total for e in cls)
         assert got.memory.total <= least * (1 + 1e-6), (got.strategy, cls[0].strategy)
+
+
+@pytest.mark.parametrize("model,gpus,seq,limit_gib", [
+    ("llama-7b", 1024, 2048, None),         # no checkpointing
+    ("llama-13b", 1024, 2048, 40),          # hpZ
+    ("llama2-70b", 2048, 4096, 48),         # the first K of 80 blocks
+    ("llama-65b", 1024, 2048, 80),          # the first K of 80 blocks, 8 sequences per GPU
+    ("llama-30b", 256, 4096, 64),           # op-level
+    ("llama-13b", 64, 2048, 20),            # nothing fits
+])
+def test_enumeration_decides_as_the_ilp_at_full_size(model, gpus, seq, limit_gib):
+    """Whole models (32-80 blocks, where the enumeration prices only the smallest block count
+    that fits) on the default cluster with a 16M-token batch: the same decision and figures as
+    the ILP, and the same references and runners-up objectives."""
+    c = load_cluster("dgx-a100-hdr")
+    t = TrainingSpec(seq_len=seq, global_batch_seqs=16 * 2**20 // seq)
+    job = Job.create(load_model(model), c, t, gpus)
+    limit = None if limit_gib is None else limit_gib * GIB
+    got = {}
+    for solver in ("highs", "exhaustive"):
+        try:
+            got[solver] = solve(job, limit, solver=solver, runners_up=2)
+        except InfeasibleError as e:
+            got[solver] = str(e).split(":")[0]
+    ilp, enum = got["highs"], got["exhaustive"]
+    if isinstance(ilp, str):
+        assert enum == ilp  # both: nothing fits
+        return
+    assert str(enum.best.strategy) == str(ilp.best.strategy)
+    assert enum.best.step_s == ilp.best.step_s and enum.best.memory.total == ilp.best.memory.total
+    for ref in ("fastest", "fastest_lossless"):
+        a, b = getattr(ilp, ref), getattr(enum, ref)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert math.isclose(a.step_s, b.step_s, rel_tol=1e-9)
+    assert [math.isclose(a.step_s, b.step_s, rel_tol=1e-9)
+            for a, b in zip(ilp.runners_up, enum.runners_up, strict=True)] == [True, True]
+
+
+def test_a_lossless_fastest_keeps_quantization_out_of_the_tie_breaks():
+    """llama-13b on 64 A800s at 200 Gb/s per node, 36 GiB: the fastest candidate is lossless,
+    so no quantized candidate is admissible, although one (ZeRO-3 + qwZ + hpZ) is inside the
+    band with fewer process groups. Found by the enumeration disagreeing with the ILP, which
+    then let quantized candidates into its tie-breaks."""
+    c = load_cluster("a800-hdr", {"nic_gbit_per_s": 50.0, "gpu.memory_gib": 40})
+    job = Job.create(load_model("llama-13b"), c, TrainingSpec(global_batch_tokens=8 * 2**20), 64)
+    for solver in ("highs", "exhaustive"):
+        r = solve(job, 36 * GIB, solver=solver, runners_up=0)
+        assert not quantized(r.fastest.strategy) and r.fastest_lossless is None
+        assert not quantized(r.best.strategy), (solver, r.best.strategy)
 
 
 def plan_doc(*argv):

@@ -21,7 +21,9 @@ from amsp_planner.report.grid import format_option, pick_format
               help="Evaluate the strategy of a DeepSpeed ds_config.json instead of searching.")
 @click.option("--objective", type=click.Choice(["time", "comm"]), default="time",
               show_default=True, help="Minimise step time, or total communication time.")
-@click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True)
+@click.option("--solver", type=click.Choice(["highs", "cbc", "exhaustive"]), default="highs",
+              show_default=True, help="The ILP on HiGHS or CBC, or the exact enumeration over "
+              "the ILP's tables (docs/planner.md).")
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Solver time limit in seconds.")
 @click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")

@@ -119,7 +119,9 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
 @engine_option
 @click.option("--objective", type=click.Choice(["time", "comm"]), default="time",
               show_default=True)
-@click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True)
+@click.option("--solver", type=click.Choice(["highs", "cbc", "exhaustive"]), default="exhaustive",
+              show_default=True, help="The exact enumeration over the ILP's tables (fast on many "
+              "points), or the ILP on HiGHS or CBC: the same decisions (docs/planner.md).")
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Solver time limit per point, seconds.")
 @click.option("--gpu-hour-price", default=None, metavar="USD[,USD...]",

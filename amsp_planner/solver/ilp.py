@@ -58,7 +58,8 @@ Memory per GPU (GiB), every term linear:
   [memory]  tensors (1 + frag) + comms + context <= limit
 
 Choice (``Preference``, docs/planner.md), by lexicographic re-solves: minimise step (or comm);
-when that optimum is quantized and the rule is "auto", again with xPq = xGq = 0, and keep the
+under the rule "auto", when that optimum is lossless, xPq = xGq = 0 from then on (quantization
+cannot win beyond the band), and when it is quantized, again with xPq = xGq = 0, keeping the
 quantized optimum only if it is faster beyond the band; then with the objective capped at the
 band's edge (cap = best (1 + band)) minimise each tie-break in turn (groups = sum_k u_k +
 [N > 1], then memory), each capped at its optimum for the next; last, with the decision
@@ -728,7 +729,10 @@ class StrategyIlp:
         best_obj = value(self.step_expr)
         chosen = refs["fastest"] = self._solution()
         qv = self._quant_vars()
-        if preference.quantization == "auto" and any((value(v) or 0) > 0.5 for v in qv):
+        if preference.quantization == "auto" and not chosen.strategy.quantized:
+            for v in qv:  # the fastest is lossless: quantization cannot win beyond the band
+                v.upBound = 0
+        elif preference.quantization == "auto" and qv:
             for v in qv:
                 v.upBound = 0
             if self._run() == pulp.LpStatusInfeasible:  # only quantized candidates fit

@@ -16,6 +16,8 @@ from amsp_planner.solver.ilp import GIB, IlpStats, SolverError, StrategyIlp
 from amsp_planner.solver.space import FASTEST, Preference, SearchSpace, objective_value
 
 AGREE_RTOL = 1e-6
+SOLVERS = ("highs", "cbc", "exhaustive")
+"""The ILP on HiGHS or CBC, or the exact enumeration over the ILP's tables (solver/exhaustive.py)."""
 
 
 @dataclass
@@ -69,8 +71,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     """
     if objective not in ("time", "comm"):
         raise AmspUserError(f"--objective '{objective}': use 'time' or 'comm'")
-    if solver not in ("highs", "cbc"):
-        raise AmspUserError(f"--solver '{solver}': use 'highs' or 'cbc'")
+    if solver not in SOLVERS:
+        raise AmspUserError(f"--solver '{solver}': use {', '.join(SOLVERS)}")
     pref = Preference.default() if preference is None else preference
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     usable = pref.usable(limit)
@@ -83,11 +85,16 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
         except ImportError:
             solver = "cbc"
             notes.append("highspy is not importable: fell back to CBC")
-    try:
-        model = StrategyIlp(job, space, usable, objective, solver, time_limit_s)
-        sols, stats, refs = model.solve(runners_up=runners_up, preference=pref)
-    except SolverError as e:
-        raise AmspUserError(str(e)) from None
+    if solver == "exhaustive":
+        from amsp_planner.solver.exhaustive import search
+
+        sols, stats, refs = search(job, space, usable, objective, pref, runners_up)
+    else:
+        try:
+            model = StrategyIlp(job, space, usable, objective, solver, time_limit_s)
+            sols, stats, refs = model.solve(runners_up=runners_up, preference=pref)
+        except SolverError as e:
+            raise AmspUserError(str(e)) from None
     if not sols:
         raise InfeasibleError(infeasible_message(job, space, limit, solver, time_limit_s, pref))
     evals = [check_agreement(job, s, limit, objective) for s in sols]
@@ -103,6 +110,10 @@ def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",
                         time_limit_s: float = 30.0) -> Evaluation:
     """The strategy of least memory per GPU in `space` (ILP without the memory limit), with
     the solver the search used."""
+    if solver == "exhaustive":
+        from amsp_planner.solver.exhaustive import min_memory
+
+        return evaluate(job, min_memory(job, space), float("inf"))
     model = StrategyIlp(job, space, float("inf"), "time", solver, time_limit_s)
     model.prob.setObjective(model.mem_expr)
     try:
