@@ -1,5 +1,6 @@
-"""Planner benchmark: cold `amsp plan` wall time, solve time, and ILP vs brute force (both
-choosing by the planner's default rule, docs/planner.md).
+"""Planner benchmark: cold `amsp plan` wall time and solve time with the ILP (the default) and
+with `--solver exhaustive`, and ILP vs enumeration vs brute force (all choosing by the planner's
+default rule, docs/planner.md), side by side in one run.
 
     python bench/planner.py [--runs 5]
 
@@ -32,8 +33,8 @@ def cold_plan(args: list[str], runs: int) -> tuple[float, float]:
         out = Path(tmp) / "plan.json"
         for _ in range(runs):
             t0 = time.perf_counter()
-            subprocess.run(["amsp", "plan", *args, "-o", str(out)], check=True,
-                           capture_output=True)
+            subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", "plan", *args,
+                            "-o", str(out)], check=True, capture_output=True)
             walls.append(time.perf_counter() - t0)
             solves.append(json.loads(out.read_text())["volatile"]["solve_time_s"])
     return statistics.median(walls), statistics.median(solves)
@@ -62,18 +63,22 @@ def ilp_vs_brute(runs: int) -> list[tuple[str, int, float, float]]:
                          gpus)
         space = SearchSpace.for_job(job)
         pref = Preference.default()
-        t_ilp, t_bf = [], []
+        t_ilp, t_en, t_bf = [], [], []
         for _ in range(runs):
             t0 = time.perf_counter()
             a = solve(job, runners_up=0, preference=pref).best
             t_ilp.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
+            e = solve(job, runners_up=0, preference=pref, solver="exhaustive").best
+            t_en.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
             b = brute_force(job, space, job.cluster.memory_bytes, preference=pref)[0]
             t_bf.append(time.perf_counter() - t0)
             # the same choice by the planner's rule (its last tie-break: memory)
-            assert abs(a.memory.total - b.memory.total) <= 1e-6 * b.memory.total
+            for x in (a, e):
+                assert abs(x.memory.total - b.memory.total) <= 1e-6 * b.memory.total
         rows.append((f"{model}, {gpus} GPUs", space.size(job), statistics.median(t_ilp),
-                     statistics.median(t_bf)))
+                     statistics.median(t_en), statistics.median(t_bf)))
     return rows
 
 
@@ -83,15 +88,19 @@ def main() -> None:
     a = ap.parse_args()
     py = python_startup(a.runs)
     print(f"python -c pass: {py:.3f} s (median of {a.runs})\n")
-    print("| case | cold `amsp plan` wall (s) | solve (s) |")
-    print("| --- | ---: | ---: |")
+    print("| case | cold `amsp plan` wall (s) | solve (s) | with `--solver exhaustive` (s) | "
+          "solve (s) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for name, args in CASES:
         wall, solve_s = cold_plan(args, a.runs)
-        print(f"| {name} | {wall:.3f} | {solve_s:.3f} |")
-    print("\n| instance | candidates | ILP solve (s) | brute force (s) | brute / ILP |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, n, ti, tb in ilp_vs_brute(max(1, a.runs // 2)):
-        print(f"| {name} | {n:,} | {ti:.3f} | {tb:.3f} | {tb / ti:.1f}x |")
+        wall_e, solve_e = cold_plan([*args, "--solver", "exhaustive"], a.runs)
+        print(f"| {name} | {wall:.3f} | {solve_s:.3f} | {wall_e:.3f} | {solve_e:.3f} |")
+    print("\n| instance | candidates | ILP solve (s) | enumeration (s) | brute force (s) | "
+          "brute / ILP | ILP / enumeration |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, n, ti, te, tb in ilp_vs_brute(max(1, a.runs // 2)):
+        print(f"| {name} | {n:,} | {ti:.3f} | {te:.3f} | {tb:.3f} | {tb / ti:.1f}x | "
+              f"{ti / te:.1f}x |")
 
 
 if __name__ == "__main__":
