@@ -185,9 +185,19 @@ def _add_sensitivity(p, opts: dict, facts: dict, lines: list[str], progress, wor
         facts["sensitivity"] = {"skipped": why}
         lines.append(f"sensitivity: skipped: {why}")
         return
-    sens = sensitivity(job, limit, chosen, opts, progress=progress, workers=workers)
+    # The scans re-solve tens of times: by the exact enumeration over the ILP's tables
+    # (solver/exhaustive.py, the same decisions about 10x faster), when it reproduces the plan's
+    # choice at the current values; else by the plan's own solver.
+    fast = {**opts, "solver": "exhaustive"}
+    try:
+        same = _decision(solve(job, limit, runners_up=0, **fast).best.strategy) == chosen
+    except InfeasibleError:
+        same = False
+    kw = fast if same else opts
+    sens = sensitivity(job, limit, chosen, kw, progress=progress, workers=workers)
+    sens["solver"] = kw.get("solver", "highs")
     facts["sensitivity"] = sens
-    lines.append(f"sensitivity (re-solved {sens['solves']} times; each flip to "
+    lines.append(f"sensitivity (re-solved {sens['solves']} times by {sens['solver']}; each flip to "
                  f"{sens['tolerance'] * 100:g}%, scanned to x{1 / SCAN_FACTORS[-1]:g}.."
                  f"x{SCAN_FACTORS[-1]:g}):")
     for s in sens["assumptions"]:
