@@ -42,6 +42,12 @@ def entries(e):
     return {(x.phase, x.op, x.group): x for x in e.schedule}
 
 
+def schedule_of(text: str, t: int):
+    """(phase, op, group) -> entry of strategy `text` on the 16-GPU job, and Phi by hand."""
+    emb, blk, head = units_by_hand(t)
+    return entries(evaluate(job_7b(), Strategy.parse(text))), emb + L * blk + head
+
+
 def check_entry(x, size, stride, per_node, calls, full, intra_frac, inter_frac):
     """One schedule entry against its hand-derived values; intra/inter: fractions of full."""
     assert (x.group_size, x.stride, x.members_per_node) == (size, stride, per_node)
@@ -49,6 +55,13 @@ def check_entry(x, size, stride, per_node, calls, full, intra_frac, inter_frac):
     assert x.full_bytes_per_step == full
     assert x.intra_bytes_per_rank_per_step == pytest.approx(intra_frac * full, rel=1e-12)
     assert x.inter_bytes_per_rank_per_step == pytest.approx(inter_frac * full, rel=1e-12)
+
+
+def check_zero3_entries(got, size, stride, per_node, full, intra_frac, inter_frac):
+    """ZeRO-3's three per-micro-batch entries (2 micro-batches of the 34 units)."""
+    for key in (("forward", "all_gather", "P"), ("backward", "all_gather", "P"),
+                ("backward", "reduce_scatter", "G")):
+        check_entry(got[key], size, stride, per_node, 2 * (L + 2), full, intra_frac, inter_frac)
 
 
 def check_tp_entries(got, t, mb, n_micro, ckpt_blocks=0):
@@ -87,11 +100,9 @@ def test_tp2_zero3_schedule_by_hand():
     assert job.tp_units(2) == (emb,) + (blk,) * L + (head,)
     phi = emb + L * blk + head
     got = entries(e)
-    full = 2 * phi * 2  # 2 micro-batches x the TP shard in bf16
-    for key in (("forward", "all_gather", "P"), ("backward", "all_gather", "P"),
-                ("backward", "reduce_scatter", "G")):
-        # hierarchical split: intra (k-1)/k, inter (g-1)/g / k with k = 4 per node, g = 2 nodes
-        check_entry(got[key], 8, 2, 4, 2 * (L + 2), full, 3 / 4, 1 / 8)
+    # 2 micro-batches x the TP shard in bf16; hierarchical split: intra (k-1)/k, inter
+    # (g-1)/g / k with k = 4 per node, g = 2 nodes
+    check_zero3_entries(got, 8, 2, 4, 2 * phi * 2, 3 / 4, 1 / 8)
     check_tp_entries(got, 2, 1, 2)
     assert set(got) == {("forward", "all_gather", "P"), ("backward", "all_gather", "P"),
                         ("backward", "reduce_scatter", "G"), ("forward", "all_gather", "TP"),
@@ -104,15 +115,8 @@ def test_tp2_zero3_schedule_by_hand():
 def test_tp8_zero3_schedule_by_hand_with_checkpointing():
     # t = 8: one TP group per node, 2 data-parallel ranks (one per node): the P group is the
     # 2 ranks at stride 8, all of its bytes leave the node
-    job = job_7b()
-    e = evaluate(job, Strategy.parse("tp=8,p=2,g=2,os=2,mb=4,ckpt"))
-    assert e.n_micro == 2
-    emb, blk, head = units_by_hand(8)
-    phi = emb + L * blk + head
-    got = entries(e)
-    for key in (("forward", "all_gather", "P"), ("backward", "all_gather", "P"),
-                ("backward", "reduce_scatter", "G")):
-        check_entry(got[key], 2, 8, 1, 2 * (L + 2), 2 * phi * 2, 0.0, 1 / 2)
+    got, phi = schedule_of("tp=8,p=2,g=2,os=2,mb=4,ckpt", 8)  # 16 seqs / (2 x 4): 2 micro-batches
+    check_zero3_entries(got, 2, 8, 1, 2 * phi * 2, 0.0, 1 / 2)
     check_tp_entries(got, 8, 4, 2, ckpt_blocks=L)
 
 
@@ -121,11 +125,7 @@ def test_tp2_amsp_point_schedule_by_hand():
     # in one node; the step reduce-scatter runs among the 2 OS ranks holding the same G shard
     # (DP stride 4 -> global stride 8: one per node); the update all-gather over the 8 OS
     # ranks sharing the P shard (DP stride 1 -> global stride 2)
-    job = job_7b()
-    e = evaluate(job, Strategy.parse("tp=2,p=1,g=4,os=8,mb=1"))
-    emb, blk, head = units_by_hand(2)
-    phi = emb + L * blk + head
-    got = entries(e)
+    got, phi = schedule_of("tp=2,p=1,g=4,os=8,mb=1", 2)
     check_entry(got["backward", "reduce_scatter", "G"], 4, 2, 4, 2 * (L + 2), 2 * phi * 2,
                 3 / 4, 0.0)
     check_entry(got["grad_sync", "reduce_scatter", "OS_shard"], 2, 8, 1, L + 2,
@@ -139,11 +139,7 @@ def test_tp2_amsp_point_schedule_by_hand():
 def test_tp8_amsp_point_schedule_by_hand():
     # ZeRO-1 over the 2 DP ranks: the step reduce-scatter and the update all-gather run
     # between the two nodes (global stride 8), once per step
-    job = job_7b()
-    e = evaluate(job, Strategy.parse("tp=8,p=1,g=1,os=2,mb=4,ckpt=10"))
-    emb, blk, head = units_by_hand(8)
-    phi = emb + L * blk + head
-    got = entries(e)
+    got, phi = schedule_of("tp=8,p=1,g=1,os=2,mb=4,ckpt=10", 8)
     check_entry(got["grad_sync", "reduce_scatter", "OS_shard"], 2, 8, 1, L + 2, phi * 2,
                 0.0, 1 / 2)
     # the gathered tensor is the whole P shard (s_P = 1: the TP shard of the unit)
@@ -269,3 +265,31 @@ def test_preflight_refuses_tp_without_torch():
     check_tp(Strategy())
     with pytest.raises(AmspUserError, match="plan has tp=4"):
         check_tp(Strategy(tp=4))
+
+
+def test_the_planner_takes_tp_where_it_wins_and_explain_says_why(tmp_path):
+    # GPT-3 175B on 1024 A100 (seq 2048, 4M tokens): data parallel only, the planner's rule
+    # must checkpoint activations; with TP + SP the activations shrink by the degree and the
+    # plan it chooses checkpoints less (tests/golden/llama2-70b_dgx-h100-ndr_512.json holds
+    # tp=8 for Llama-2-70B on 512 H100, and tests/golden/llama-7b_dgx-a100-hdr_1024.json tp=1
+    # for LLaMA-7B on 1024 GPUs)
+    from amsp_planner.cost.compute import recompute_s
+    from amsp_planner.plan import load_plan
+    from amsp_planner.report.explain import explain_plan
+
+    path = tmp_path / "gpt3.json"
+    code, _, err = run_cli(["plan", "-m", "gpt3-175b", "-n", "1024", "--seq-len", "2048",
+                            "-o", str(path)])
+    assert code == 0, err
+    p = load_plan(path)
+    s = p.strategy
+    assert s.tp > 1
+    facts = explain_plan(p, sensitivity=False)
+    others = {r["tp"]: r for r in facts["tensor_parallel"]["others"]}
+    assert facts["tensor_parallel"]["chosen"] == s.tp and 1 in others
+    dp_only = Strategy.parse(others[1]["strategy"])
+    assert dp_only.tp == 1 and dp_only.ckpt_value  # data parallel only checkpoints
+    job = p.job
+    assert (recompute_s(job, s.micro_batch, s.ckpt_value, s.tp)
+            < recompute_s(job, dp_only.micro_batch, dp_only.ckpt_value))
+    assert any(line.startswith(f"tensor parallelism: tp={s.tp} chosen") for line in facts["lines"])
