@@ -17,6 +17,14 @@ tied      (s, s, s)                                  FSDP2 / HSDP mesh (N/s, s);
 zero1     (1, 1, s) or (s, s, s)                     InternEvo zero1.size = s, zero1.fsdp
 ========  =========================================  ==========================================
 
+Tensor (+ sequence) parallelism inside the node (``tp``): amsp (planned; ``amsp train`` refuses
+tp > 1 until the bundled runtime executes it), FSDP2 (``parallelize_module`` on a 2-D mesh, then
+``fully_shard``) and torchtitan (``parallelism.tensor_parallel_degree``). DeepSpeed's AutoTP
+training (``tensor_parallel.autotp_size``, deepspeed >= 0.16.4) shards the linear layers
+without sequence parallelism and only with ZeRO stages 0-2, so it does not run the TP + SP
+plans this model prices: its profile keeps tp = 1 (``tp_note`` says why). InternEvo has
+tensor parallelism of its own (``parallel.tensor``) that this profile does not describe yet.
+
 Nothing here imports torch, DeepSpeed or the cost model; ``cost/job.py`` reads the profiles.
 """
 
@@ -58,6 +66,10 @@ class EngineProfile:
     ckpt_kinds: frozenset = frozenset({"none", "full", "blocks", "op"})
     """The checkpointing settings it runs: 'none', 'full', 'blocks' (the first K of L) and 'op'
     (op-level selective, matmul outputs kept)."""
+    tp: bool = False
+    """Tensor (+ sequence) parallelism inside the node (t > 1)."""
+    tp_note: str = ""
+    """Why it does not run t > 1 (when ``tp`` is off), or how it does."""
 
     # ----- the search space ------------------------------------------------------------------
     def runs_ckpt(self, value, num_layers: int) -> bool:
@@ -128,6 +140,8 @@ PROFILES = {
                 "two gather and two gradient buffers of the largest unit",
         checkpointing="the first K of L blocks (ckpt=K, ckpt for all) or op-level (ckpt=op)",
         sources=("amsp_planner/runtime/engine.py", "docs/runtime.md"),
+        tp=True, tp_note="planned: amsp train refuses tp > 1 until the bundled runtime runs it "
+                         "(issue #14 item 4); export such a plan with amsp export --to torchtitan",
     ),
     "deepspeed": EngineProfile(
         name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,
@@ -140,6 +154,10 @@ PROFILES = {
                       "blocks, or all); the model wraps the blocks "
                       "(deepspeed.checkpointing.checkpoint); no op-level policy",
         ckpt_kinds=frozenset({"none", "full", "blocks"}),
+        tp_note="AutoTP training (tensor_parallel.autotp_size, deepspeed >= 0.16.4; "
+                "https://www.deepspeed.ai/tutorials/autotp-training) shards the linear layers "
+                "without sequence parallelism and with ZeRO stages 0-2 only, so it does not run a "
+                "TP + SP plan: plan with --engine torchtitan or fsdp2 for tp > 1",
         sources=("https://www.deepspeed.ai/docs/config-json/ (stages, buckets, "
                  "communication_data_type, data_types.grad_accum_dtype)",
                  "deepspeed/runtime/zero/config.py (zero_hpz_partition_size, "
@@ -159,7 +177,11 @@ PROFILES = {
         sources=("https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html "
                  "(mesh (replicate, shard), reshard_after_forward=int)",
                  "torch/distributed/fsdp/_fully_shard/_fsdp_api.py (MixedPrecisionPolicy."
-                 "reduce_dtype: the export sets it to the plan's gradient dtype)"),
+                 "reduce_dtype: the export sets it to the plan's gradient dtype)",
+                 "https://pytorch.org/docs/stable/distributed.tensor.parallel.html "
+                 "(parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel)"),
+        tp=True, tp_note="parallelize_module on the 'tp' dimension of a 2-D mesh, then fully_shard "
+                         "on the data-parallel dimension",
     ),
     "torchtitan": EngineProfile(
         name="torchtitan", title="torchtitan 0.3", shapes="tied", hpz=False, qwz=False,
@@ -173,7 +195,9 @@ PROFILES = {
                  "fsdp_reshard_after_forward: default|always|never, "
                  "data_parallel_shard_degree / data_parallel_replicate_degree)",
                  "torchtitan/models/llama3/parallelize.py (reduce_dtype from "
-                 "mixed_precision_reduce)"),
+                 "mixed_precision_reduce; apply_tp: ColwiseParallel/RowwiseParallel with "
+                 "SequenceParallel norms)"),
+        tp=True, tp_note="parallelism.tensor_parallel_degree, enable_async_tensor_parallel off",
     ),
     "internevo": EngineProfile(
         name="internevo", title="InternEvo", shapes="zero1", hpz=False, qwz=False, qgz=False,
@@ -187,6 +211,8 @@ PROFILES = {
                  "zero1.fsdp, model.checkpoint)",
                  "internlm/solver/optimizer/utils.py reduce_tensor (communicates in the "
                  "gradient's own dtype, the model dtype)"),
+        tp_note="InternEvo's own tensor parallelism (parallel.tensor) is not described by this "
+                "profile: plan with --engine torchtitan or fsdp2 for tp > 1",
     ),
 }
 

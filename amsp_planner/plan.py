@@ -34,11 +34,12 @@ from amsp_planner.specs.training import TrainingSpec
 from amsp_planner.strategy import Strategy
 
 FORMAT = "amsp-plan"
-VERSION = 2
+VERSION = 3
 """The newest version. A plan is written with the lowest version that holds its decision:
 version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
-checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op")."""
-SUPPORTED_VERSIONS = (1, 2)
+checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), version 3 when it
+is tensor-parallel (``decision.tp`` > 1, written only then)."""
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 
 # ----- the document's schema ----------------------------------------------------------------
@@ -86,6 +87,9 @@ class Decision(_Strict):
     grad_accum: int
     ckpt: bool | int | Literal["op"]
     """true: every block; false: none; K: the first K blocks; "op": op-level selective."""
+    tp: int = Field(default=1, ge=1)
+    """Tensor (+ sequence) parallel degree inside the node (version 3; absent: 1). The
+    components' factors and meshes are then over the N/tp data-parallel ranks."""
 
 
 class Summary(_Strict):
@@ -181,7 +185,15 @@ def decision(e: Evaluation, gpus_per_node: int) -> dict:
                     "scope": "none" if f == 1 else ("intra" if s1 == 1 else "inter")}
     return {"strategy": str(s.with_(grad_accum=None)), "components": comps, "qwz": s.qwz,
             "quant_block": s.quant_block, "hpz": s.hpz, "qgz": s.qgz,
-            "micro_batch": s.micro_batch, "grad_accum": e.n_micro, "ckpt": s.ckpt_value}
+            "micro_batch": s.micro_batch, "grad_accum": e.n_micro, "ckpt": s.ckpt_value,
+            **({"tp": s.tp} if s.tp > 1 else {})}
+
+
+def plan_version(dec: dict) -> int:
+    """The lowest version that holds a decision (``VERSION``)."""
+    if dec.get("tp", 1) > 1:
+        return 3
+    return 1 if isinstance(dec["ckpt"], bool) else 2
 
 
 def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
@@ -196,7 +208,7 @@ def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
     dec = decision(best, job.gpus_per_node)
     doc = {
         "format": FORMAT,
-        "version": 1 if isinstance(dec["ckpt"], bool) else VERSION,
+        "version": plan_version(dec),
         "inputs": {
             **specs,
             "num_gpus": job.num_gpus,
@@ -308,6 +320,9 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
     if version == 1 and not isinstance(doc.decision.ckpt, bool):
         raise AmspUserError(f"{source}: field 'decision.ckpt' is {doc.decision.ckpt!r}, but a "
                             "version 1 plan holds true or false: regenerate it with amsp plan")
+    if version < 3 and doc.decision.tp > 1:
+        raise AmspUserError(f"{source}: field 'decision.tp' is {doc.decision.tp}, but a version "
+                            f"{version} plan has no tensor parallelism: regenerate it with amsp plan")
     inp = doc.inputs
     for key in ("model", "cluster", "training"):
         got = sha256(raw["inputs"][key])
@@ -324,6 +339,9 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
     try:
         job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine)
         strategy = Strategy.parse(doc.decision.strategy).with_(grad_accum=doc.decision.grad_accum)
+        if strategy.tp != doc.decision.tp:
+            raise AmspUserError(f"decision.tp is {doc.decision.tp} but the strategy "
+                                f"'{doc.decision.strategy}' has tp={strategy.tp}: regenerate the plan")
         ev = evaluate(job, strategy, inp.memory_limit_bytes)
     except AmspUserError as e:
         raise AmspUserError(f"{source}: field 'decision': {e}") from None

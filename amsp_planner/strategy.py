@@ -2,8 +2,13 @@
 
 String form (docs/design.md), parsed only here::
 
-    p=8,g=8,os=64,qwz,hpz=8,qgz,mb=1,ckpt
+    p=8,g=8,os=64,qwz,hpz=8,qgz,mb=1,ckpt        tp=8,p=32,g=32,os=32,mb=1
 
+- ``tp=T``: tensor (+ sequence) parallel degree inside the node (default 1, then not written).
+  T divides R; a TP group is T consecutive ranks of one node, and the data-parallel ranks are
+  the N/T TP groups, R/T per node (docs/cost-model.md, "Tensor parallelism"). Every rule below
+  is then over the data-parallel ranks: the shard factors divide N/T and divide R/T or are
+  multiples of it, the mesh is over R/T data-parallel ranks per node, and hpZ divides R/T.
 - ``p``, ``g``, ``os``: shard factors s_P, s_G, s_OS (default 1). AMSP's rules: each divides the
   GPU count; each divides R (GPUs per node) or is a multiple of R ("intra-node first"), so the
   mesh is (s0, s1) = (min(s, R), max(1, s/R)); s_P | s_G | s_OS, hence s_P <= s_G <= s_OS per
@@ -43,7 +48,7 @@ class Strategy:
     """One point of the sharding space; complete and immutable."""
 
     s_p: int = 1
-    """Parameter shard factor s_P."""
+    """Parameter shard factor s_P (over the data-parallel ranks)."""
     s_g: int = 1
     """Gradient shard factor s_G."""
     s_os: int = 1
@@ -66,6 +71,8 @@ class Strategy:
     """With ``ckpt`` off: checkpoint the first K blocks only (0 = none)."""
     ckpt_op: bool = False
     """Op-level selective checkpointing of every block (matmul outputs kept)."""
+    tp: int = 1
+    """Tensor (+ sequence) parallel degree t inside the node; 1 = none."""
 
     @property
     def quantized(self) -> bool:
@@ -100,7 +107,8 @@ class Strategy:
 
     # ----- string form --------------------------------------------------------------------
     def __str__(self) -> str:
-        parts = [f"p={self.s_p}", f"g={self.s_g}", f"os={self.s_os}"]
+        parts = [f"tp={self.tp}"] if self.tp > 1 else []
+        parts += [f"p={self.s_p}", f"g={self.s_g}", f"os={self.s_os}"]
         if self.qwz:
             parts.append("qwz" if self.quant_block == PAD_QUANTUM else f"qwz={self.quant_block}")
         if self.hpz > 1:
@@ -129,12 +137,12 @@ class Strategy:
             if key in seen:
                 raise AmspUserError(f"--strategy: '{key}' given twice in '{text}': keep one")
             seen.add(key)
-            if key in ("p", "g", "os", "hpz", "mb", "ga"):
+            if key in ("tp", "p", "g", "os", "hpz", "mb", "ga"):
                 if not value:
                     raise AmspUserError(f"--strategy: '{key}' needs a value, e.g. {key}=8")
                 n = _positive_int(value, key, text)
                 field = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_batch",
-                         "ga": "grad_accum"}[key]
+                         "ga": "grad_accum", "tp": "tp"}[key]
                 kw[field] = n
             elif key == "qwz":
                 kw["qwz"] = True
@@ -151,7 +159,7 @@ class Strategy:
                     kw["ckpt"] = key == "ckpt"
             else:
                 raise AmspUserError(
-                    f"--strategy: unknown token '{token}' in '{text}': use p=, g=, os=, qwz[=block], "
+                    f"--strategy: unknown token '{token}' in '{text}': use tp=, p=, g=, os=, qwz[=block], "
                     "hpz=, qgz, mb=, ga=, ckpt[=K|op] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
                     "hsdp, mics, zeropp)"
                 )
@@ -168,38 +176,50 @@ class Strategy:
         return {"p": self.s_p, "g": self.s_g, "os": self.s_os}[component]
 
     def mesh(self, component: str, gpus_per_node: int) -> tuple[int, int]:
-        """(s0, s1): GPUs per node x nodes of a component's shard group."""
-        s = self.factor(component)
-        return (min(s, gpus_per_node), max(1, s // gpus_per_node))
+        """(s0, s1): data-parallel ranks per node x nodes of a component's shard group (R GPUs
+        per node hold R/tp data-parallel ranks)."""
+        s, r = self.factor(component), max(1, gpus_per_node // self.tp)
+        return (min(s, r), max(1, s // r))
 
     def n_micro(self, batch_seqs: int, num_gpus: int) -> int:
         """Micro-batches per step for a global batch; ValueError when it does not divide."""
-        unit = num_gpus * self.micro_batch
+        ranks = num_gpus // self.tp
+        unit = ranks * self.micro_batch
+        who = f"{num_gpus} GPUs" if self.tp == 1 else f"{ranks} data-parallel ranks (tp={self.tp})"
         if batch_seqs < unit or batch_seqs % unit:
             raise ValueError(
-                f"global batch of {batch_seqs} sequences is not a multiple of GPUs x micro-batch = "
-                f"{num_gpus} x {self.micro_batch} = {unit}: use a global batch that is a multiple "
+                f"global batch of {batch_seqs} sequences is not a multiple of "
+                f"{'GPUs' if self.tp == 1 else 'data-parallel ranks'} x micro-batch = "
+                f"{ranks} x {self.micro_batch} = {unit}: use a global batch that is a multiple "
                 f"of {unit} sequences, a smaller micro-batch or fewer GPUs"
             )
         n = batch_seqs // unit
         if self.grad_accum is not None and self.grad_accum != n:
             raise ValueError(
                 f"ga={self.grad_accum} does not match the global batch: {batch_seqs} sequences / "
-                f"({num_gpus} GPUs x mb={self.micro_batch}) = {n} micro-batches; drop ga= or "
+                f"({who} x mb={self.micro_batch}) = {n} micro-batches; drop ga= or "
                 "change mb"
             )
         return n
 
     def check(self, num_gpus: int, gpus_per_node: int) -> None:
         """Raise ValueError unless this strategy is valid for N GPUs with R per node."""
-        n, r = num_gpus, gpus_per_node
+        if gpus_per_node % self.tp:
+            raise ValueError(
+                f"tp={self.tp} does not divide the {gpus_per_node} GPUs per node: tensor "
+                f"parallelism stays inside the node: use tp= a divisor of {gpus_per_node}"
+            )
+        n, r = num_gpus // self.tp, gpus_per_node // self.tp
+        dp = "" if self.tp == 1 else f" data-parallel ranks (tp={self.tp})"
         for c in COMPONENTS:
             s = self.factor(c)
             if n % s:
-                raise ValueError(f"{c}={s} does not divide the GPU count {n}: use a divisor of {n}")
+                what = f"the GPU count {n}" if self.tp == 1 else f"the {n}{dp}"
+                raise ValueError(f"{c}={s} does not divide {what}: use a divisor of {n}")
             if not (r % s == 0 or s % r == 0):
                 raise ValueError(
-                    f"{c}={s} neither divides nor is a multiple of {r} GPUs per node "
+                    f"{c}={s} neither divides nor is a multiple of {r} "
+                    f"{'GPUs' if self.tp == 1 else dp.strip()} per node "
                     "(intra-node first): use a divisor of the node size or whole nodes"
                 )
         if self.s_g % self.s_p or self.s_os % self.s_g:
@@ -209,7 +229,7 @@ class Strategy:
             )
         if self.hpz > 1:
             if r % self.hpz:
-                raise ValueError(f"hpz={self.hpz} must divide the node size {r}")
+                raise ValueError(f"hpz={self.hpz} must divide the node size {r}{dp}")
             if self.s_p <= self.hpz or self.s_p % self.hpz:
                 raise ValueError(
                     f"hpz={self.hpz} needs p > hpz with hpz | p (p={self.s_p}): raise p or drop hpz"
@@ -290,12 +310,13 @@ _ALIASES = {"fsdp": "zero3", "zero++": "zeropp", "zero-1": "zero1", "zero-2": "z
 
 
 def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
-             ckpt: bool | int | str = False) -> Strategy:
+             ckpt: bool | int | str = False, tp: int = 1) -> Strategy:
     """A named baseline as a Strategy for N GPUs with R per node (`ckpt`: True, False, a
-    block count K or 'op')."""
-    n, r = num_gpus, gpus_per_node
+    block count K or 'op'); with `tp` > 1 the baseline's sharding over the N/tp data-parallel
+    ranks, R/tp per node, under that tensor-parallel degree."""
+    n, r = num_gpus // tp, max(1, gpus_per_node // tp)
     key = _ALIASES.get(name.lower(), name.lower())
-    base = Strategy(micro_batch=micro_batch, **ckpt_fields(ckpt))
+    base = Strategy(micro_batch=micro_batch, tp=tp, **ckpt_fields(ckpt))
     if key == "ddp":
         return base
     if key == "zero1":
@@ -346,11 +367,12 @@ def inapplicable_baselines(num_gpus: int, gpus_per_node: int) -> dict[str, str]:
 
 
 def named_baselines(num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
-                    ckpt: bool | int | str = False) -> dict[str, Strategy]:
+                    ckpt: bool | int | str = False, tp: int = 1) -> dict[str, Strategy]:
     """The named baselines this N and R run as themselves (``inapplicable_baselines`` says why
-    the others are left out); on one node zeropp stays, as qwZ + qgZ without hpZ."""
-    skip = inapplicable_baselines(num_gpus, gpus_per_node)
-    return {name: baseline(name, num_gpus, gpus_per_node, micro_batch, ckpt)
+    the others are left out); on one node zeropp stays, as qwZ + qgZ without hpZ. With `tp`,
+    over the data-parallel ranks of that tensor-parallel degree."""
+    skip = inapplicable_baselines(num_gpus // tp, max(1, gpus_per_node // tp))
+    return {name: baseline(name, num_gpus, gpus_per_node, micro_batch, ckpt, tp)
             for name in BASELINE_NAMES if name not in skip}
 
 
@@ -361,12 +383,16 @@ def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> 
     key = _ALIASES.get(key, key)
     if key in BASELINE_NAMES or key.startswith("mics"):
         given = {t.partition("=")[0].strip().lower() for t in rest.split(",")} if rest else set()
-        if given - {"mb", "ga", "ckpt", "nockpt"}:
+        if given - {"mb", "ga", "ckpt", "nockpt", "tp"}:
             raise AmspUserError(
-                f"--strategy: '{text}': after a baseline name only mb=, ga= and ckpt[=K|op]/nockpt may "
-                "follow: write the whole strategy instead, e.g. 'p=8,g=8,os=64,qwz,mb=1'"
+                f"--strategy: '{text}': after a baseline name only tp=, mb=, ga= and ckpt[=K|op]/nockpt "
+                "may follow: write the whole strategy instead, e.g. 'p=8,g=8,os=64,qwz,mb=1'"
             )
         extra = Strategy.parse(rest) if rest.strip() else Strategy()
-        s = baseline(key, num_gpus, gpus_per_node, extra.micro_batch, extra.ckpt_value)
+        if extra.tp > 1 and gpus_per_node % extra.tp:
+            raise AmspUserError(
+                f"--strategy: '{text}': tp={extra.tp} does not divide the {gpus_per_node} GPUs per "
+                f"node: tensor parallelism stays inside the node: use tp= a divisor of {gpus_per_node}")
+        s = baseline(key, num_gpus, gpus_per_node, extra.micro_batch, extra.ckpt_value, extra.tp)
         return s.with_(grad_accum=extra.grad_accum)
     return Strategy.parse(text)

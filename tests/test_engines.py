@@ -25,9 +25,10 @@ FACTORS = (1, 2, 4, 8, 16)
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def space_of(engine: str, **training) -> set[Strategy]:
+def space_of(engine: str, tp: int | None = 1, **training) -> set[Strategy]:
+    """The engine's space at tensor-parallel degree `tp` (None: every degree searched)."""
     job = make_job(N, **training).for_engine(engine)
-    return set(SearchSpace.for_job(job, micro_batch=1, ckpt=False).candidates(job))
+    return set(SearchSpace.for_job(job, micro_batch=1, ckpt=False, tp=tp).candidates(job))
 
 
 def triples(space) -> set[tuple[int, int, int]]:
@@ -47,6 +48,24 @@ def test_amsp_is_every_valid_strategy():
             continue
         want.add(s)
     assert space_of("amsp") == want
+
+
+def test_amsp_searches_every_tp_degree_with_the_rules_over_the_dp_ranks():
+    # the oracle: every (tp, p, g, os, hpz, qwz, qgz) Strategy.check accepts, for the degrees
+    # dividing the node and the small model's 4 heads (MHA): 1, 2 and 4
+    want = set()
+    for t, p, g, o, h, q, qg in itertools.product((1, 2, 4, 8), FACTORS, FACTORS, FACTORS,
+                                                  (1, 2, 4, 8), (False, True), (False, True)):
+        s = Strategy(s_p=p, s_g=g, s_os=o, hpz=h, qwz=q, qgz=qg, tp=t)
+        try:
+            s.check(N, R)
+        except ValueError:
+            continue
+        if 4 % t == 0:
+            want.add(s)
+    got = space_of("amsp", tp=None)
+    assert got == want and {s.tp for s in got} == {1, 2, 4}
+    assert {s.tp for s in space_of("deepspeed", tp=None)} == {1}  # AutoTP has no SP
 
 
 def test_deepspeed_is_the_four_stages_and_zeropp_on_stage_3():

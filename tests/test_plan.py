@@ -142,9 +142,17 @@ def test_infeasible_plan_exits_3_and_writes_nothing(tmp_path):
 
 
 def test_batch_too_small_for_gpus_is_exit_2():
-    r = amsp("plan", "--model", "llama-7b", "--gpus", "2048", "-o", "-")
-    assert r.returncode == 2
-    assert "global batch" in r.stderr and "multiple of 2048" in r.stderr
+    # 1024 sequences on 2048 GPUs: data parallel only (tp 1, or an engine without TP), each
+    # GPU would need half a sequence
+    for extra in (("--tp", "1"), ("--engine", "deepspeed")):
+        r = amsp("plan", "--model", "llama-7b", "--gpus", "2048", "-o", "-", *extra)
+        assert r.returncode == 2, r.stderr
+        assert "global batch" in r.stderr and "multiple of 2048" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    # with tensor parallelism the 1024 TP groups of 2 (or more) take one sequence each
+    r = amsp("plan", "--model", "llama-7b", "--gpus", "2048", "-o", "-", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["decision"]["tp"] >= 2
 
 
 def test_plan_is_no_worse_than_any_baseline_beyond_the_band():

@@ -1,5 +1,7 @@
 """The ILP against a brute-force oracle, and the planner's choices in known regimes, under the
-fastest-candidate rule (``FASTEST``; the planner's default rule: tests/test_preference.py)."""
+fastest-candidate rule (``FASTEST``; the planner's default rule: tests/test_preference.py).
+The regimes are data parallel only (``tp=1``; the equivalence test also searches every
+tensor-parallel degree; the TP regimes are in tests/test_tp.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from amsp_planner.specs import TrainingSpec, load_cluster, load_model
 from amsp_planner.strategy import Strategy
 
 GIB = 1024**3
-solve = functools.partial(_solve, preference=FASTEST)
+solve = functools.partial(_solve, preference=FASTEST, tp=1)
 
 
 def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=None,
@@ -39,13 +41,16 @@ def make_job(model, cluster, gpus, seqs_per_gpu=1, seq_len=4096, gpus_per_node=N
     return Job.create(spec, c, t, gpus, engine)
 
 
-def check_against_brute_force(job, limit, zeropp=True, objective="time"):
-    space = SearchSpace.for_job(job, zeropp=zeropp)
+def check_against_brute_force(job, limit, zeropp=True, objective="time", tp=1):
+    """`tp`: the tensor-parallel degree pinned, or None for every degree the job admits (one
+    ILP per degree, the rule across them, against the brute force over their union)."""
+    space = SearchSpace.for_job(job, zeropp=zeropp, tp=tp)
     oracle = brute_force(job, space, limit, objective, top=10**9)
     if not oracle:
         for solver in ("highs", "exhaustive"):
             with pytest.raises(InfeasibleError):
-                solve(job, limit, zeropp=zeropp, objective=objective, runners_up=0, solver=solver)
+                solve(job, limit, zeropp=zeropp, objective=objective, runners_up=0,
+                      solver=solver, tp=tp)
         return None
     key = (lambda e: e.time.step_s) if objective == "time" else (lambda e: e.time.comm_total_s)
     best = key(oracle[0])
@@ -54,7 +59,7 @@ def check_against_brute_force(job, limit, zeropp=True, objective="time"):
     least = min(e.memory.total for e in ties)
     for solver in ("highs", "exhaustive"):  # the ILP, and the enumeration over its tables
         got = solve(job, limit, zeropp=zeropp, objective=objective, runners_up=0,
-                    solver=solver).best
+                    solver=solver, tp=tp).best
         assert got.fits
         # the same optimum, and no more memory than the least of its ties
         assert math.isclose(key(got), best, rel_tol=1e-6), (solver, got.strategy,
@@ -81,6 +86,9 @@ instances = st.fixed_dictionaries({
     "engine": st.sampled_from(["amsp", "amsp", *ENGINES[1:]]),
     "grad_dtype": st.sampled_from(["bf16", "bf16", "fp32"]),
     "layers": st.sampled_from([1, 2, 3, 4]),
+    # tensor parallelism: every degree the job admits searched together (one ILP per degree)
+    # in a third of the instances, data parallel only in the rest (to keep the test's time)
+    "tp": st.sampled_from([1, 1, None]),
 })
 
 
@@ -99,7 +107,7 @@ def test_ilp_equals_brute_force(p):
     assert SearchSpace.for_job(job).ckpt == want
     # memory limits from "nothing fits" to "everything fits" relative to DDP's need
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
-    check_against_brute_force(job, ddp * p["limit_frac"], p["zeropp"], p["objective"])
+    check_against_brute_force(job, ddp * p["limit_frac"], p["zeropp"], p["objective"], p["tp"])
 
 
 def test_tight_memory_rediscovers_zero3():
@@ -109,7 +117,7 @@ def test_tight_memory_rediscovers_zero3():
     got = solve(job, 12.5 * GIB, zeropp=False).best
     s = got.strategy
     assert (s.s_p, s.s_g, s.s_os, s.ckpt) == (64, 64, 64, True)
-    space = SearchSpace.for_job(job, zeropp=False)
+    space = SearchSpace.for_job(job, zeropp=False, tp=1)
     fitting = brute_force(job, space, 12.5 * GIB, top=10**6)
     assert {(e.strategy.s_p, e.strategy.s_g, e.strategy.s_os) for e in fitting} == {(64, 64, 64)}
 
@@ -134,7 +142,7 @@ def test_unlimited_memory_takes_the_fastest_point():
     # with no memory limit the planner's step time is the brute-force minimum over the space
     job = make_job("llama-7b", "eth-100g", 32, seqs_per_gpu=2, seq_len=1024)
     best = solve(job, float("inf"), zeropp=False, runners_up=0).best
-    oracle = brute_force(job, SearchSpace.for_job(job, zeropp=False), float("inf"))[0]
+    oracle = brute_force(job, SearchSpace.for_job(job, zeropp=False, tp=1), float("inf"))[0]
     assert math.isclose(best.step_s, oracle.step_s, rel_tol=1e-6)
 
 
@@ -264,7 +272,7 @@ def test_op_level_checkpointing_beats_partial_for_llama_65b():
     job = _default_job("llama-65b", 1024)
     best = solve(job, runners_up=0).best
     assert best.strategy.ckpt_op, best.strategy
-    space = SearchSpace.for_job(job)
+    space = SearchSpace.for_job(job, tp=1)
     no_op = dataclasses.replace(space, ckpt=tuple(c for c in space.ckpt if c != "op"))
     sols, _, _ = StrategyIlp(job, no_op, job.cluster.memory_bytes).solve(0)
     partial = evaluate(job, sols[0].strategy)

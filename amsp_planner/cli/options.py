@@ -17,6 +17,30 @@ def engine_option(f):
              "with its behaviour (amsp: the bundled runtime, amsp train).")(f)
 
 
+def tp_option(f):
+    """--tp: the tensor-parallel degree, searched (auto) or pinned."""
+    return click.option(
+        "--tp", "tp", metavar="auto|T", default="auto", show_default=True,
+        help="Tensor (+ sequence) parallel degree inside the node: auto searches every divisor "
+             "of the GPUs per node that divides the heads; T pins it (1: data parallel only)."
+    )(f)
+
+
+def parse_tp(text) -> int | None:
+    """--tp: auto -> None (searched), T -> T; one line naming the option otherwise."""
+    v = str(text).strip().lower()
+    if v == "auto":
+        return None
+    try:
+        t = int(v)
+    except ValueError:
+        t = 0
+    if t < 1:
+        raise AmspUserError(f"--tp {text}: use auto or a tensor-parallel degree that divides the "
+                            "GPUs per node, e.g. --tp 8")
+    return t
+
+
 def job_options(f):
     """--model, --gpus, --cluster, --set and the training options."""
     opts = [

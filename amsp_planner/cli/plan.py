@@ -9,7 +9,14 @@ import time
 
 import click
 
-from amsp_planner.cli.options import build_job, build_preference, choice_options, job_options
+from amsp_planner.cli.options import (
+    build_job,
+    build_preference,
+    choice_options,
+    job_options,
+    parse_tp,
+    tp_option,
+)
 from amsp_planner.report.grid import format_option, pick_format
 
 
@@ -27,6 +34,7 @@ from amsp_planner.report.grid import format_option, pick_format
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Solver time limit in seconds.")
 @click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
+@tp_option
 @choice_options
 @click.option("--runners-up", type=click.IntRange(0, 20), default=0, show_default=True,
               help="Also list the next N candidates by step time.")
@@ -34,7 +42,7 @@ from amsp_planner.report.grid import format_option, pick_format
               help="Plan file to write ('-' for none).")
 @format_option
 def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
-         fmt, as_json, wide, headroom, quantization, tie_band, **opts):
+         fmt, as_json, wide, headroom, quantization, tie_band, tp, **opts):
     """Find the best strategy for a job and write the plan file.
 
     --format json prints the plan file's JSON; csv the chosen, runners-up and baselines rows.
@@ -45,8 +53,15 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
 
     t0 = time.perf_counter()
     fmt = pick_format(fmt, as_json)
+    tp = parse_tp(tp)
     job, limit = build_job(**opts)
     pref = build_preference(headroom, quantization, tie_band)
+    if tp is not None and (strategy is not None or strategy_from is not None):
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(f"--tp {tp}: the given strategy fixes the tensor-parallel degree: "
+                            "write tp=T in the strategy string (e.g. tp=8,p=8,g=8,os=8) or drop "
+                            "--tp")
     if strategy is not None and strategy_from is not None:
         from amsp_planner.errors import AmspUserError
 
@@ -67,14 +82,14 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         else:
             s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
         best = evaluate(job, s, limit)
-        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value)
+        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s, refs = [], None, 0.0, {}
     else:
         from amsp_planner.solver import solve
 
         r = solve(job, limit, objective=objective, solver=solver, zeropp=not no_zeropp,
-                  runners_up=runners_up, time_limit_s=time_limit, preference=pref)
+                  runners_up=runners_up, time_limit_s=time_limit, preference=pref, tp=tp)
         best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
         refs = {k: v for k, v in (("fastest", r.fastest), ("fastest_lossless", r.fastest_lossless))
                 if v is not None}
@@ -87,7 +102,8 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
         solve_s = st.solve_time_s
     search = {"zeropp": not no_zeropp, "micro_batch": job.training.micro_batch,
               "activation_checkpointing": job.training.activation_checkpointing,
-              "given_strategy": strategy, "preference": pref.to_dict()}
+              "given_strategy": strategy, "preference": pref.to_dict(),
+              **({"tp": tp} if tp is not None else {})}
     doc = build_doc(job, best, runners_up=runners, baselines=baselines, solver=solver_info,
                     objective=objective, search=search, solve_time_s=solve_s,
                     build_time_s=time.perf_counter() - t0, references=refs)
@@ -110,6 +126,8 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
     out: list = [f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "
                  f"{job.cluster.name}: {t.batch_tokens:,} tokens/step, seq {t.seq_len}, "
                  f"{t.precision}"]
+    if best.strategy.tp > 1:
+        out.append(tp_line(job, best))
     if not best.fits:
         out.append(f"WARNING: the given strategy does not fit: {best.memory.total / 2**30:.2f} "
                    f"GiB > {limit / 2**30:.2f} GiB per GPU")
@@ -122,7 +140,7 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
     table = compare_grid(rows, "chosen, fastest candidates and named baselines", ref=best,
                          band=pref.band)
     out.append(table)
-    skipped = inapplicable_line(job)
+    skipped = inapplicable_line(job, best.strategy.tp)
     if skipped:
         out.append(skipped)
     if solver_info:
@@ -132,3 +150,11 @@ def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runn
     if written:
         out.append(f"wrote {written}")
     emit(out, fmt, wide, csv_of=table)
+
+
+def tp_line(job, e) -> str:
+    """One line on the tensor parallelism of a strategy (t > 1)."""
+    t = e.strategy.tp
+    return (f"tensor parallel: tp={t} inside each node (ranks t*d .. t*d+{t - 1} form TP group "
+            f"d), x {job.num_gpus // t} data-parallel ranks over which p/g/os shard; TP "
+            f"collectives {e.time.tp_comm_s:.3f} s/step on the critical path")

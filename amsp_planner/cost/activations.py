@@ -35,6 +35,16 @@ its 4a log-sum-exp, the output projection's h, the MLP's up projection 2f (SwiGL
 GELU: f) and its down projection's h, and while one block is recomputed the saved tensors it
 does not have yet: its norms, the rotated Q and K, the head-merged attention output, SiLU's
 output and the product (docs/memory.md derives both).
+
+Tensor + sequence parallelism of degree t (Korthikanti et al. 2022, arXiv 2205.05198, section
+4.2.2: with SP every activation of a block is divided by t): each TP rank saves 1/t of every
+tensor above (norms and residual-stream tensors over its s/t tokens, attention and MLP tensors
+over its heads and its f/t columns, log-probabilities over its V/t vocabulary), except what
+every rank holds whole: the int64 token ids and targets and the RoPE tables, and, in the eager
+profile, the all-gathered inputs of the column-parallel matmuls (QKV, the MLP's gate/up, the LM
+head: h a_b per token each), which autograd saves as PyTorch's DTensor runs them (so backward
+needs no second all-gather: docs/cost-model.md). The fused profile is Megatron's count, every
+block tensor divided by t.
 """
 
 from __future__ import annotations
@@ -53,8 +63,23 @@ def _norm(job: Job) -> float:
     return 4 * m.hidden_size + 4 + 2 * m.hidden_size * ab
 
 
-def block_bytes_per_token(job: Job) -> float:
-    """Bytes one block saves per token in the job's activation profile."""
+def _div(x: float, tp: int) -> float:
+    """x / tp, and x itself (its type kept) at tp = 1."""
+    return x if tp == 1 else x / tp
+
+
+def _gathered(job: Job, tp: int, count: int) -> float:
+    """Bytes per token, beyond their 1/tp share, of `count` all-gathered matmul inputs kept
+    whole on every TP rank (eager profile only; module docstring)."""
+    if tp == 1 or job.training.activation_profile == "fused":
+        return 0.0
+    return count * job.model.hidden_size * job.training.param_bytes * (1 - 1 / tp)
+
+
+def block_bytes_per_token(job: Job, tp: int = 1) -> float:
+    """Bytes one block saves per token in the job's activation profile (per TP rank)."""
+    if tp > 1:
+        return block_bytes_per_token(job) / tp + _gathered(job, tp, 2)
     m, t = job.model, job.training
     ab = t.param_bytes
     h, f, kv, a = m.hidden_size, m.ffn_hidden_size, m.kv_dim, m.num_heads
@@ -68,29 +93,37 @@ def block_bytes_per_token(job: Job) -> float:
     return 2 * _norm(job) + attention + mlp * ab
 
 
-def head_bytes_per_token(job: Job) -> float:
+def head_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes the head (final norm, logits, loss) and the embedding save per token."""
     m, t = job.model, job.training
+    if tp > 1:
+        whole = 0 if t.activation_profile == "fused" else 2 * INDEX_BYTES
+        return (head_bytes_per_token(job) - whole) / tp + whole + _gathered(job, tp, 1)
     if t.activation_profile == "fused":
         return 2 * m.hidden_size * t.param_bytes + 4 * m.vocab_size
     return _norm(job) + 4 * m.vocab_size + 2 * INDEX_BYTES
 
 
-def op_kept_bytes_per_token(job: Job) -> float:
+def op_kept_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes one op-level checkpointed block keeps per token: its input and the outputs of
-    its matmuls and of attention (module docstring)."""
+    its matmuls and of attention (module docstring); with TP also the gathered matmul inputs
+    (so no TP collective is repeated)."""
     m, t = job.model, job.training
+    if tp > 1:
+        return op_kept_bytes_per_token(job) / tp + _gathered(job, tp, 2)
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     up = f if m.ffn_type == "gelu" else 2 * f
     lse = 4 * m.num_heads if t.flash_attention else 0
     return (h + (h + 2 * kv) + h + h + up + h) * t.param_bytes + lse
 
 
-def op_recompute_bytes_per_token(job: Job) -> float:
+def op_recompute_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes the recomputation of one op-level block adds per token: the block's saved
     tensors other than the kept matmul and attention outputs that backward saves too (the QKV
     output, the attention output and its log-sum-exp, the MLP's up projection)."""
     m, t = job.model, job.training
+    if tp > 1:
+        return op_recompute_bytes_per_token(job) / tp
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     up = f if m.ffn_type == "gelu" else 2 * f
     lse = 4 * m.num_heads if t.flash_attention else 0
@@ -98,18 +131,20 @@ def op_recompute_bytes_per_token(job: Job) -> float:
     return max(0.0, block_bytes_per_token(job) - shared)
 
 
-def saved_bytes_per_token(job: Job, ckpt: bool | int | str) -> float:
+def saved_bytes_per_token(job: Job, ckpt: bool | int | str, tp: int = 1) -> float:
     """Bytes autograd holds per token at the end of forward, plus, when checkpointing, what
     the recomputation of one block adds in backward. `ckpt`: True (every block), False, the
-    first K blocks, or 'op'."""
+    first K blocks, or 'op'. With `tp`, per TP rank (a checkpointed block's input is
+    sequence-parallel: 1/tp of it)."""
     m, ab = job.model, job.training.param_bytes
-    block = block_bytes_per_token(job)
+    block = block_bytes_per_token(job, tp)
     k, op = checkpointed_blocks(ckpt, m.num_layers)
     if op:
-        kept = m.num_layers * op_kept_bytes_per_token(job) + op_recompute_bytes_per_token(job)
+        kept = (m.num_layers * op_kept_bytes_per_token(job, tp)
+                + op_recompute_bytes_per_token(job, tp))
     else:
-        kept = k * m.hidden_size * ab + (m.num_layers - k) * block + (block if k else 0)
-    return kept + head_bytes_per_token(job)
+        kept = _div(k * m.hidden_size * ab, tp) + (m.num_layers - k) * block + (block if k else 0)
+    return kept + head_bytes_per_token(job, tp)
 
 
 def rope_table_bytes(job: Job) -> float:
@@ -120,14 +155,15 @@ def rope_table_bytes(job: Job) -> float:
     return t.seq_len * m.head_dim * t.param_bytes
 
 
-def saved_bytes(job: Job, micro_batch: int, ckpt: bool | int | str) -> float:
+def saved_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1) -> float:
     """Bytes of every tensor autograd saves for one micro-batch (what the tests measure)."""
     tokens = micro_batch * job.training.seq_len
-    return saved_bytes_per_token(job, ckpt) * tokens + rope_table_bytes(job)
+    return saved_bytes_per_token(job, ckpt, tp) * tokens + rope_table_bytes(job)
 
 
-def loss_peak_bytes(job: Job, micro_batch: int) -> float:
-    """The cross-entropy backward's transient above the saved tensors (eager: 8V per token)."""
+def loss_peak_bytes(job: Job, micro_batch: int, tp: int = 1) -> float:
+    """The cross-entropy backward's transient above the saved tensors (eager: 8V per token;
+    vocabulary-parallel with TP: 8V/tp)."""
     if job.training.activation_profile == "fused":
         return 0.0
-    return 8 * job.model.vocab_size * micro_batch * job.training.seq_len
+    return _div(8 * job.model.vocab_size * micro_batch * job.training.seq_len, tp)

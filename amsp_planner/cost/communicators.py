@@ -30,27 +30,33 @@ A2A_NET_BYTES = 512 * 2**20
 
 
 def group_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int, int]]:
-    """name -> (size, stride) of every group kind of a Strategy on `world` ranks, R per node."""
-    s, R = strategy, gpus_per_node
-    s0_g, s1_g = s.mesh("g", R)
-    return {
-        "P": (s.s_p, 1),
-        "hpZ": (s.hpz, 1),
-        "G": (s.s_g, 1),
-        "G_intra": (s0_g, 1),
-        "G_inter": (s1_g, R),
-        "OS_shard": (s.s_os // s.s_g, s.s_g),
-        "OS_replica": (world // s.s_os, s.s_os),
-        "P_update": (s.s_os // s.s_p, s.s_p),
+    """name -> (size, stride) of every group kind of a Strategy on `world` ranks, R per node.
+    With tp = t > 1 the data-parallel kinds are over the world/t data-parallel ranks, strided by
+    t in global ranks (cost/schedule.py), and the TP group is t consecutive ranks."""
+    s, t = strategy, strategy.tp
+    R, dp = max(1, gpus_per_node // t), world // t
+    s0_g, s1_g = s.mesh("g", gpus_per_node)
+    kinds = {
+        "P": (s.s_p, t),
+        "hpZ": (s.hpz, t),
+        "G": (s.s_g, t),
+        "G_intra": (s0_g, t),
+        "G_inter": (s1_g, R * t),
+        "OS_shard": (s.s_os // s.s_g, s.s_g * t),
+        "OS_replica": (dp // s.s_os, s.s_os * t),
+        "P_update": (s.s_os // s.s_p, s.s_p * t),
         "world": (world, 1),
     }
+    if t > 1:
+        kinds["TP"] = (t, 1)
+    return kinds
 
 
 def used_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int, int]]:
     """The kinds a collective of the schedule runs on (size > 1), with (size, stride)."""
     s = strategy
     kinds = group_kinds(s, world, gpus_per_node)
-    used = {"P", "hpZ", "OS_shard", "OS_replica", "P_update", "world"}
+    used = {"P", "hpZ", "OS_shard", "OS_replica", "P_update", "world", "TP"}
     used |= {"G_intra", "G_inter"} if s.qgz else {"G"}
     return {k: v for k, v in kinds.items() if k in used and v[0] > 1}
 

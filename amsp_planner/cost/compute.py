@@ -32,6 +32,13 @@ Elementwise bytes per token and block, forward (eager, a = activation bytes per 
 backward twice the forward. Head: cross-entropy in fp32, 12V bytes per token forward and
 18V backward (bf16 logits upcast, log-softmax, its gradient).
 
+Tensor parallelism of degree t (Megatron-style, docs/cost-model.md): each TP rank runs every
+matmul with its column-parallel output (QKV, gate/up, LM head) or row-parallel input (output
+projection, down) divided by t, attention over its a/t heads, the elementwise kernels over its
+1/t of the elements (norms on s/t tokens with sequence parallelism), the cross-entropy over its
+V/t vocabulary; each kernel keeps its fixed overhead t0, so small shards run below the
+large-matrix efficiency. The TP collectives are not compute: ``cost/schedule.py`` prices them.
+
 On CPU processes (no ``hbm_gbyte_per_s``, no overhead) this reduces to matmul FLOPs / (peak x
 ``achievable_fraction``) (attention over its causal half), the rate ``amsp calibrate`` measures
 for the runtime's own model.
@@ -80,11 +87,16 @@ def _matmul(r: _Rates, t: int, k: int, n: int) -> float:
     return time + r.t0
 
 
-def _block_matmuls(job: Job) -> list[tuple[int, int]]:
-    """(K, N) of each forward matmul of a block."""
+def _div(x, tp: int):
+    """x / tp, and x itself (its type kept) at tp = 1."""
+    return x if tp == 1 else x / tp
+
+
+def _block_matmuls(job: Job, tp: int = 1) -> list[tuple[int, int]]:
+    """(K, N) of each forward matmul of a block (one TP rank's shard)."""
     m = job.model
-    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
-    q = m.num_heads * m.head_dim
+    h, f, kv = m.hidden_size, _div(m.ffn_hidden_size, tp), _div(m.kv_dim, tp)
+    q = _div(m.num_heads * m.head_dim, tp)
     mlp = [(h, f), (h, f), (f, h)] if m.ffn_matrices == 3 else [(h, f), (f, h)]
     return [(h, q + 2 * kv), (q, h)] + mlp
 
@@ -98,14 +110,15 @@ def _elementwise_block(job: Job) -> float:
     return (28 * h + 6 * (h + kv) + 6 * h + act) * a
 
 
-def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str) -> UnitCompute:
-    """One block's seconds; `ckpt` True (every block), False, K blocks or 'op'."""
+def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
+                  tp: int = 1) -> UnitCompute:
+    """One block's seconds; `ckpt` True (every block), False, K blocks or 'op'; per TP rank."""
     r = _rates(job)
     m, s = job.model, job.training.seq_len
     t = micro_batch * s
-    mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job))
-    attn = 2.0 * t * s * m.num_heads * m.head_dim / r.attn
-    elem = t * _elementwise_block(job) / r.hbm if r.hbm else 0.0
+    mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job, tp))
+    attn = _div(2.0 * t * s * m.num_heads * m.head_dim, tp) / r.attn
+    elem = _div(t * _elementwise_block(job), tp) / r.hbm if r.hbm else 0.0
     fwd = mm + attn + elem
     bwd = 2 * mm + 2.5 * attn + 2 * elem
     k, op = checkpointed_blocks(ckpt, m.num_layers)
@@ -113,24 +126,31 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str) -> UnitCom
     return UnitCompute(fwd, bwd + recompute)
 
 
-def head_compute(job: Job, micro_batch: int) -> UnitCompute:
+def head_compute(job: Job, micro_batch: int, tp: int = 1) -> UnitCompute:
     r = _rates(job)
     m = job.model
     t = micro_batch * job.training.seq_len
-    mm = _matmul(r, t, m.hidden_size, m.vocab_size)
-    ce = t * m.vocab_size / r.hbm if r.hbm else 0.0
+    mm = _matmul(r, t, m.hidden_size, _div(m.vocab_size, tp))
+    ce = _div(t * m.vocab_size, tp) / r.hbm if r.hbm else 0.0
     return UnitCompute(mm + 12 * ce, 2 * mm + 18 * ce)
 
 
-def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str) -> float:
+def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1) -> float:
     """Seconds per step that checkpointing setting `ckpt` adds to the blocks' compute (0 for
-    none): what the planner's rule does not spend to save memory (docs/planner.md)."""
-    a, b = block_compute(job, micro_batch, ckpt), block_compute(job, micro_batch, False)
+    none): what the planner's rule does not spend to save memory (docs/planner.md). With TP,
+    the recomputed forward's TP collectives (``schedule.tp_block_s``) count as recompute too."""
+    a, b = block_compute(job, micro_batch, ckpt, tp), block_compute(job, micro_batch, False, tp)
     extra = a.forward + a.backward - b.forward - b.backward
-    return job.seqs_per_gpu // micro_batch * job.model.num_layers * max(extra, 0.0)
+    if tp > 1:
+        from amsp_planner.cost.schedule import tp_recompute_s
+
+        extra += tp_recompute_s(job, micro_batch, ckpt, tp)
+    return job.seqs_per_rank(tp) // micro_batch * job.model.num_layers * max(extra, 0.0)
 
 
-def unit_computes(job: Job, micro_batch: int, ckpt: bool | int | str) -> dict[str, UnitCompute]:
+def unit_computes(job: Job, micro_batch: int, ckpt: bool | int | str,
+                  tp: int = 1) -> dict[str, UnitCompute]:
     """Per unit class ('embedding', 'block', 'head'): one micro-batch's compute seconds."""
-    return {"embedding": UnitCompute(0.0, 0.0), "block": block_compute(job, micro_batch, ckpt),
-            "head": head_compute(job, micro_batch)}
+    return {"embedding": UnitCompute(0.0, 0.0),
+            "block": block_compute(job, micro_batch, ckpt, tp),
+            "head": head_compute(job, micro_batch, tp)}

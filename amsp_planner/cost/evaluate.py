@@ -62,11 +62,12 @@ class Evaluation:
 
 
 def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch: int = 1,
-                       ckpt: bool | int | str = False) -> dict[str, Evaluation]:
-    """Every named baseline valid for the job, evaluated (same micro-batch and checkpointing)."""
+                       ckpt: bool | int | str = False, tp: int = 1) -> dict[str, Evaluation]:
+    """Every named baseline valid for the job, evaluated (same micro-batch, checkpointing and
+    tensor-parallel degree)."""
     from amsp_planner.strategy import named_baselines
 
-    bl = named_baselines(job.num_gpus, job.gpus_per_node, micro_batch, ckpt)
+    bl = named_baselines(job.num_gpus, job.gpus_per_node, micro_batch, ckpt, tp)
     return {name: evaluate(job, s, memory_limit) for name, s in bl.items()}
 
 
@@ -82,7 +83,8 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
              schedules: dict | None = None) -> Evaluation:
     """Everything the cost model predicts for `s` on `job` (checks `s` first). `schedules`,
     when given, caches the collective schedule across strategies that differ only in
-    checkpointing (which moves no bytes)."""
+    checkpointing (which moves no bytes without TP: with tp > 1 the recomputed forward repeats
+    its TP collectives, so the key keeps the checkpointing)."""
     job.check(s)
     if s.ckpt_blocks == job.model.num_layers:  # K = L is full checkpointing
         s = s.with_(ckpt=True, ckpt_blocks=0)
@@ -90,11 +92,11 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
     if schedules is None:
         sched = build_schedule(job, s, n_micro)
     else:
-        key = s.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False)
+        key = s if s.tp > 1 else s.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False)
         if key not in schedules:
             schedules[key] = build_schedule(job, s, n_micro)
         sched = schedules[key]
-    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt_value, s.s_os)
+    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt_value, s.s_os, s.tp)
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     return Evaluation(
         strategy=s,

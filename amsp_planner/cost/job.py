@@ -61,7 +61,10 @@ class Job:
                 f"--gpus {num_gpus}: a partial node must hold a divisor of {r} GPUs: use one"
             )
         b = training.batch_seqs
-        if b < num_gpus or b % num_gpus:
+        eng = profile(engine)
+        tps = model.tp_degrees(min(r, num_gpus)) if eng.tp else [1]
+        tp_ok = [t for t in tps if b >= num_gpus // t and b % (num_gpus // t) == 0]
+        if (b < num_gpus or b % num_gpus) and not tp_ok:
             raise AmspUserError(
                 f"global batch of {b} sequences ({training.batch_tokens} tokens) is not a multiple "
                 f"of {num_gpus} GPUs x micro-batch 1: with data parallelism only each GPU needs "
@@ -74,10 +77,11 @@ class Job:
                 f"--seq-len {training.seq_len} exceeds the learned positions of {model.name} "
                 f"(max_seq_len {model.max_seq_len}): use --seq-len {model.max_seq_len} or less"
             )
-        if training.micro_batch is not None and (b // num_gpus) % training.micro_batch:
+        per = b // (num_gpus // tp_ok[0]) if tp_ok else b // num_gpus
+        if training.micro_batch is not None and per % training.micro_batch:
             raise AmspUserError(
-                f"--micro-batch {training.micro_batch} does not divide the {b // num_gpus} "
-                f"sequences per GPU: use a divisor of {b // num_gpus}"
+                f"--micro-batch {training.micro_batch} does not divide the {per} "
+                f"sequences per GPU: use a divisor of {per}"
             )
         return cls(model, cluster, training, num_gpus, Topology(cluster, num_gpus), engine)
 
@@ -110,6 +114,46 @@ class Job:
         q = self.pad_multiple
         return tuple(-(-u // q) * q for u in self.model.unit_params())
 
+    # ----- tensor parallelism (docs/cost-model.md, "Tensor parallelism") --------------------
+    @cached_property
+    def _tp_cache(self) -> dict:
+        return {}
+
+    def tp_units(self, tp: int) -> tuple[int, ...]:
+        """Padded elements of each unit one TP rank holds at degree `tp`: its TP shard
+        (``ModelSpec.tp_unit_params``) padded to a multiple of the N/tp data-parallel ranks x
+        the padding quantum; ``units`` at tp = 1."""
+        if tp == 1:
+            return self.units
+        key = ("units", tp)
+        if key not in self._tp_cache:
+            q = self.num_gpus // tp * PAD_QUANTUM
+            self._tp_cache[key] = tuple(-(-u // q) * q for u in self.model.tp_unit_params(tp))
+        return self._tp_cache[key]
+
+    def tp_phi(self, tp: int) -> int:
+        """Padded parameters one TP rank holds (Phi at tp = 1)."""
+        return sum(self.tp_units(tp)) if tp > 1 else self.phi
+
+    def tp_max_unit(self, tp: int) -> int:
+        return max(self.tp_units(tp))
+
+    def dp_ranks(self, tp: int) -> int:
+        """Data-parallel ranks at tensor-parallel degree `tp`: the N/tp TP groups."""
+        return self.num_gpus // tp
+
+    def seqs_per_rank(self, tp: int) -> int:
+        """Sequences per data-parallel rank per step (``seqs_per_gpu`` at tp = 1)."""
+        return self.training.batch_seqs // (self.num_gpus // tp)
+
+    def tp_options(self) -> tuple[int, ...]:
+        """The tensor-parallel degrees this job admits: divisors of the GPUs per node that
+        divide the heads (``ModelSpec.tp_degrees``), that the engine runs, and whose N/tp
+        data-parallel ranks divide the global batch."""
+        tps = self.model.tp_degrees(self.gpus_per_node) if self.profile.tp else [1]
+        b = self.training.batch_seqs
+        return tuple(t for t in tps if b >= self.dp_ranks(t) and b % self.dp_ranks(t) == 0)
+
     @cached_property
     def phi(self) -> int:
         """Padded parameter count (sum of padded units)."""
@@ -127,11 +171,12 @@ class Job:
     def seqs_per_gpu(self) -> int:
         return self.training.batch_seqs // self.num_gpus
 
-    def micro_batch_options(self, cap: int = 64) -> list[int]:
-        """Micro-batch sizes that divide the sequences per GPU (pinned one if given)."""
+    def micro_batch_options(self, cap: int = 64, tp: int = 1) -> list[int]:
+        """Micro-batch sizes that divide the sequences per data-parallel rank (pinned one if
+        given)."""
         if self.training.micro_batch is not None:
             return [self.training.micro_batch]
-        n = self.seqs_per_gpu
+        n = self.seqs_per_rank(tp)
         return [b for b in range(1, min(n, cap) + 1) if n % b == 0]
 
     def n_micro(self, strategy: Strategy) -> int:
@@ -147,6 +192,17 @@ class Job:
             strategy.n_micro(self.training.batch_seqs, self.num_gpus)
         except ValueError as e:
             raise AmspUserError(f"--strategy {strategy}: {e}") from None
+        t = strategy.tp
+        if t > 1 and (self.model.num_heads % t or self.model.kv_heads % t):
+            raise AmspUserError(
+                f"--strategy {strategy}: tp={t} must divide the {self.model.num_heads} query and "
+                f"{self.model.kv_heads} key/value heads of {self.model.name} (each TP rank holds "
+                f"whole heads): use tp= one of {', '.join(map(str, self.model.tp_degrees(self.gpus_per_node)))}"
+            )
+        if t > 1 and not self.profile.tp:
+            raise AmspUserError(
+                f"--strategy {strategy}: {self.profile.title} does not run tensor parallelism "
+                f"here: use tp=1, or --engine torchtitan / fsdp2 / amsp")
         L = self.model.num_layers
         if strategy.ckpt_blocks > L:
             raise AmspUserError(

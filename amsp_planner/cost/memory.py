@@ -22,6 +22,11 @@ Buffers (U = largest padded unit, in elements), exactly what the runtime allocat
               start of backward and the lookup's at the end (runtime/engine.py, [Note: tied
               embeddings]).
 
+Tensor parallelism of degree t: Phi and U are one TP rank's (``Job.tp_units``: 1/t of every
+matrix, the norms whole), so model states and buffers are those of the TP shard, sharded over
+the data-parallel ranks as above; activations per TP rank with sequence parallelism
+(``cost/activations.py``).
+
 Activations per micro-batch: ``cost/activations.py`` (eager or fused profile; the saved
 tensors, and the cross-entropy backward's peak above them). NCCL communicator buffers per
 process group the strategy uses: ``cost/communicators.py``.
@@ -97,15 +102,15 @@ def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes:
     }
 
 
-def activation_bytes(job: Job, micro_batch: int, ckpt: bool | int | str) -> float:
+def activation_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1) -> float:
     """Saved activations of one micro-batch and the loss peak above them."""
-    return saved_bytes(job, micro_batch, ckpt) + loss_peak_bytes(job, micro_batch)
+    return saved_bytes(job, micro_batch, ckpt, tp) + loss_peak_bytes(job, micro_batch, tp)
 
 
 def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
     t = job.training
-    u, pb, gb = job.max_unit, t.param_bytes, t.grad_bytes
-    e = job.units[0] if job.model.tied_embeddings else 0
+    u, pb, gb = job.tp_max_unit(s.tp), t.param_bytes, t.grad_bytes
+    e = job.tp_units(s.tp)[0] if job.model.tied_embeddings else 0
     gather = 0.0
     if s.s_p > 1:
         gather = (2 * u + e) * pb
@@ -124,10 +129,10 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
 
 def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     t = job.training
-    states = model_state_bytes(job.phi, s, t.param_bytes, t.grad_bytes)
+    states = model_state_bytes(job.tp_phi(s.tp), s, t.param_bytes, t.grad_bytes)
     bufs = buffer_bytes(job, s)
-    act = saved_bytes(job, s.micro_batch, s.ckpt_value)
-    peak = loss_peak_bytes(job, s.micro_batch)
+    act = saved_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
+    peak = loss_peak_bytes(job, s.micro_batch, s.tp)
     gpu = job.cluster.gpu
     frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak)
     return MemoryBreakdown(**states, **bufs, activations=act, loss_peak=peak, fragmentation=frag,

@@ -17,6 +17,32 @@ update     all_gather  P_update        s_OS/s_P, s_P     updated OS shards -> P 
 update     all_reduce  world           N, 1              [loss, grad-norm^2] in fp32, one call
 =========  ==========  ==============  ================  =========================================
 
+With tensor parallelism of degree t (``tp=T``; docs/cost-model.md, "Tensor parallelism") the
+groups above are over the N/t data-parallel ranks, R/t per node: data-parallel rank d is the TP
+group of global ranks d*t .. d*t + t - 1 (consecutive, inside one node), so every size above is
+counted in data-parallel ranks and every stride is t times the one above in global ranks; the
+units are one TP rank's shards (``Job.tp_units``). The TP collectives are entries of their own,
+group ``TP`` (size t, stride 1, in the node), per micro-batch of b sequences of s tokens, on
+b*s*h activation elements per call in the parameter dtype (sequence parallelism, Korthikanti et
+al. 2022):
+
+=========  ==========  =====  ===============================================================
+phase      op          group  calls per micro-batch
+=========  ==========  =====  ===============================================================
+forward    all_gather  TP     2 per block (before QKV, before the MLP), 1 head (before LM head)
+forward    red._scat.  TP     2 per block (after the output projection, after the MLP),
+                              1 embedding (the vocabulary-parallel lookup's partial sums)
+backward   all_gather  TP     2 per block, 1 embedding (the transposes of the reduce-scatters)
+backward   red._scat.  TP     2 per block, 1 head (the transposes of the all-gathers)
+recompute  all_gather  TP     2 per checkpointed block (the recomputed forward)
+recompute  red._scat.  TP     2 per checkpointed block
+backward   all_reduce  TP     1 per unit with replicated weights (norms, learned positions):
+                              their gradients, r_u elements in the gradient dtype
+=========  ==========  =====  ===============================================================
+
+They run on the compute stream, between the matmuls that need them: the step model
+(cost/step_time.py) adds them to their unit's compute, none of it hidden.
+
 Per-micro-batch entries have ``calls_per_step = num_units * n_micro``; once-per-step entries
 ``num_units`` (one call per unit). ``full_bytes_per_step`` sums the full tensor of every call:
 the gathered tensor (all-gather), the input (reduce-scatter), the tensor (all-reduce), the send
@@ -92,16 +118,16 @@ def quantized_bytes(elements: int, bits: int, block: int) -> int:
     return elements * bits // 8 + 4 * (elements // block)
 
 
-def unit_elements(job: Job) -> tuple[int, int, int]:
-    """Padded elements of a unit of each class."""
-    u = job.units
+def unit_elements(job: Job, tp: int = 1) -> tuple[int, int, int]:
+    """Padded elements of a unit of each class (one TP rank's shard)."""
+    u = job.tp_units(tp)
     return u[0], u[1] if len(u) > 2 else 0, u[-1]
 
 
 def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dtype: str,
            per_unit: int, n_micro: int, full: Callable[[int], int],
            kernel_elements: Callable[[int], int] | None = None,
-           copies: bool = False) -> ScheduleEntry:
+           copies: bool = False, tp: int = 1) -> ScheduleEntry:
     """One entry: `per_unit` calls per unit and micro-batch (``n_micro`` of them), each call
     moving ``full(unit elements)`` bytes; ``kernel_elements(unit elements)``: the 16-bit
     elements the (de)quantization kernels read or write per call, at the GPU's
@@ -111,7 +137,7 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     topo, gpu = job.topology, job.cluster.gpu
     rate = gpu.quant_gbyte_per_s * 1e9
     lay = topo.layout(size, stride)
-    sizes = unit_elements(job)
+    sizes = unit_elements(job, tp)
     counts = (1, job.model.num_layers, 1)
     unit_t = tuple(topo.collective_time(op, size, stride, full(u)) * per_unit for u in sizes)
 
@@ -137,15 +163,16 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
     """Every collective of one training step of `job` under strategy `s`."""
     n_micro = job.n_micro(s) if n_micro is None else n_micro
     t = job.training
-    N, R = job.num_gpus, job.gpus_per_node
+    tp = s.tp
+    N, R = job.num_gpus // tp, max(1, job.gpus_per_node // tp)  # data-parallel ranks
     pb, gb = t.param_bytes, t.grad_bytes
     pdt, gdt = t.dtype_name, t.grad_dtype_name
     blk = s.quant_block
     out: list[ScheduleEntry] = []
 
     def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True):
-        out.append(_entry(job, phase, op, group, size, stride, dtype, 1,
-                          n_micro if per_mb else 1, full, kernel, copies=per_mb))
+        out.append(_entry(job, phase, op, group, size, stride * tp, dtype, 1,
+                          n_micro if per_mb else 1, full, kernel, copies=per_mb, tp=tp))
 
     if s.s_p > 1:
         if s.qwz:
@@ -160,7 +187,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
             add("backward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe)
     if s.s_g > 1:
         if s.qgz:
-            s0, s1 = s.mesh("g", R)
+            s0, s1 = s.mesh("g", job.gpus_per_node)
             if s0 > 1:
                 add("backward", "all_to_all", "G_intra", s0, 1, "int4+scales",
                     lambda u: quantized_bytes(u, 4, blk), lambda u: 2 * u)
@@ -181,9 +208,83 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
     if q > 1:
         add("update", "all_gather", "P_update", q, s.s_p, pdt, lambda u: u // s.s_p * pb,
             per_mb=False)
-    if N > 1:
+    if tp > 1:
+        out.extend(tp_entries(job, tp, s.micro_batch, s.ckpt_value, n_micro))
+    if job.num_gpus > 1:
         out.append(_world_entry(job))
     return tuple(out)
+
+
+# ----- tensor parallelism (module docstring) -------------------------------------------------
+TP_CALLS = {
+    ("forward", "all_gather"): (0, 2, 1),
+    ("forward", "reduce_scatter"): (1, 2, 0),
+    ("backward", "all_gather"): (1, 2, 0),
+    ("backward", "reduce_scatter"): (0, 2, 1),
+}
+"""(embedding, block, head) calls per micro-batch of each TP collective (module docstring)."""
+
+
+def _tp_entry(job: Job, phase: str, op: str, tp: int, dtype: str, calls: tuple,
+              per_call: tuple, n_micro: int) -> ScheduleEntry | None:
+    """One TP entry: calls[c] calls of per_call[c] bytes per unit of class c and micro-batch
+    (a block's count may be fractional: the average over the L blocks, as compute is)."""
+    topo = job.topology
+    counts = (1, job.model.num_layers, 1)
+    total_calls = round(n_micro * sum(c * k for c, k in zip(counts, calls, strict=True)))
+    if total_calls == 0:
+        return None
+    lay = topo.layout(tp, 1)
+    unit_t = tuple(k * topo.collective_time(op, tp, 1, b) if k else 0.0
+                   for k, b in zip(calls, per_call, strict=True))
+    total = round(n_micro * sum(c * k * b for c, k, b in zip(counts, calls, per_call, strict=True)))
+    intra, inter = split_bytes(op, total, lay)
+    time = n_micro * sum(c * u for c, u in zip(counts, unit_t, strict=True))
+    algo = _algorithm_name(job, op, tp, 1, max(per_call))
+    return ScheduleEntry(phase, op, "TP", tp, 1, lay.members_per_node, dtype, total_calls,
+                         total, intra, inter, time, 0.0, unit_t, (0.0, 0.0, 0.0), algo)
+
+
+def tp_entries(job: Job, tp: int, micro_batch: int, ckpt, n_micro: int) -> list[ScheduleEntry]:
+    """The TP collectives of one step (module docstring)."""
+    from amsp_planner.strategy import checkpointed_blocks
+
+    t, m = job.training, job.model
+    act = micro_batch * t.seq_len * m.hidden_size * t.param_bytes
+    acts = (act, act, act)
+    out = [_tp_entry(job, phase, op, tp, t.dtype_name, calls, acts, n_micro)
+           for (phase, op), calls in TP_CALLS.items()]
+    k, op_level = checkpointed_blocks(ckpt, m.num_layers)
+    if k and not op_level:
+        frac = (0, 2 * k / m.num_layers, 0)
+        out += [_tp_entry(job, "recompute", o, tp, t.dtype_name, frac, acts, n_micro)
+                for o in ("all_gather", "reduce_scatter")]
+    rep = m.tp_replicated_params()
+    reps = (rep[0] * t.grad_bytes, rep[1] * t.grad_bytes, rep[-1] * t.grad_bytes)
+    out.append(_tp_entry(job, "backward", "all_reduce", tp, t.grad_dtype_name,
+                         tuple(1 if r else 0 for r in reps), reps, n_micro))
+    return [e for e in out if e is not None]
+
+
+def tp_block_forward_s(job: Job, micro_batch: int, tp: int) -> float:
+    """Seconds of one block's forward TP collectives for one micro-batch (2 all-gathers and 2
+    reduce-scatters of b*s*h elements)."""
+    t, m = job.training, job.model
+    act = micro_batch * t.seq_len * m.hidden_size * t.param_bytes
+    topo = job.topology
+    return 2 * (topo.collective_time("all_gather", tp, 1, act)
+                + topo.collective_time("reduce_scatter", tp, 1, act))
+
+
+def tp_recompute_s(job: Job, micro_batch: int, ckpt, tp: int) -> float:
+    """Seconds per block (the average over the L blocks) and micro-batch that checkpointing
+    setting `ckpt` adds in TP collectives (the recomputed forward's; op-level repeats none)."""
+    from amsp_planner.strategy import checkpointed_blocks
+
+    k, op_level = checkpointed_blocks(ckpt, job.model.num_layers)
+    if tp == 1 or op_level or not k:
+        return 0.0
+    return tp_block_forward_s(job, micro_batch, tp) * k / job.model.num_layers
 
 
 def _algorithm_name(job: Job, op: str, size: int, stride: int, per_call: float) -> str:
@@ -194,7 +295,7 @@ def _algorithm_name(job: Job, op: str, size: int, stride: int, per_call: float) 
     return f"{ch.algorithm}/{ch.protocol}"
 
 
-def _world_entry(job: Job) -> ScheduleEntry:
+def _world_entry(job: Job) -> ScheduleEntry:  # every GPU: the TP ranks' grad-norm parts too
     """[loss, grad-norm^2] in fp32: one all-reduce of 8 bytes per step."""
     n = job.num_gpus
     lay = job.topology.layout(n, 1)

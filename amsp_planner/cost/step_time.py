@@ -39,6 +39,15 @@ hide nothing.
 With one unit, sigma = 0 and eta = 1 this is the closed form of earlier versions; with equal
 units it is the pipeline C/U + T + (U-1)/U max(0, C - T) per phase.
 
+Tensor parallelism (``tp=T``): the TP collectives (group ``TP``, cost/schedule.py) sit between
+a unit's matmuls, each consuming the previous kernel's output and feeding the next, so they are
+on the compute stream's critical path: their seconds are added to the unit's c (forward, or
+backward, where the recomputed forward's also go) and none of them is hidden (no asynchronous
+TP: torchtitan's ``enable_async_tensor_parallel`` is off in the export, Megatron's TP overlap is
+not modelled). The data-parallel collectives in flight during the unit overlap all of it, TP
+collectives included, and slow it by sigma as they do compute. ``StepTime.tp_comm_s`` reports
+them apart, and ``exposed_comm_s`` includes them.
+
 Optimizer: T_opt = (Phi / s_OS) x bytes per element / ``gpu.optimizer_gbyte_per_s``: AdamW on
 the rank's optimizer shard, memory-bound.
 
@@ -54,7 +63,7 @@ from dataclasses import asdict, dataclass
 from amsp_planner.cost.compute import unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import OPTIMIZER_BYTES
-from amsp_planner.cost.schedule import CLASSES, ScheduleEntry
+from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, tp_entries
 
 ROLES = ("gather_fwd", "gather_bwd", "reduce", "sync")
 """Per-unit communication roles (seconds per call, per unit class)."""
@@ -74,10 +83,13 @@ class StepTime:
     """Compute slowed by communication running under it."""
     kernel_s: float = 0.0
     """Quantization kernels on the compute stream."""
+    tp_comm_s: float = 0.0
+    """Tensor-parallel collectives, on the compute stream's critical path (none hidden)."""
 
     @property
     def exposed_comm_s(self) -> float:
-        return self.exposed_forward_s + self.exposed_backward_s + self.exposed_update_s
+        return (self.exposed_forward_s + self.exposed_backward_s + self.exposed_update_s
+                + self.tp_comm_s)
 
     @property
     def step_s(self) -> float:
@@ -86,6 +98,8 @@ class StepTime:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if not self.tp_comm_s:
+            del d["tp_comm_s"]  # plans without TP keep their fields
         d.update(exposed_comm_s=self.exposed_comm_s, step_s=self.step_s)
         return d
 
@@ -97,11 +111,13 @@ def optimizer_bytes_per_element(param_bytes: int, grad_bytes: int) -> int:
     return 2 * OPTIMIZER_BYTES + grad_bytes + 4 + param_bytes
 
 
-def optimizer_time(job: Job, s_os: int) -> float:
-    """Seconds of the AdamW step on the Phi / s_os elements of one rank's optimizer shard."""
+def optimizer_time(job: Job, s_os: int, tp: int = 1) -> float:
+    """Seconds of the AdamW step on the Phi / s_os elements of one rank's optimizer shard
+    (Phi: one TP rank's padded parameters)."""
     t = job.training
     rate = job.cluster.gpu.optimizer_gbyte_per_s * 1e9
-    return job.phi / s_os * optimizer_bytes_per_element(t.param_bytes, t.grad_bytes) / rate
+    return (job.tp_phi(tp) / s_os * optimizer_bytes_per_element(t.param_bytes, t.grad_bytes)
+            / rate)
 
 
 # ----- the terms, for numbers and for linear expressions alike -------------------------------
@@ -167,26 +183,49 @@ def stage_time(compute, comm, sigma: float, eta: float, maxfn):
 
 # ----- numbers --------------------------------------------------------------------------------
 def unit_quantities(job: Job, schedule: tuple[ScheduleEntry, ...], micro_batch: int,
-                    ckpt: bool | int | str) -> dict[tuple[str, str], float]:
+                    ckpt: bool | int | str, tp: int = 1) -> dict[tuple[str, str], float]:
     """(role, class) -> seconds for one micro-batch: communication per call by role, and
-    compute ('fwd', 'bwd') with the quantization kernels of that unit."""
+    compute ('fwd', 'bwd') with the quantization kernels and the TP collectives of that
+    unit."""
     qty = {(r, c): 0.0 for r in ROLES + ("fwd", "bwd") for c in CLASSES}
     for e in schedule:
         role = entry_role(e)
         if role is None:
             continue
+        if role in TP_ROLES:
+            for c, t in zip(CLASSES, e.unit_time_s, strict=True):
+                qty[TP_ROLES[role], c] += t
+            continue
         assert role != "sync" or not e.kernel_s, "per-step entries have no compute-stream kernels"
         for c, t, k in zip(CLASSES, e.unit_time_s, e.unit_kernel_s, strict=True):
             qty[role, c] += t
             qty["fwd" if role == "gather_fwd" else "bwd", c] += k
-    for c, uc in unit_computes(job, micro_batch, ckpt).items():
+    for c, uc in unit_computes(job, micro_batch, ckpt, tp).items():
         qty["fwd", c] += uc.forward
         qty["bwd", c] += uc.backward
     return qty
 
 
+TP_ROLES = {"tp_fwd": "fwd", "tp_bwd": "bwd"}
+"""TP collectives' roles, and the compute quantity each adds to (module docstring)."""
+
+
+def tp_unit_seconds(job: Job, tp: int, micro_batch: int, ckpt: bool | int | str
+                    ) -> dict[tuple[str, str], float]:
+    """('fwd' | 'bwd', class) -> seconds of one micro-batch's TP collectives per unit, as
+    ``unit_quantities`` adds them to compute (the ILP's tables read the same entries)."""
+    out = {(r, c): 0.0 for r in ("fwd", "bwd") for c in CLASSES}
+    if tp > 1:
+        for e in tp_entries(job, tp, micro_batch, ckpt, 1):
+            for c, t in zip(CLASSES, e.unit_time_s, strict=True):
+                out[TP_ROLES[entry_role(e)], c] += t
+    return out
+
+
 def entry_role(e: ScheduleEntry) -> str | None:
     """The per-unit role of a schedule entry (None: the update phase, exposed as a whole)."""
+    if e.group == "TP":
+        return "tp_fwd" if e.phase == "forward" else "tp_bwd"
     if e.phase == "forward":
         return "gather_fwd"
     if e.phase == "backward":
@@ -228,15 +267,17 @@ def pipeline(num_layers: int, qty: dict[tuple[str, str], float], n_micro: int, s
 
 
 def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro_batch: int,
-              ckpt: bool | int | str, s_os: int) -> StepTime:
+              ckpt: bool | int | str, s_os: int, tp: int = 1) -> StepTime:
     """The step of the module docstring, with its parts apart."""
-    qty = unit_quantities(job, schedule, micro_batch, ckpt)
+    qty = unit_quantities(job, schedule, micro_batch, ckpt, tp)
     p = pipeline(job.model.num_layers, qty, n_micro, job.cluster.gpu.comm_compute_slowdown,
                  job.cluster.overlap_efficiency)
     kernels = sum(e.kernel_s for e in schedule)
+    tp_s = sum(e.time_s for e in schedule if entry_role(e) in TP_ROLES)
     update = sum(e.time_s for e in schedule if entry_role(e) is None)
     return StepTime(
-        compute_s=p.compute - kernels, exposed_forward_s=p.exposed_forward,
+        compute_s=p.compute - kernels - tp_s, exposed_forward_s=p.exposed_forward,
         exposed_backward_s=p.exposed_backward, exposed_update_s=update,
-        comm_total_s=sum(e.time_s for e in schedule), optimizer_s=optimizer_time(job, s_os),
-        contention_s=p.contention, kernel_s=kernels)
+        comm_total_s=sum(e.time_s for e in schedule),
+        optimizer_s=optimizer_time(job, s_os, tp), contention_s=p.contention, kernel_s=kernels,
+        tp_comm_s=tp_s)

@@ -94,8 +94,14 @@ def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     ck = plan.ckpt_value
     if not job.profile.runs_ckpt(ck, job.model.num_layers):
         ck = None
-    space = SearchSpace.for_job(job, micro_batch=plan.micro_batch, ckpt=ck)
-    return [c.with_(grad_accum=plan.grad_accum) for c in space.candidates(job)]
+    # the plan's tensor-parallel degree where the engine runs it, else data parallel only
+    # (with the micro-batch searched: the sequences per rank change with the degree)
+    tp = plan.tp if plan.tp in job.tp_options() else 1
+    mb = plan.micro_batch if tp == plan.tp else None
+    ck = ck if tp == plan.tp else None
+    space = SearchSpace.for_job(job, micro_batch=mb, ckpt=ck, tp=tp)
+    ga = plan.grad_accum if tp == plan.tp else None
+    return [c.with_(grad_accum=ga) for c in space.candidates(job)]
 
 
 def behaviour_differences(job: Job, target_job: Job) -> list[str]:
@@ -136,6 +142,8 @@ def knob_differences(plan: Strategy, closest: Strategy) -> list[tuple[str, str, 
     """(knob, line, lost) per sharding knob that differs; lost: the plan's setting is given up
     (a factor changed, or a feature the plan uses is off), as opposed to a feature added."""
     out = []
+    if plan.tp != closest.tp:
+        out.append(("tp", f"tp {plan.tp} -> {closest.tp}", True))
     for name, attr in (("s_P", "s_p"), ("s_G", "s_g"), ("s_OS", "s_os"), ("hpZ", "hpz")):
         a, b = getattr(plan, attr), getattr(closest, attr)
         if a != b:
@@ -144,6 +152,9 @@ def knob_differences(plan: Strategy, closest: Strategy) -> list[tuple[str, str, 
         a, b = getattr(plan, name), getattr(closest, name)
         if a != b:
             out.append((name, f"{name} {'on' if a else 'off'} -> {'on' if b else 'off'}", a))
+    if plan.micro_batch != closest.micro_batch:
+        out.append(("micro-batch", f"micro-batch {plan.micro_batch} -> {closest.micro_batch}",
+                    False))
     if plan.ckpt_value != closest.ckpt_value:
         out.append(("checkpointing", f"checkpointing {plan.ckpt_words} -> {closest.ckpt_words}",
                     True))

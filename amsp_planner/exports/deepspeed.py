@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from amsp_planner.cost.job import Job
+from amsp_planner.engines import PROFILES
 from amsp_planner.errors import AmspUserError
 from amsp_planner.exports.common import ExportResult, expressible, finish
 from amsp_planner.strategy import Strategy, checkpointed_blocks, ckpt_fields
@@ -62,6 +63,7 @@ WHY = {
     "qgz": "zero_quantized_gradients exists only with stage 3",
     "quantization": "DeepSpeed chooses its own quantization groups (priced at block 256)",
     "checkpointing": "DeepSpeed checkpoints whole blocks: it has no op-level selective policy",
+    "tp": PROFILES["deepspeed"].tp_note,
 }
 
 

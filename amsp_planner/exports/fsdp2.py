@@ -26,6 +26,17 @@ Activation checkpointing (``ACTIVATION_CHECKPOINTING``: True, False, K or "op"),
 planner's convention), or on every block with a selective-checkpointing ``context_fn`` that
 keeps the outputs of the matmuls and of attention ("op", as the bundled runtime does).
 
+Tensor parallelism (a plan with tp = T > 1): the module also holds ``TP_SIZE`` and its
+``build_mesh`` makes the (replicate, shard, tp) mesh with TP innermost (a TP group is T
+consecutive ranks of one node, the plan's layout); ``apply`` first calls ``parallelize_module``
+on the "tp" dimension with the Megatron-style plan torchtitan's Llama uses (QKV and the MLP's
+gate/up ``ColwiseParallel``, the output projection and down ``RowwiseParallel`` with sequence-
+sharded outputs, the norms ``SequenceParallel``, the attention and MLP inputs gathered by
+``PrepareModuleInput``), then ``fully_shard`` on the (replicate, shard) dimensions. Module names
+of torchtitan's Llama (wq/wk/wv/wo, w1/w2/w3, attention_norm/ffn_norm) and of Hugging Face's
+(q_proj/.../down_proj, input_layernorm/post_attention_layernorm) are recognised; the attention
+must reshape with -1 heads (torchtitan's does) so that it runs on its a/T local heads.
+
 With gradient accumulation, HSDP's replica all-reduce runs on every micro-batch unless told
 otherwise; the plan's schedule all-reduces once per step, so the module provides
 ``set_micro_batch(model, index)`` to call before each micro-batch's backward.
@@ -62,13 +73,15 @@ def settings(job: Job, s: Strategy) -> dict:
     n = job.num_gpus
     param = "bfloat16" if t.precision == "bf16" else "float32"
     reduce = "bfloat16" if t.grad_dtype_name == "bf16" else "float32"
+    dp = n // s.tp
     return {
         "STRATEGY": str(s),
         "NUM_GPUS": n,
         "GPUS_PER_NODE": job.gpus_per_node,
+        **({"TP_SIZE": s.tp} if s.tp > 1 else {}),
         "SHARD_SIZE": s.s_p,
-        "REPLICATE_SIZE": n // s.s_p,
-        "MESH_SHAPE": (n // s.s_p, s.s_p),
+        "REPLICATE_SIZE": dp // s.s_p,
+        "MESH_SHAPE": (dp // s.s_p, s.s_p),
         "RESHARD_AFTER_FORWARD": s.hpz if s.hpz > 1 else True,
         "PARAM_DTYPE": param,
         "REDUCE_DTYPE": reduce,
@@ -194,6 +207,77 @@ def set_micro_batch(model, index: int) -> None:
         model.set_requires_all_reduce(index == GRAD_ACCUM - 1)
 '''
 
+_TP_BODY = '''
+
+# ----- tensor parallelism (TP_SIZE > 1): these replace build_mesh and apply above -----------
+COLWISE = ("wq", "wk", "wv", "w1", "w3", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROWWISE = ("wo", "w2", "o_proj", "down_proj")
+NORMS = ("attention_norm", "ffn_norm", "input_layernorm", "post_attention_layernorm")
+INPUTS = ("attention", "feed_forward", "self_attn", "mlp")
+
+
+def build_mesh(device_type: str = "cuda"):
+    """The (replicate, shard, tp) device mesh of the plan, TP innermost (TP_SIZE consecutive
+    ranks of a node); call after init_process_group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (*MESH_SHAPE, TP_SIZE),
+                            mesh_dim_names=("replicate", "shard", "tp"))
+
+
+def tp_plan(block) -> dict:
+    """parallelize_module's plan for one block, by its submodules' names (module docstring)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan = {}
+    for name, _ in block.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in COLWISE:
+            plan[name] = ColwiseParallel()
+        elif leaf in ROWWISE:
+            plan[name] = RowwiseParallel(output_layouts=Shard(1))
+        elif leaf in NORMS:
+            plan[name] = SequenceParallel()
+        elif leaf in INPUTS and name.count(".") == 0:
+            plan[name] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                            desired_input_layouts=(Replicate(),))
+    return plan
+
+
+def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
+    """parallelize_module on the "tp" dimension, then fully_shard each block and the root on
+    the (replicate, shard) dimensions; returns the model."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = build_mesh() if world_mesh is None else world_mesh
+    shape = tuple(mesh.shape)
+    if strict and shape != (*MESH_SHAPE, TP_SIZE):
+        raise ValueError(f"mesh {shape} is not the plan's (replicate, shard, tp) "
+                         f"{(*MESH_SHAPE, TP_SIZE)}: launch {NUM_GPUS} ranks or pass strict=False")
+    todo = default_blocks(model) if blocks is None else blocks
+    for block in todo:
+        parallelize_module(block, mesh["tp"], tp_plan(block))
+    if ACTIVATION_CHECKPOINTING and blocks is None:
+        checkpoint_blocks(model)
+        todo = default_blocks(model)
+    dp = mesh["replicate", "shard"]
+    reshard = RESHARD_AFTER_FORWARD
+    if not isinstance(reshard, bool) and not (1 < reshard < shape[1] and shape[1] % reshard == 0):
+        reshard = True
+    policy = mp_policy()
+    for block in todo:
+        fully_shard(block, mesh=dp, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=dp, reshard_after_forward=reshard, mp_policy=policy)
+    return model
+'''
+
 
 def render(job: Job, s: Strategy) -> str:
     head = [
@@ -213,7 +297,7 @@ def render(job: Job, s: Strategy) -> str:
         "",
     ]
     consts = [f"{k} = {v!r}" for k, v in settings(job, s).items()]
-    return "\n".join(head + consts) + "\n" + _BODY
+    return "\n".join(head + consts) + "\n" + _BODY + (_TP_BODY if s.tp > 1 else "")
 
 
 def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:
@@ -246,6 +330,42 @@ def _Tiny():
     return Tiny()
 
 
+def _TinyTP():
+    import torch
+
+    class FeedForward(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w3 = torch.nn.Linear(16, 32, bias=False), torch.nn.Linear(16, 32, bias=False)
+            self.w2 = torch.nn.Linear(32, 16, bias=False)
+
+        def forward(self, x):
+            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+    class Block(torch.nn.Module):
+        """A torchtitan-named MLP block (ffn_norm, feed_forward.w1/w2/w3)."""
+
+        def __init__(self):
+            super().__init__()
+            self.ffn_norm, self.feed_forward = torch.nn.RMSNorm(16), FeedForward()
+
+        def forward(self, x):
+            return x + self.feed_forward(self.ffn_norm(x))
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(), Block()])
+            self.head = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    return Tiny()
+
+
 def check_with_torch(text: str) -> dict:
     """Import the generated module and apply it with FSDP2 on a tiny model, in this process.
 
@@ -265,12 +385,16 @@ def check_with_torch(text: str) -> dict:
     created = not dist.is_initialized()
     if created:  # an in-memory store: no TCP port, no store thread to outlive the check
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+    tp = getattr(mod, "TP_SIZE", 1) > 1
+    if tp:
+        mesh = init_device_mesh("cpu", (1, 1, 1), mesh_dim_names=("replicate", "shard", "tp"))
+    else:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
-    model = _Tiny()
+    model = _TinyTP() if tp else _Tiny()
     mod.apply(model, mesh, strict=False)
     mod.set_micro_batch(model, mod.GRAD_ACCUM - 1)
-    x = torch.randn(4, 16)
+    x = torch.randn(2, 4, 16) if tp else torch.randn(4, 16)  # TP: (batch, sequence, hidden)
     model(x).float().sum().backward()
     params = list(model.parameters())
     out = {
@@ -279,6 +403,10 @@ def check_with_torch(text: str) -> dict:
         "placements": [str(pl) for pl in params[0].placements],
         "grads": all(p.grad is not None for p in params),
         "module_mesh_shape": tuple(mod.MESH_SHAPE),
+        **({"tp_size": mod.TP_SIZE, "tp_mesh_dims": list(params[0].device_mesh.mesh_dim_names),
+            "tp_plan": sorted(f"{k}:{type(v).__name__}"
+                              for k, v in mod.tp_plan(_TinyTP().layers[0]).items())}
+           if tp else {}),
         "module_mesh_for_plan": mod.mesh_shape(mod.NUM_GPUS),
         "reshard_after_forward": mod.RESHARD_AFTER_FORWARD,
         "checkpointed": [isinstance(b, CheckpointWrapper) for b in model.layers],

@@ -19,6 +19,12 @@ expresses (s, s, s) with s = shard degree and nothing else: no hpZ, qwZ or qgZ. 
 accumulation is global_batch_size / (local_batch_size x DP degree). torchtitan 0.3 reduces
 gradients in float32 only (``mixed_precision_reduce``).
 
+Tensor parallelism (a plan with tp = T > 1): ``parallelism.tensor_parallel_degree=T`` (torchtitan
+puts TP innermost on the mesh, so a TP group is T consecutive ranks of one node, as the plan's
+layout), with sequence parallelism on (``--parallelism.enable-sequence-parallel``, its default)
+and asynchronous TP off (``--compile.no-enable-async-tensor-parallel``: the plan prices TP
+collectives exposed); replicate x shard = N/T data-parallel ranks.
+
 ``check`` verifies the names, choices and arithmetic without torchtitan; ``check_with_torchtitan``
 parses the overrides with torchtitan's own ConfigManager (the interop extra).
 """
@@ -64,6 +70,9 @@ CHOICES = {
 AC = "activation-checkpoint"
 """The tyro subcommand that picks the activation checkpointing policy."""
 CHECK_BASE = ("--module", "llama3", "--config", "llama3_debugmodel")
+TP_FLAGS = {"--parallelism.enable-sequence-parallel": ("enable_sequence_parallel", True),
+            "--compile.no-enable-async-tensor-parallel": ("enable_async_tensor_parallel", False)}
+"""The flags a tensor-parallel export writes: (the torchtitan field, the value it sets)."""
 """A config function the overrides are parsed onto (theirs is the user's own)."""
 
 
@@ -85,10 +94,10 @@ def sections(job: Job, s: Strategy) -> dict[str, dict]:
             "mixed_precision_reduce": "float32",
         },
         "parallelism": {
-            "data_parallel_replicate_degree": job.num_gpus // s.s_p,
+            "data_parallel_replicate_degree": job.num_gpus // s.tp // s.s_p,
             "data_parallel_shard_degree": s.s_p,
             "fsdp_reshard_after_forward": "always",
-            "tensor_parallel_degree": 1,
+            "tensor_parallel_degree": s.tp,
             "pipeline_parallel_degree": 1,
             "context_parallel_degree": 1,
         },
@@ -104,6 +113,8 @@ def render(job: Job, s: Strategy) -> str:
              f"# Gradient accumulation: {job.n_micro(s)} micro-batches per step."]
     for name, fields in sections(job, s).items():
         lines += [f"--{name}.{k}={v}" for k, v in fields.items()]
+    if s.tp > 1:
+        lines += list(TP_FLAGS)
     lines.append(f"{AC}:{AC_MODES[s.ckpt_value]}")
     return "\n".join(lines) + "\n"
 
@@ -120,7 +131,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
             out.append("torchtitan's selective policy recomputes every second matmul, which "
                        "the plan's op-level checkpointing keeps: less activation memory and "
                        "more recompute than priced")
-        if s.s_p < job.num_gpus and job.n_micro(s) > 1:
+        if s.s_p < job.num_gpus // s.tp and job.n_micro(s) > 1:
             out.append("torchtitan all-reduces HSDP replicas on every micro-batch; the plan "
                        "prices one all-reduce per step")
         return out
@@ -138,6 +149,10 @@ def check(text: str, num_gpus: int) -> dict:
     for arg in overrides(text):
         if arg.startswith(f"{AC}:"):
             doc["activation_checkpoint"] = arg.split(":", 1)[1]
+            continue
+        if arg in TP_FLAGS:
+            field, value = TP_FLAGS[arg]
+            doc.setdefault("tp_flags", {})[field] = value
             continue
         key, eq, value = arg.removeprefix("--").partition("=")
         section, _, name = key.partition(".")
@@ -159,8 +174,12 @@ def check(text: str, num_gpus: int) -> dict:
         raise ValueError(f"{AC}:full, {AC}:selective or {AC}:none missing")
     par, tr = doc["parallelism"], doc["training"]
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
-    if dp != num_gpus:
-        raise ValueError(f"replicate x shard degree {dp} != {num_gpus} GPUs")
+    tp = par["tensor_parallel_degree"]
+    if dp * tp != num_gpus:
+        what = "replicate x shard degree" + (" x tensor_parallel_degree" if tp > 1 else "")
+        raise ValueError(f"{what} {dp * tp} != {num_gpus} GPUs")
+    if tp > 1 and doc.get("tp_flags") != dict(TP_FLAGS.values()):
+        raise ValueError(f"tensor_parallel_degree={tp} needs {' and '.join(TP_FLAGS)}")
     if tr["global_batch_size"] % (tr["local_batch_size"] * dp):
         raise ValueError("global_batch_size is not a multiple of local_batch_size x DP degree")
     return doc
@@ -194,6 +213,10 @@ def check_with_torchtitan(text: str) -> dict:
         logging.disable(logging.NOTSET)
     doc = {name: {f: getattr(getattr(cfg, name), f) for f in fields}
            for name, fields in SCHEMA.items()}
+    if cfg.parallelism.tensor_parallel_degree > 1:
+        doc["tp_flags"] = {"enable_sequence_parallel": cfg.parallelism.enable_sequence_parallel,
+                           "enable_async_tensor_parallel":
+                               cfg.compile.enable_async_tensor_parallel}
     ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "none"
     names = {"FullAC": "full", "SelectiveAC": "selective"}
     doc["activation_checkpoint"] = names.get(ac.split(".")[0], ac)

@@ -12,6 +12,8 @@ GIB = 1024**3
 def _diff(a, b) -> str:
     """What differs between two strategies, in words."""
     out = []
+    if a.tp != b.tp:
+        out.append(f"tp {a.tp}->{b.tp}")
     for c, name in (("p", "P"), ("g", "G"), ("os", "OS")):
         if a.factor(c) != b.factor(c):
             out.append(f"{name} {a.factor(c)}->{b.factor(c)}")
@@ -29,7 +31,8 @@ def _diff(a, b) -> str:
 
 STEP_PARTS = (("compute", "compute_s"), ("kernels", "kernel_s"), ("optimizer", "optimizer_s"),
               ("contention", "contention_s"), ("exposed forward", "exposed_forward_s"),
-              ("exposed backward", "exposed_backward_s"), ("exposed update", "exposed_update_s"))
+              ("exposed backward", "exposed_backward_s"), ("exposed update", "exposed_update_s"),
+              ("TP collectives", "tp_comm_s"))
 
 
 def step_differences(chosen, other, threshold: float = 0.002) -> list[tuple[str, float]]:
@@ -117,8 +120,9 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
     facts["dominant_exposed_phase"] = top
     lines.append(f"step {secs(t.step_s)} = compute {secs(t.compute_s)} + kernels "
                  f"{secs(t.kernel_s)} + optimizer {secs(t.optimizer_s)} + contention "
-                 f"{secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)}; most "
-                 f"exposed: {top} ({secs(phases[top])})")
+                 f"{secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)}"
+                 + (f" (TP collectives {secs(t.tp_comm_s)})" if t.tp_comm_s else "")
+                 + f"; most exposed: {top} ({secs(phases[top])})")
     if e.schedule:
         big = max(e.schedule, key=lambda s: s.time_s)
         lines.append(f"largest collective: {big.phase} {big.op} over {big.group} "
@@ -127,6 +131,8 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
     terms = {k: getattr(mem, k) for k in ("params", "grads", "optimizer", "hpz", "activations")}
     top_mem = max(terms, key=terms.get)
     lines.append(f"largest memory term: {top_mem} ({gib(terms[top_mem])} GiB)")
+
+    _add_tensor_parallel(p, kw, facts, lines)
 
     # alternatives
     alts = []
@@ -156,6 +162,44 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
         _add_sensitivity(p, opts, facts, lines, progress, workers)
     facts["lines"] = lines
     return facts
+
+
+def _add_tensor_parallel(p, kw: dict, facts: dict, lines: list[str]) -> None:
+    """The best plan at every other tensor-parallel degree the job admits (re-solved with the
+    degree pinned), and what the chosen degree gains over each: why this t."""
+    from amsp_planner.errors import InfeasibleError
+    from amsp_planner.solver import solve
+
+    job, e, limit = p.job, p.evaluation, p.memory_limit
+    if kw.get("tp") is not None or p.doc["inputs"].get("search", {}).get("given_strategy"):
+        return  # the degree was pinned or given: nothing was chosen
+    opts = [t for t in job.tp_options() if t != e.strategy.tp]
+    if not opts:
+        return
+    t0 = e.strategy.tp
+    head = (f"tensor parallelism: tp={t0} chosen" if t0 > 1 else
+            "tensor parallelism: tp=1 chosen (data parallel only)")
+    if t0 > 1:
+        head += (f", TP collectives {secs(e.time.tp_comm_s)} per step on the critical path, "
+                 f"activations {gib(e.memory.activations)} GiB per GPU")
+    lines.append(head + "; the best plan at each other degree:")
+    rows = []
+    for t in opts:
+        try:
+            r = solve(job, limit, **{**kw, "tp": t}).best
+        except InfeasibleError:
+            lines.append(f"  tp={t}: nothing fits")
+            rows.append({"tp": t, "strategy": None})
+            continue
+        rel = r.step_s / e.step_s - 1
+        why = ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in step_differences(e, r)[:3])
+        lines.append(f"  tp={t}: {r.strategy}: {rel * 100:+.2f}% step time, "
+                     f"{(r.memory.total - e.memory.total) / GIB:+.2f} GiB, checkpointing "
+                     f"{r.strategy.ckpt_words}" + (f"; {why}" if why else ""))
+        rows.append({"tp": t, "strategy": str(r.strategy), "step_rel": rel,
+                     "memory_gib_delta": (r.memory.total - e.memory.total) / GIB,
+                     "ckpt": r.strategy.ckpt_value})
+    facts["tensor_parallel"] = {"chosen": t0, "others": rows}
 
 
 def _add_sensitivity(p, opts: dict, facts: dict, lines: list[str], progress, workers) -> None:

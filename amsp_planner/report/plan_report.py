@@ -99,7 +99,8 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
         f"{secs(t.compute_s)} + kernels {secs(t.kernel_s)} + optimizer {secs(t.optimizer_s)} + "
         f"contention {secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)} "
         f"(forward {secs(t.exposed_forward_s)}, backward {secs(t.exposed_backward_s)}, update "
-        f"{secs(t.exposed_update_s)}); all collectives {secs(t.comm_total_s)}",
+        f"{secs(t.exposed_update_s)}" + (f", TP {secs(t.tp_comm_s)}" if t.tp_comm_s else "")
+        + f"); all collectives {secs(t.comm_total_s)}",
         f"{e.tokens_per_s:,.0f} tokens/s (+/-{band * 100:.0f} %), MFU {e.mfu * 100:.1f}%, "
         f"memory {gib(e.memory.total)} (+/-{mband * 100:.0f} %) of {gib(e.memory_limit)} GiB "
         f"per GPU",

@@ -91,6 +91,9 @@ class ShardedEngine:
     def __init__(self, job, strategy, comm: Comm, groups: dict[str, Group], rank: int,
                  optim: OptimConfig = OptimConfig(), device: str | torch.device = "cpu"):
         M.check_supported(job.model)
+        from amsp_planner.runtime.preflight import check_tp
+
+        check_tp(strategy)
         self.job, self.s, self.comm, self.groups = job, strategy, comm, groups
         self.rank, self.optim, self.device = rank, optim, torch.device(device)
         t = job.training

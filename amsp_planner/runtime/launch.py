@@ -118,6 +118,7 @@ def check_inputs(plan_path: str, opts: dict):
         check_outputs,
         check_steps,
         check_supported,
+        check_tp,
         check_world,
     )
 
@@ -125,6 +126,7 @@ def check_inputs(plan_path: str, opts: dict):
     check_options(opts)
     plan = load_plan(plan_path)
     check_supported(plan.job.model)
+    check_tp(plan.strategy)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check_world(plan.job, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     check_outputs(opts, [plan_path, opts.get("data")])
@@ -217,12 +219,14 @@ def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, rank
         check_outputs,
         check_resume,
         check_supported,
+        check_tp,
         cuda_available,
         host_problems,
     )
 
     job = plan.job
     check_supported(job.model)
+    check_tp(plan.strategy)
     r = job.gpus_per_node
     if nproc_per_node is not None and nproc_per_node != r:
         raise AmspUserError(f"--nproc-per-node {nproc_per_node}: the plan expects {r} processes "

@@ -48,6 +48,15 @@ def check_supported(model) -> None:
         )
 
 
+def check_tp(strategy) -> None:
+    """The bundled runtime runs tp = 1 only (issue #14 item 4 is its part): a tensor-parallel
+    plan is refused in one line, with the export that runs it."""
+    if strategy.tp > 1:
+        raise AmspUserError(
+            f"plan has tp={strategy.tp}: the bundled runtime runs tp=1 only; export it with "
+            "`amsp export --to torchtitan` (or --to fsdp2), or re-plan with --tp 1")
+
+
 def check_world(job, world: int, local: int) -> None:
     """Refuse a plan launched on a world of the wrong shape (one line, before any work)."""
     n, r = job.num_gpus, job.gpus_per_node

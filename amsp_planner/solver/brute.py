@@ -32,7 +32,7 @@ def criterion(job: Job, e: Evaluation, name: str) -> float:
     if name == GROUPS:
         return float(process_groups(e.strategy, job.num_gpus, job.gpus_per_node))
     if name == RECOMPUTE:
-        return recompute_s(job, e.strategy.micro_batch, e.strategy.ckpt_value)
+        return recompute_s(job, e.strategy.micro_batch, e.strategy.ckpt_value, e.strategy.tp)
     return e.memory.total
 
 
@@ -72,7 +72,7 @@ def brute_force(job: Job, space: SearchSpace, memory_limit: float, objective: st
                 top: int = 1, preference: Preference = FASTEST) -> list[Evaluation]:
     """The `top` best fitting candidates under `preference` (empty when none fits)."""
     usable = preference.usable(memory_limit)
-    schedules: dict = {}  # one schedule per sharding and micro-batch: checkpointing moves no bytes
+    schedules: dict = {}  # one schedule per sharding and micro-batch (evaluate's cache)
     fits = [e for e in (evaluate(job, s, usable, schedules) for s in space.candidates(job))
             if e.fits]
     return preferred_order(job, fits, objective, preference)[:top]

@@ -9,8 +9,10 @@ candidate of the space exactly, and the choice rule (``Preference``) is a few re
 the arrays, in the brute force's order (solver/brute.py, ``preferred_order``).
 
 A candidate is a *configuration* c (s_P, s_G, s_OS, qwZ, hpZ, qgZ: every collective and the
-model-state memory) with an *activation option* j (micro-batch, checkpointing: compute and
-activation memory). Memory is the sum of the two parts, so the fitting pairs are found before
+model-state memory) with an *activation option* j (micro-batch, checkpointing: compute, the
+TP collectives and activation memory), at one tensor-parallel degree: each degree's space has
+its own tables (``SearchSpace.by_tp``, as the ILP builds one model per degree), and the rule
+is applied to the union of their candidates. Memory is the sum of the two parts, so the fitting pairs are found before
 any step time is computed.
 
 One reduction that cannot change the choice: for a configuration and micro-batch, checkpointing
@@ -76,6 +78,7 @@ class Configs:
     tables), the once-per-step terms, the model-state GiB and the process groups."""
 
     def __init__(self, job: Job, space: SearchSpace, T: _Tables):
+        self.tp = space.tp
         F = space.factors
         triples = space.triples
         if triples is None:
@@ -142,16 +145,19 @@ class Configs:
 
     def _groups(self, job: Job) -> np.ndarray:
         """Distinct (size, stride) of the group kinds each configuration's collectives use,
-        the world included (cost/communicators.py: one communicator each)."""
-        n, r = job.num_gpus, job.gpus_per_node
+        the world and the TP group included (cost/communicators.py: one communicator each).
+        The data-parallel kinds are over the N/t ranks, R/t per node, strided by t."""
+        t, world = self.tp, job.num_gpus
+        n, r = world // t, max(1, job.gpus_per_node // t)
         p, g, o, h, qg = self.p, self.g, self.o, self.h, self.qg
         one = np.ones_like(p)
-        kinds = [(p, one), (h, one), (np.where(qg, 1, g), one),
-                 (np.where(qg, np.minimum(g, r), 1), one),
-                 (np.where(qg, np.maximum(1, g // r), 1), np.full_like(p, r)),
-                 (o // g, g), (n // o, o), (o // p, p), (np.full_like(p, n), one)]
-        keys = np.stack([np.where(size > 1, size * (n + 1) + stride, -1) for size, stride in kinds],
-                        axis=1)
+        kinds = [(p, t * one), (h, t * one), (np.where(qg, 1, g), t * one),
+                 (np.where(qg, np.minimum(g, r), 1), t * one),
+                 (np.where(qg, np.maximum(1, g // r), 1), np.full_like(p, r * t)),
+                 (o // g, g * t), (n // o, o * t), (o // p, p * t),
+                 (np.full_like(p, world), one), (np.full_like(p, t), one)]
+        keys = np.stack([np.where(size > 1, size * (world + 1) + stride, -1)
+                         for size, stride in kinds], axis=1)
         keys.sort(axis=1)
         distinct = (keys[:, 1:] != keys[:, :-1]) & (keys[:, 1:] >= 0)
         return distinct.sum(axis=1) + (keys[:, 0] >= 0)
@@ -159,7 +165,7 @@ class Configs:
     def strategy(self, c: int, mb: int, ck, num_layers: int) -> Strategy:
         return Strategy(s_p=int(self.p[c]), s_g=int(self.g[c]), s_os=int(self.o[c]),
                         qwz=bool(self.q[c]), hpz=int(self.h[c]), qgz=bool(self.qg[c]),
-                        micro_batch=mb, **ckpt_fields(ck, num_layers))
+                        tp=self.tp, micro_batch=mb, **ckpt_fields(ck, num_layers))
 
 
 def _prunes_blocks(pref: Preference, T: _Tables) -> bool:
@@ -167,7 +173,8 @@ def _prunes_blocks(pref: Preference, T: _Tables) -> bool:
     tb = pref.tie_breaks
     if RECOMPUTE not in tb or MEMORY in tb and tb.index(MEMORY) < tb.index(RECOMPUTE):
         return False
-    return all(T.drec[j] > 0 and min(T.dbwd[j]) >= 0 and T.dact[j] <= 0 for j in T.krange)
+    return all(T.drec[j] > 0 and min(T.dbwd[j]) >= 0 and T.dact[j] <= 0
+               and (T.dtpc or {}).get(j, 0.0) >= 0 for j in T.krange)
 
 
 class Candidates:
@@ -180,8 +187,10 @@ class Candidates:
         base = cf.states * frag + cf.comms + gpu.context_reserve_gib  # (C,)
         parts = []
         self.options = list(T.fwd)
+        tpc, dtpc = T.tpc or {}, T.dtpc or {}
         for oj, j in enumerate(self.options):
             fwd, bwd, act, rec = (np.array(T.fwd[j]), np.array(T.bwd[j]), T.act[j], T.rec[j])
+            tp_s = tpc.get(j, 0.0)
             if j in T.krange:
                 lo, hi = T.krange[j]
                 dbwd, dact, drec = np.array(T.dbwd[j]), T.dact[j], T.drec[j]
@@ -202,12 +211,12 @@ class Candidates:
                     cs, ks = (a.ravel() for a in np.meshgrid(np.arange(len(cf)),
                                                              np.arange(hi - lo + 1), indexing="ij"))
                 parts.append((cs, np.full(len(cs), oj), ks + lo, fwd, bwd[None] + ks[:, None] * dbwd,
-                              act + ks * dact, rec + ks * drec))
+                              act + ks * dact, rec + ks * drec, tp_s + ks * dtpc.get(j, 0.0)))
             else:
                 cs = np.arange(len(cf))
                 parts.append((cs, np.full(len(cs), oj), np.zeros(len(cs), np.int64), fwd,
                               np.broadcast_to(bwd, (len(cs), NCLS)), np.full(len(cs), act),
-                              np.full(len(cs), rec)))
+                              np.full(len(cs), rec), np.full(len(cs), tp_s)))
         c = np.concatenate([x[0] for x in parts])
         mem = base[c] + np.concatenate([x[5] for x in parts]) * frag
         ok = mem <= usable_gib
@@ -217,6 +226,9 @@ class Candidates:
         self.fwd = np.concatenate([np.broadcast_to(x[3], (len(x[0]), NCLS)) for x in parts])[ok]
         self.bwd = np.concatenate([x[4] for x in parts])[ok]
         self.rec = np.concatenate([x[6] for x in parts])[ok]
+        self.tpc = np.concatenate([x[7] for x in parts])[ok]
+        """TP collective time per step (model time units): in fwd/bwd for the step time, added
+        on its own to the 'comm' objective."""
         self.mem = mem[ok]
         n_of = np.array([T.n[j] for j in self.options])
         self.n = n_of[self.option]
@@ -240,7 +252,7 @@ def _objective(job: Job, T: _Tables, cf: Configs, cand: Candidates, objective: s
         per_mb = sum(counts[k] * (comm["gather_fwd"][:, i] + comm["gather_bwd"][:, i]
                                   + comm["reduce"][:, i]) for k, i in ci.items())
         return (cand.n * per_mb + sum(counts[k] * comm["sync"][:, i] for k, i in ci.items())
-                + cf.cu[c])
+                + cf.cu[c] + cand.tpc)
 
     def q(role, cls):
         i = ci[cls]
@@ -284,37 +296,58 @@ def _priced(job: Job, space: SearchSpace) -> tuple[_Tables, Configs]:
     return hit[1], hit[2]
 
 
+class _Part:
+    """The fitting candidates of one tensor-parallel degree's space, priced."""
+
+    def __init__(self, job: Job, sp: SearchSpace, usable_gib: float, objective: str,
+                 pref: Preference):
+        self.T, self.cf = T, cf = _priced(job, sp)
+        self.cand = cand = Candidates(job, T, cf, usable_gib, _prunes_blocks(pref, T))
+        self.obj = (_objective(job, T, cf, cand, objective) * T.time_unit if len(cand)
+                    else np.zeros(0))
+        self.quant = cf.q[cand.c] | cf.qg[cand.c]
+        self.rec = cand.rec * T.time_unit
+        self.groups = cf.groups[cand.c].astype(float)
+        self.mem = cand.mem
+
+    def solution(self, i: int, num_layers: int) -> IlpSolution:
+        cand, cf = self.cand, self.cf
+        mb, ck = cand.options[int(cand.option[i])]
+        ck = int(cand.blocks[i]) if ck == "K" else ck
+        return IlpSolution(cf.strategy(int(cand.c[i]), mb, ck, num_layers), float(self.obj[i]),
+                           float(self.mem[i]), "Optimal",
+                           (cf.tp, int(cand.c[i]), int(cand.option[i])),
+                           int(cf.groups[cand.c[i]]))
+
+
 def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "time",
            preference: Preference = FASTEST, runners_up: int = 0
            ) -> tuple[list[IlpSolution], IlpStats, dict]:
-    """What ``StrategyIlp.solve`` returns, by enumeration: the preferred solution, up to
-    `runners_up` more by objective (distinct ILP decisions: configuration and activation
-    option), and the references {'fastest', 'fastest_lossless'} the choice was made against."""
+    """What ``ilp.solve_models`` returns, by enumeration over every tensor-parallel degree of
+    the space (``SearchSpace.by_tp``) at once: the preferred solution, up to `runners_up` more
+    by objective (distinct ILP decisions: degree, configuration and activation option), and
+    the references {'fastest', 'fastest_lossless'} the choice was made against."""
     t0 = _time.perf_counter()
-    T, cf = _priced(job, space)
-    usable = usable_bytes / GIB
-    cand = Candidates(job, T, cf, usable, _prunes_blocks(preference, T))
+    parts = [_Part(job, sp, usable_bytes / GIB, objective, preference)
+             for sp in space.by_tp() if sp.micro_batches]
     t1 = _time.perf_counter()
-    stats = IlpStats(solver="exhaustive", build_time_s=t1 - t0, num_variables=cand.total)
+    stats = IlpStats(solver="exhaustive", build_time_s=t1 - t0,
+                     num_variables=sum(pt.cand.total for pt in parts))
     refs: dict = {}
-    if not len(cand):
+    where = np.concatenate([np.full(len(pt.cand), k) for k, pt in enumerate(parts)] or [[]])
+    if not len(where):
         stats.status = "Infeasible"
         stats.solve_time_s = _time.perf_counter() - t1
         return [], stats, refs
-    obj = _objective(job, T, cf, cand, objective) * T.time_unit
-    quant = cf.q[cand.c] | cf.qg[cand.c]
-    mem_bytes = cand.mem * GIB
+    where = where.astype(np.int64)
+    local = np.concatenate([np.arange(len(pt.cand)) for pt in parts])
+    obj, quant, rec, groups, mem = (np.concatenate([getattr(pt, a) for pt in parts])
+                                    for a in ("obj", "quant", "rec", "groups", "mem"))
+    mem_bytes = mem * GIB
     L = job.model.num_layers
 
     def solution(i: int) -> IlpSolution:
-        mb, ck = cand_option(i)
-        s = cf.strategy(int(cand.c[i]), mb, ck, L)
-        return IlpSolution(s, float(obj[i]), float(cand.mem[i]), "Optimal",
-                           (int(cand.c[i]), int(cand.option[i])), int(cf.groups[cand.c[i]]))
-
-    def cand_option(i: int):
-        mb, ck = cand.options[int(cand.option[i])]
-        return mb, (int(cand.blocks[i]) if ck == "K" else ck)
+        return parts[where[i]].solution(int(local[i]), L)
 
     def first(mask: np.ndarray) -> int:
         """The brute force's order inside `mask`: objective, memory, then the strategy string."""
@@ -325,7 +358,7 @@ def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "
         idx = idx[m == m.min()]
         return min(idx, key=lambda i: str(solution(int(i)).strategy)) if len(idx) > 1 else idx[0]
 
-    every = np.ones(len(cand), dtype=bool)
+    every = np.ones(len(obj), dtype=bool)
     refs["fastest"] = solution(first(every))
     admissible = every
     if preference.quantization == "auto" and (~quant).any():
@@ -336,37 +369,45 @@ def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "
                 refs["fastest_lossless"] = solution(first(admissible))
     best = obj[admissible].min()
     tie = admissible & (obj <= best * (1 + preference.band + TIME_RTOL) + 1e-15)
-    crit = {RECOMPUTE: cand.rec * T.time_unit, GROUPS: cf.groups[cand.c].astype(float),
-            MEMORY: mem_bytes}
+    crit = {RECOMPUTE: rec, GROUPS: groups, MEMORY: mem_bytes}
     for name in preference.tie_breaks:
         tie = _least(tie, crit[name], 0.0 if name == GROUPS else MEMORY_RTOL)
     out = [solution(first(tie))]
     taken = {out[0].decision}
-    order = np.lexsort((mem_bytes, obj))
-    for i in order:
+    for i in np.lexsort((mem_bytes, obj)):
         if len(out) > runners_up:
             break
-        d = (int(cand.c[i]), int(cand.option[i]))
-        if d not in taken:
-            taken.add(d)
-            out.append(solution(int(i)))
+        sol = solution(int(i))
+        if sol.decision not in taken:
+            taken.add(sol.decision)
+            out.append(sol)
     stats.status = "Optimal"
     stats.solve_time_s = _time.perf_counter() - t1
     return out, stats, refs
 
 
 def min_memory(job: Job, space: SearchSpace) -> Strategy:
-    """The strategy of least memory per GPU in `space` (no limit). Activation memory is affine
-    in the blocks checkpointed, so a block range's least is at one of its ends."""
-    T, cf = _priced(job, space)
-    ends = []
-    for j in T.fwd:
-        mb, ck = j
-        if j in T.krange:
-            lo, hi = T.krange[j]
-            ends += [(T.act[j], mb, lo), (T.act[j] + (hi - lo) * T.dact[j], mb, hi)]
-        else:
-            ends.append((T.act[j], mb, ck))
-    act, mb, ck = min(ends, key=lambda e: e[0])
-    c = int(np.argmin(cf.states * (1 + job.cluster.gpu.fragmentation_fraction) + cf.comms))
-    return cf.strategy(c, mb, ck, job.model.num_layers)
+    """The strategy of least memory per GPU in `space` (no limit), over every tensor-parallel
+    degree. Activation memory is affine in the blocks checkpointed, so a block range's least is
+    at one of its ends."""
+    best = None
+    frag = 1 + job.cluster.gpu.fragmentation_fraction
+    for sp in space.by_tp():
+        T, cf = _priced(job, sp)
+        ends = []
+        for j in T.fwd:
+            mb, ck = j
+            if j in T.krange:
+                lo, hi = T.krange[j]
+                ends += [(T.act[j], mb, lo), (T.act[j] + (hi - lo) * T.dact[j], mb, hi)]
+            else:
+                ends.append((T.act[j], mb, ck))
+        if not ends:
+            continue
+        act, mb, ck = min(ends, key=lambda e: e[0])
+        base = cf.states * frag + cf.comms
+        c = int(np.argmin(base))
+        total = base[c] + act * frag
+        if best is None or total < best[0]:
+            best = (total, cf.strategy(c, mb, ck, job.model.num_layers))
+    return best[1]

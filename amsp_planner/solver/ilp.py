@@ -58,8 +58,7 @@ Memory per GPU (GiB), every term linear:
   [memory]  tensors (1 + frag) + comms + context <= limit
 
 Choice (``Preference``, docs/planner.md), by lexicographic re-solves: minimise step (or comm);
-under the rule "auto", when that optimum is lossless, xPq = xGq = 0 from then on (quantization
-cannot win beyond the band), and when it is quantized, again with xPq = xGq = 0, keeping the
+when that optimum is quantized and the rule is "auto", again with xPq = xGq = 0, and keep the
 quantized optimum only if it is faster beyond the band; then with the objective capped at the
 band's edge (cap = best (1 + band)) minimise each tie-break in turn (groups = sum_k u_k +
 [N > 1], then memory), each capped at its optimum for the next; last, with the decision
@@ -84,7 +83,7 @@ from amsp_planner.cost.compute import recompute_s, unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
 from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
-from amsp_planner.cost.step_time import optimizer_time, stage_time, stages
+from amsp_planner.cost.step_time import optimizer_time, stage_time, stages, tp_unit_seconds
 from amsp_planner.solver.space import (
     FASTEST,
     GROUPS,
@@ -95,6 +94,8 @@ from amsp_planner.solver.space import (
     SearchSpace,
 )
 from amsp_planner.strategy import Strategy, ckpt_fields
+
+_Strategy = Strategy
 
 GIB = 1024**3
 PHASE2_RTOLS = (TIME_RTOL, 1e-6)
@@ -229,12 +230,18 @@ class _Tables:
     """Option (mb, 'K') -> backward seconds per class per block more checkpointed."""
     dact: dict | None = None
     """Option (mb, 'K') -> activation GiB per block more checkpointed."""
+    tpc: dict | None = None
+    """option j -> TP collective seconds per step (the 'comm' objective counts them)."""
+    dtpc: dict | None = None
+    """Option (mb, 'K') -> TP collective seconds per step per block more checkpointed."""
 
 
 def _tables(job: Job, sp: SearchSpace) -> _Tables:
     """Coefficient tables, each read off the cost model with a probe strategy."""
     F = sp.factors
-    n = job.num_gpus
+    tp = sp.tp
+    Strategy = functools.partial(_Strategy, tp=tp)  # noqa: N806  every probe at the space's tp
+    n = job.num_gpus // tp
     t = job.training
     pb, gb = t.param_bytes, t.grad_bytes
     ag, agq, ka, kq, rs, krs, qg, kg, ar = {}, {}, {}, {}, {}, {}, {}, {}, {}
@@ -249,7 +256,7 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
         ar[f] = _unit(e.get(("grad_sync", "OS_replica")))
         w = e.get(("update", "world"))
         metrics = w.time_s if w else 0.0
-        st = model_state_bytes(job.phi, base, pb, gb)
+        st = model_state_bytes(job.tp_phi(tp), base, pb, gb)
         mem_p[f], mem_g[f], mem_o[f] = st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB
         b = buffer_bytes(job, base)
         buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB
@@ -270,7 +277,7 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
             s = Strategy(s_p=n, s_g=n, s_os=n, hpz=z)
             eh = _entries(job, s).get(("backward", "hpZ"))
             hpz[z], khz[z] = _unit(eh), _unit(eh, True)
-            mem_h[z] = model_state_bytes(job.phi, s, pb, gb)["hpz"] / GIB
+            mem_h[z] = model_state_bytes(job.tp_phi(tp), s, pb, gb)["hpz"] / GIB
     osrs, upd, step_buf = {}, {}, {}
     for g in F:
         for o in F:
@@ -282,7 +289,7 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
             u = e.get(("update", "P_update"))  # (p, o) with p = g here
             upd[g, o] = u.time_s if u else 0.0
             step_buf[g, o] = buffer_bytes(job, s)["step_buffer"] / GIB
-    perm = job.max_unit * gb / GIB
+    perm = job.tp_max_unit(tp) * gb / GIB
     fwd, bwd, nn, act = {}, {}, {}, {}
     krange, bwd_hi, dbwd, dact = {}, {}, {}, {}
     rec, drec = {}, {}  # recompute seconds per step of option j, and per block of K
@@ -290,13 +297,27 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     compact = len(blocks) >= 3 and blocks == list(range(blocks[0], blocks[-1] + 1))
     listed = [c for c in sp.ckpt if not (compact and c in blocks)]
 
+    def compute(mb, ck):
+        """(forward, backward) seconds per class: compute and the TP collectives."""
+        uc = unit_computes(job, mb, ck, tp)
+        tpc = tp_unit_seconds(job, tp, mb, ck)
+        return (tuple(uc[c].forward + tpc["fwd", c] for c in CLASSES),
+                tuple(uc[c].backward + tpc["bwd", c] for c in CLASSES))
+
+    tpc, dtpc = {}, {}  # TP collective seconds per step of option j, and per block of K
+    counts = (1, job.model.num_layers, 1)
+
+    def tp_step(mb, ck):
+        u = tp_unit_seconds(job, tp, mb, ck)
+        return job.seqs_per_rank(tp) // mb * sum(
+            n * (u["fwd", c] + u["bwd", c]) for n, c in zip(counts, CLASSES, strict=True))
+
     def probe(j, mb, ck):
-        rec[j] = recompute_s(job, mb, ck)
-        uc = unit_computes(job, mb, ck)
-        fwd[j] = tuple(uc[c].forward for c in CLASSES)
-        bwd[j] = tuple(uc[c].backward for c in CLASSES)
-        nn[j] = job.seqs_per_gpu // mb
-        act[j] = activation_bytes(job, mb, ck) / GIB
+        rec[j] = recompute_s(job, mb, ck, tp)
+        tpc[j] = tp_step(mb, ck)
+        fwd[j], bwd[j] = compute(mb, ck)
+        nn[j] = job.seqs_per_rank(tp) // mb
+        act[j] = activation_bytes(job, mb, ck, tp) / GIB
 
     for mb in sp.micro_batches:
         for ck in listed:
@@ -306,20 +327,19 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
             # (compute and memory are affine in K there: cost/compute.py, cost/activations.py)
             lo, hi = blocks[0], blocks[-1]
             j = (mb, "K")
-            uc_hi = unit_computes(job, mb, hi)
             probe(j, mb, lo)
             krange[j] = (lo, hi)
-            bwd_hi[j] = tuple(uc_hi[c].backward for c in CLASSES)
+            bwd_hi[j] = compute(mb, hi)[1]
             dbwd[j] = tuple((x - y) / (hi - lo) for x, y in zip(bwd_hi[j], bwd[j], strict=True))
-            dact[j] = (activation_bytes(job, mb, hi) / GIB - act[j]) / (hi - lo)
-            drec[j] = (recompute_s(job, mb, hi) - rec[j]) / (hi - lo)
+            dact[j] = (activation_bytes(job, mb, hi, tp) / GIB - act[j]) / (hi - lo)
+            drec[j] = (recompute_s(job, mb, hi, tp) - rec[j]) / (hi - lo)
+            dtpc[j] = (tp_step(mb, hi) - tpc[j]) / (hi - lo)
     # Times enter the model in units of one step's compute (objective about 1), so that solver
     # tolerances are relative to the job's scale.
-    counts = (1, job.model.num_layers, 1)
     unit = max(nn[j] * sum(c * (x + y) for c, x, y in
                            zip(counts, fwd[j], bwd_hi.get(j, bwd[j]), strict=True))
                for j in fwd) or 1.0
-    opt = {o: optimizer_time(job, o) / unit for o in F}
+    opt = {o: optimizer_time(job, o, tp) / unit for o in F}
     for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd, bwd_hi, dbwd):
         for k in d:
             d[k] = tuple(x / unit for x in d[k])
@@ -330,21 +350,23 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
                      act, opt)
     tables.krange, tables.bwd_hi, tables.dbwd, tables.dact = krange, bwd_hi, dbwd, dact
     tables.rec = {j: v / unit for j, v in rec.items()}
+    tables.tpc = {j: v / unit for j, v in tpc.items()}
+    tables.dtpc = {j: v / unit for j, v in dtpc.items()}
     tables.drec = {j: v / unit for j, v in drec.items()}
-    _comm_tables(job, tables)
+    _comm_tables(job, tables, tp)
     tables.time_unit = unit
     return tables
 
 
-def _comm_tables(job: Job, tables: _Tables) -> None:
+def _comm_tables(job: Job, tables: _Tables, tp: int = 1) -> None:
     """Communicator GiB, read off the cost model: one communicator (ZeRO-1's OS_replica and
     world groups coincide, so it has one when N > 1), and qgZ's all-to-all extra per G factor."""
     n = job.num_gpus
-    ddp = communicator_bytes(job, Strategy())
+    ddp = communicator_bytes(job, _Strategy())
     tables.comm = ddp / GIB if n > 1 else 0.0
     tables.a2a = {}
     for g in tables.qgz:
-        s = Strategy(s_p=g, s_g=g, s_os=g, qgz=True)
+        s = _Strategy(s_p=g, s_g=g, s_os=g, qgz=True, tp=tp)
         keys = set(used_kinds(s, n, job.gpus_per_node).values())
         tables.a2a[g] = communicator_bytes(job, s) / GIB - tables.comm * len(keys)
 
@@ -517,7 +539,9 @@ class StrategyIlp:
             CC = B("C_micro", lowBound=0)
             for mb, (nj, ymb) in self._per_micro_batch(J).items():
                 prob += CC >= nj * per_mb - nj * bound * (1 - ymb), f"comm_x_n_mb{mb}"
-            self.step_expr = CC + lin(counts[c] * q["sync", c] for c in CLASSES) + Cu
+            tp_comm = (lin(self.y[j] * T.tpc[j] for j in J)
+                       + lin(kj * T.dtpc[j] for j, kj in self.k.items()))
+            self.step_expr = CC + lin(counts[c] * q["sync", c] for c in CLASSES) + Cu + tp_comm
             return
         gpu, eta = job.cluster.gpu, job.cluster.overlap_efficiency
         sig = gpu.comm_compute_slowdown
@@ -584,16 +608,17 @@ class StrategyIlp:
         Sets ``groups_expr``, the number of process groups (used by the tie-break)."""
         T, job, lin = self.T, self.job, self.pulp.lpSum
         self.u_bounds = {}
-        n, r = job.num_gpus, job.gpus_per_node
-        world = (n, 1)
-        uses = [((f, 1), xP(f)) for f in self.xPn if f > 1]
-        uses += [((z, 1), v) for z, v in self.h.items()]
-        uses += [((g, 1), v) for g, v in self.xGn.items() if g > 1]
+        t = self.space.tp  # data-parallel kinds: sizes over the N/t ranks, strides x t
+        n, r = job.num_gpus // t, max(1, job.gpus_per_node // t)
+        world = (job.num_gpus, 1)
+        uses = [((f, t), xP(f)) for f in self.xPn if f > 1]
+        uses += [((z, t), v) for z, v in self.h.items()]
+        uses += [((g, t), v) for g, v in self.xGn.items() if g > 1]
         for g, v in self.xGq.items():
-            uses += [((min(g, r), 1), v), ((max(1, g // r), r), v)]
-        uses += [((o // g, g), v) for (g, o), v in self.zGO.items() if o > g]
-        uses += [((n // o, o), v) for o, v in self.xO.items() if o < n]
-        uses += [((o // p, p), v) for (p, o), v in self.zPO.items() if o > p]
+            uses += [((min(g, r), t), v), ((max(1, g // r), r * t), v)]
+        uses += [((o // g, g * t), v) for (g, o), v in self.zGO.items() if o > g]
+        uses += [((n // o, o * t), v) for o, v in self.xO.items() if o < n]
+        uses += [((o // p, p * t), v) for (p, o), v in self.zPO.items() if o > p]
         for key, v in uses:
             if key[0] > 1 and key != world:
                 self.u_bounds.setdefault(key, []).append(v)
@@ -602,7 +627,9 @@ class StrategyIlp:
         for k, bounds in self.u_bounds.items():
             for i, b in enumerate(bounds):
                 self.prob += self.u[k] >= b, f"comm_{k[0]}_{k[1]}_{i}"
-        self.groups_expr = lin(self.u.values()) + (1 if n > 1 else 0)
+        # always used: the world (N > 1) and, with t > 1, the TP group unless it is the world
+        self.groups_floor = (1 if job.num_gpus > 1 else 0) + (1 if 1 < t < job.num_gpus else 0)
+        self.groups_expr = lin(self.u.values()) + self.groups_floor
         if not T.comm:
             return 0
         a2a = lin(v * T.a2a[g] for g, v in self.xGq.items())
@@ -654,7 +681,7 @@ class StrategyIlp:
         if ck == "K":
             ck = self.T.krange[mb, ck][0] + round(val(self.k[mb, ck]))
         return Strategy(s_p=p, s_g=g, s_os=o, qwz=pick(self.xPq) is not None,
-                        hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None,
+                        hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None, tp=self.space.tp,
                         micro_batch=mb, **ckpt_fields(ck, self.job.model.num_layers))
 
     def _objective(self) -> float:
@@ -717,73 +744,171 @@ class StrategyIlp:
 
     def solve(self, runners_up: int = 0, preference: Preference = FASTEST
               ) -> tuple[list[IlpSolution], IlpStats, dict]:
-        """The preferred solution (``Preference``: the lossless rule, the band, the tie-breaks,
-        each a lexicographic re-solve), up to `runners_up` more by objective, and the points the
-        choice was made against: {'fastest': ..., 'fastest_lossless': ...} where they differ."""
-        pulp = self.pulp
-        value = pulp.value
-        refs: dict = {}
+        """The preferred solution of this model alone (``solve_models``)."""
+        return solve_models([self], runners_up, preference)
+
+    # ----- steps of the choice, for one model or several (``solve_models``) ------------------
+    def _fastest(self) -> IlpSolution | None:
         self.prob.setObjective(self.step_expr)
+        if self._run() == self.pulp.LpStatusInfeasible:
+            return None
+        return self._solution()
+
+    def _fix_lossless(self, on: bool) -> None:
+        for v in self._quant_vars():
+            v.upBound = 0 if on else None
+
+    def _tie_break(self, name: str, pending) -> float | None:
+        """Minimise tie-break `name` under the caps in `pending` (cap, value, rtols); its
+        optimum, or None when no slack holds. Keeps the decision in ``snapshot``."""
+        expr = {RECOMPUTE: self.recompute_expr, GROUPS: self.groups_expr,
+                MEMORY: self.mem_expr}[name]
+        self.prob.setObjective(expr)
+        if not self._run_capped(*pending):
+            return None
+        value = self.pulp.value
+        self.snapshot = {v: round(value(v) or 0) for v in (*self._decision_vars(),
+                                                            *self.k.values())}
+        return value(expr)
+
+    def _next_runner_up(self, excluded: IlpSolution) -> IlpSolution | None:
+        """The best solution by objective once `excluded` is cut off (a no-good cut)."""
+        pulp = self.pulp
+        ones = {v.name for v in excluded.decision}
+        self.prob += pulp.lpSum(1 - v if v.name in ones else v
+                                for v in self._decision_vars()) >= 1, f"exclude_{self.cuts}"
+        self.cuts += 1
         if self._run() == pulp.LpStatusInfeasible:
-            return [], self.stats, refs
-        best_obj = value(self.step_expr)
-        chosen = refs["fastest"] = self._solution()
-        qv = self._quant_vars()
-        if preference.quantization == "auto" and not chosen.strategy.quantized:
-            for v in qv:  # the fastest is lossless: quantization cannot win beyond the band
-                v.upBound = 0
-        elif preference.quantization == "auto" and qv:
-            for v in qv:
-                v.upBound = 0
-            if self._run() == pulp.LpStatusInfeasible:  # only quantized candidates fit
-                for v in qv:
-                    v.upBound = None
-            else:
-                lossless_obj = value(self.step_expr)
-                if lossless_obj > best_obj * (1 + preference.band) * (1 + TIME_RTOL):
-                    for v in qv:  # quantization wins beyond the band
-                        v.upBound = None
-                else:
-                    best_obj = lossless_obj
-                    chosen = refs["fastest_lossless"] = self._solution()
-        # lexicographic re-solves inside the band: each tie-break minimised with the objective
-        # capped at the band's edge and the earlier tie-breaks at their optimum
-        pending = (self.cap, best_obj * (1 + preference.band), PHASE2_RTOLS)
-        floor = 1 if self.job.num_gpus > 1 else 0  # the world group: no plan has fewer
-        snapshot = None  # the decision of the last tie-break solve that held
-        exprs = {RECOMPUTE: self.recompute_expr, GROUPS: self.groups_expr, MEMORY: self.mem_expr}
-        for name in preference.tie_breaks:
-            expr = exprs[name]
-            at_floor = (chosen.groups == floor if name == GROUPS else
-                        name == RECOMPUTE and not chosen.strategy.ckpt_value)
-            if at_floor and snapshot is None:
-                # the admissible optimum is already at this criterion's least: no re-solve
-                cap, v, rtols = pending
-                cap.upBound = v + abs(v) * rtols[0] + 1e-12
-                pending = (self.caps[name], floor if name == GROUPS else 0.0, (0.0,))
-                continue
-            self.prob.setObjective(expr)
-            if not self._run_capped(*pending):
-                break  # no slack holds: the last decision that held stands
-            snapshot = {v: round(value(v) or 0) for v in (*self._decision_vars(),
-                                                          *self.k.values())}
-            v = value(expr)
-            pending = ((self.caps[name], round(v), (0.0,)) if name == GROUPS
-                       else (self.caps[name], v, PHASE2_RTOLS))
-        if snapshot is not None:
-            chosen = self._exact_solution(snapshot)
-        out = [chosen]
-        # runners-up: exclude each found decision, back to the objective alone
+            return None
+        return self._solution()
+
+    def _release(self) -> None:
+        """Back to the objective alone: no caps, quantization allowed."""
         for cap in (self.cap, *self.caps.values()):
             cap.upBound = None
-        for v in qv:
-            v.upBound = None
+        self._fix_lossless(False)
         self.prob.setObjective(self.step_expr)
+
+
+def _merged_stats(models: list[StrategyIlp], owner: StrategyIlp | None = None) -> IlpStats:
+    """The models' statistics summed; the status is that of the model chosen from."""
+    if len(models) == 1:
+        return models[0].stats
+    st = [m.stats for m in models]
+    return IlpStats(solver=st[0].solver, status=(owner or models[0]).stats.status,
+                    solve_time_s=sum(x.solve_time_s for x in st),
+                    build_time_s=sum(x.build_time_s for x in st),
+                    num_variables=sum(x.num_variables for x in st),
+                    num_constraints=sum(x.num_constraints for x in st),
+                    solves=sum(x.solves for x in st))
+
+
+def solve_models(models: list[StrategyIlp], runners_up: int = 0,
+                 preference: Preference = FASTEST) -> tuple[list[IlpSolution], IlpStats, dict]:
+    """The preferred solution over the models (one per tensor-parallel degree, each a part of
+    the space), up to `runners_up` more by objective, and the points the choice was made
+    against: {'fastest': ..., 'fastest_lossless': ...} where they differ.
+
+    The rule (``Preference``) is applied across the models as the brute force applies it to
+    their union: the fastest over all; lossless unless the fastest quantized solution of any
+    model beats the fastest lossless of all by more than the band (then every model is
+    restricted to lossless solutions); the band's cap at the global best; each tie-break
+    minimised in every model still in the race under the caps, the models above the least
+    value dropped and the caps set to it; the chosen solution the exact one of the models
+    left, the lowest (objective, memory, strategy). With one model this is the sequence of
+    lexicographic re-solves of the module docstring."""
+    refs: dict = {}
+    for m in models:
+        m.snapshot, m.cuts = None, 0
+    fastest = {id(m): m._fastest() for m in models}
+    alive = [m for m in models if fastest[id(m)] is not None]
+    if not alive:
+        return [], _merged_stats(models), refs
+
+    def best_of(sols: dict) -> tuple[StrategyIlp, IlpSolution]:
+        return min(((m, sols[id(m)]) for m in alive if sols.get(id(m)) is not None),
+                   key=lambda ms: ms[1].objective)
+
+    owner, chosen = best_of(fastest)
+    refs["fastest"] = chosen
+    best_obj = chosen.objective
+    low = {id(m): fastest[id(m)].objective for m in alive}  # each model's admissible optimum,
+    if preference.quantization == "auto":                   # or a lower bound of it
+        if chosen.strategy.quantized:
+            lossless = {}
+            for m in alive:
+                f = fastest[id(m)]
+                if f.strategy.quantized:
+                    m._fix_lossless(True)
+                    lossless[id(m)] = m._fastest()
+                    m._fix_lossless(False)
+                else:
+                    lossless[id(m)] = f
+            if any(v is not None for v in lossless.values()):
+                lo_owner, lo = best_of(lossless)
+                if not lo.objective > best_obj * (1 + preference.band) * (1 + TIME_RTOL):
+                    best_obj, owner, chosen = lo.objective, lo_owner, lo
+                    refs["fastest_lossless"] = lo
+                    alive = [m for m in alive if lossless[id(m)] is not None]
+                    for m in alive:
+                        m._fix_lossless(True)
+                        low[id(m)] = lossless[id(m)].objective
+        else:  # the fastest is lossless: quantized candidates are not admissible
+            for m in alive:
+                m._fix_lossless(True)
+    # a model whose admissible optimum is beyond the band's edge has nothing in the band
+    edge = best_obj * (1 + preference.band) * (1 + PHASE2_RTOLS[-1])
+    alive = [m for m in alive if m is owner or low[id(m)] <= edge]
+    # lexicographic re-solves inside the band: each tie-break minimised with the objective
+    # capped at the band's edge and the earlier tie-breaks at their optimum
+    # (objectives compare in seconds across models; each model's cap is in its time unit)
+    pending = {id(m): (m.cap, best_obj / m.T.time_unit * (1 + preference.band), PHASE2_RTOLS)
+               for m in alive}
+    solved = False  # whether a tie-break solve has held (the chosen is then re-derived)
+    for name in preference.tie_breaks:
+        floor = min(m.groups_floor for m in alive)
+        at_floor = (chosen.groups == floor if name == GROUPS else
+                    name == RECOMPUTE and not chosen.strategy.ckpt_value)
+        if at_floor and not solved:
+            # the admissible optimum is already at this criterion's least: no re-solve
+            for m in alive:
+                cap, v, rtols = pending[id(m)]
+                cap.upBound = v + abs(v) * rtols[0] + 1e-12
+                pending[id(m)] = (m.caps[name], floor if name == GROUPS else 0.0, (0.0,))
+            if name == GROUPS:  # models that cannot reach it drop (the others fail their solve)
+                alive = [m for m in alive if m.groups_floor <= floor]
+            continue
+        values = {id(m): m._tie_break(name, pending[id(m)]) for m in alive}
+        held = [m for m in alive if values[id(m)] is not None]
+        if not held:
+            break  # no slack holds: the last decision that held stands
+        solved = True
+        # compared across models in common units: recompute is in each model's time unit
+        scale = {id(m): m.T.time_unit if name == RECOMPUTE else 1.0 for m in held}
+        least = min(values[id(m)] * scale[id(m)] for m in held)
+        if name == GROUPS:
+            alive = [m for m in held if round(values[id(m)]) <= round(least)]
+            pending = {id(m): (m.caps[name], round(least), (0.0,)) for m in alive}
+        else:
+            alive = [m for m in held
+                     if values[id(m)] * scale[id(m)] <= least * (1 + 1e-6) + 1e-12]
+            pending = {id(m): (m.caps[name], values[id(m)], PHASE2_RTOLS) for m in alive}
+    if solved:
+        exact = [(m, m._exact_solution(m.snapshot)) for m in alive if m.snapshot is not None]
+        owner, chosen = min(exact, key=lambda ms: (ms[1].objective, ms[1].memory_gib,
+                                                   str(ms[1].strategy)))
+    out = [chosen]
+    # runners-up: exclude each found decision, back to the objective alone
+    for m in models:
+        m._release()
+    if runners_up:
+        pool = {id(m): (m, m._next_runner_up(chosen) if m is owner else m._fastest())
+                for m in models}
         for k in range(runners_up):
-            ones = {v.name for v in out[-1].decision}
-            self.prob += pulp.lpSum(1 - v if v.name in ones else v
-                                    for v in self._decision_vars()) >= 1, f"exclude_{k}"
-            if self._run() == pulp.LpStatusInfeasible:
+            left = [(m, sol) for m, sol in pool.values() if sol is not None]
+            if not left:
                 break
-            out.append(self._solution())
-        return out, self.stats, refs
+            m, sol = min(left, key=lambda ms: ms[1].objective)
+            out.append(sol)
+            pool[id(m)] = (m, m._next_runner_up(sol) if k < runners_up - 1 else None)
+    return out, _merged_stats(models, owner), refs

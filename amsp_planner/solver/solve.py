@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from amsp_planner.cost.evaluate import Evaluation, best_baseline, evaluate, evaluate_baselines
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError, InfeasibleError
-from amsp_planner.solver.ilp import GIB, IlpStats, SolverError, StrategyIlp
+from amsp_planner.solver.ilp import GIB, IlpStats, SolverError, StrategyIlp, solve_models
 from amsp_planner.solver.space import FASTEST, Preference, SearchSpace, objective_value
 
 AGREE_RTOL = 1e-6
@@ -61,10 +61,13 @@ def check_agreement(job: Job, sol, limit: float, objective: str) -> Evaluation:
 def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time",
           solver: str = "highs", zeropp: bool = True, micro_batch: int | None = None,
           ckpt: bool | int | str | None = None, runners_up: int = 3, time_limit_s: float = 30.0,
-          preference: Preference | None = None) -> SolveResult:
+          preference: Preference | None = None, tp: int | None = None) -> SolveResult:
     """The preferred strategy for `job` under `memory_limit` bytes (default: the GPU's memory)
     by `preference` (default ``Preference.default()``: the validated band, 10 % headroom,
     lossless unless quantization wins beyond the band, fewer process groups, less memory).
+
+    `tp` pins the tensor-parallel degree (None: every degree the job admits, one ILP each,
+    the rule applied across them: ``solve_models``).
 
     Raises InfeasibleError (with what the best strategy needs and what would make it fit)
     when nothing fits.
@@ -77,7 +80,7 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     usable = pref.usable(limit)
     space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,
-                                quantization=pref.quantization != "off")
+                                quantization=pref.quantization != "off", tp=tp)
     notes = []
     if solver == "highs":
         try:
@@ -91,8 +94,9 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
         sols, stats, refs = search(job, space, usable, objective, pref, runners_up)
     else:
         try:
-            model = StrategyIlp(job, space, usable, objective, solver, time_limit_s)
-            sols, stats, refs = model.solve(runners_up=runners_up, preference=pref)
+            models = [StrategyIlp(job, sp, usable, objective, solver, time_limit_s)
+                      for sp in space.by_tp()]
+            sols, stats, refs = solve_models(models, runners_up=runners_up, preference=pref)
         except SolverError as e:
             raise AmspUserError(str(e)) from None
     if not sols:
@@ -101,26 +105,29 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     ref = {k: evals[0] if s.strategy == sols[0].strategy else
            check_agreement(job, s, limit, objective) for k, s in refs.items()}
     baselines = evaluate_baselines(job, limit, evals[0].strategy.micro_batch,
-                                   evals[0].strategy.ckpt_value)
+                                   evals[0].strategy.ckpt_value, evals[0].strategy.tp)
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes,
                        pref, ref.get("fastest"), ref.get("fastest_lossless"))
 
 
 def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",
                         time_limit_s: float = 30.0) -> Evaluation:
-    """The strategy of least memory per GPU in `space` (ILP without the memory limit), with
-    the solver the search used."""
+    """The strategy of least memory per GPU in `space` (ILP without the memory limit, one per
+    tensor-parallel degree), with the solver the search used."""
     if solver == "exhaustive":
         from amsp_planner.solver.exhaustive import min_memory
 
         return evaluate(job, min_memory(job, space), float("inf"))
-    model = StrategyIlp(job, space, float("inf"), "time", solver, time_limit_s)
-    model.prob.setObjective(model.mem_expr)
-    try:
-        model._run()
-    except SolverError as e:
-        raise AmspUserError(str(e)) from None
-    return evaluate(job, model._decode(), float("inf"))
+    out = []
+    for sp in space.by_tp():
+        model = StrategyIlp(job, sp, float("inf"), "time", solver, time_limit_s)
+        model.prob.setObjective(model.mem_expr)
+        try:
+            model._run()
+        except SolverError as e:
+            raise AmspUserError(str(e)) from None
+        out.append(evaluate(job, model._decode(), float("inf")))
+    return min(out, key=lambda e: e.memory.total)
 
 
 def infeasible_message(job: Job, space: SearchSpace, limit: float, solver: str = "highs",

@@ -9,6 +9,14 @@ Decisions (each its own set of binaries in the ILP):
   K = 0..L, and 'op' where the GPU has an HBM rate (without one the cost model prices the
   elementwise recomputation at zero, so 'op' is only taken when pinned).
 
+Tensor parallelism: the degree t (``tp``) is searched over ``Job.tp_options`` (divisors of the
+GPUs per node that divide the heads, that the engine runs and whose N/t data-parallel ranks
+divide the batch), or pinned. Every option above depends on t (the factors are over the N/t
+data-parallel ranks, R/t per node; the micro-batches divide the sequences per data-parallel
+rank), so a space holds one t, and ``also`` the spaces of the other degrees searched with it:
+``by_tp`` lists them, ``candidates`` enumerates them all, and the ILP builds one model per t
+(solver/ilp.py, ``solve_models``).
+
 The job's engine (amsp_planner/engines.py) restricts the space: ``triples`` lists the
 (s_P, s_G, s_OS) it runs (None: every nested triple), its ZeRO++ switches drop out of
 ``qwz``/``hpz``/``qgz``, and ``qgz_needs_p`` keeps qgZ to strategies that shard parameters. The
@@ -18,7 +26,7 @@ ILP adds the same restrictions as constraints, and ``candidates`` enumerates the
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError
@@ -122,23 +130,46 @@ class SearchSpace:
     """The (s_P, s_G, s_OS) the engine runs; None: every nested triple over ``factors``."""
     qgz_needs_p: bool = False
     """qgZ only with s_P > 1 (DeepSpeed: stage 3 only)."""
+    tp: int = 1
+    """The tensor-parallel degree of this space (its factors are over the N/tp ranks)."""
+    also: tuple[SearchSpace, ...] = ()
+    """The spaces of the other tensor-parallel degrees searched with this one."""
+
+    def by_tp(self) -> tuple[SearchSpace, ...]:
+        """One space per tensor-parallel degree searched, this one's first."""
+        return (replace(self, also=()),) + self.also
+
+    @property
+    def tps(self) -> tuple[int, ...]:
+        return tuple(sp.tp for sp in self.by_tp())
 
     @classmethod
     def for_job(cls, job: Job, zeropp: bool = True, micro_batch: int | None = None,
                 ckpt: bool | int | str | None = None, max_micro_batch: int = 64,
-                quantization: bool = True) -> SearchSpace:
+                quantization: bool = True, tp: int | None = None) -> SearchSpace:
         """The space of `job` on its engine, restricted by the pinned settings.
 
         micro_batch/ckpt default to the job's TrainingSpec pins (None = search); a pinned
         checkpointing setting is True (every block), False, a block count K or 'op'; without
-        `quantization` qwZ and qgZ are left out (hpZ stays: it is lossless).
+        `quantization` qwZ and qgZ are left out (hpZ stays: it is lossless); `tp` pins the
+        tensor-parallel degree (None: every degree of ``Job.tp_options``).
         """
-        n, r = job.num_gpus, job.gpus_per_node
+        tps = tp_choices(job, tp)
+        spaces = [cls._for_tp(job, t, zeropp, micro_batch, ckpt, max_micro_batch, quantization)
+                  for t in tps]
+        spaces = [sp for sp in spaces if sp.micro_batches] or spaces[:1]
+        return replace(spaces[0], also=tuple(spaces[1:]))
+
+    @classmethod
+    def _for_tp(cls, job: Job, tp: int, zeropp: bool, micro_batch: int | None,
+                ckpt: bool | int | str | None, max_micro_batch: int,
+                quantization: bool) -> SearchSpace:
+        n, r = job.num_gpus // tp, max(1, job.gpus_per_node // tp)
         t = job.training
         eng = job.profile
         mb = micro_batch if micro_batch is not None else t.micro_batch
         ck = ckpt if ckpt is not None else t.activation_checkpointing
-        mbs = [mb] if mb is not None else job.micro_batch_options(max_micro_batch)
+        mbs = [mb] if mb is not None else job.micro_batch_options(max_micro_batch, tp)
         hpz = [1] + ([h for h in factor_options(r, r) if 1 < h < min(r, n) or (h == r and n > r)]
                      if zeropp and eng.hpz else [])
         triples = eng.triples(n, r, t)
@@ -154,10 +185,16 @@ class SearchSpace:
                        if ck is not None or eng.runs_ckpt(c, job.model.num_layers)),
             triples=triples,
             qgz_needs_p=eng.qgz_needs_p,
+            tp=tp,
         )
 
     def candidates(self, job: Job):
-        """Every valid complete Strategy (the brute-force enumeration)."""
+        """Every valid complete Strategy (the brute-force enumeration), every degree of
+        ``by_tp``."""
+        for sp in self.by_tp():
+            yield from sp._candidates(job)
+
+    def _candidates(self, job: Job):
         fs = self.factors
         for p, g, o in itertools.product(fs, fs, fs):
             if g % p or o % g or self.triples is not None and (p, g, o) not in self.triples:
@@ -169,7 +206,7 @@ class SearchSpace:
                     continue
                 for mb, ck in itertools.product(self.micro_batches, self.ckpt):
                     yield Strategy(s_p=p, s_g=g, s_os=o, qwz=q, hpz=h, qgz=qg, micro_batch=mb,
-                                   **ckpt_fields(ck, job.model.num_layers))
+                                   tp=self.tp, **ckpt_fields(ck, job.model.num_layers))
 
     def allows_checkpointing(self) -> bool:
         """Whether any option checkpoints something."""
@@ -177,6 +214,31 @@ class SearchSpace:
 
     def size(self, job: Job) -> int:
         return sum(1 for _ in self.candidates(job))
+
+
+def tp_choices(job: Job, pinned: int | None, auto: bool = True) -> tuple[int, ...]:
+    """The tensor-parallel degrees to search: ``Job.tp_options``, or the one pinned (checked
+    against them, with the fix in one line)."""
+    opts = job.tp_options()
+    if pinned is None:
+        return opts or (1,)
+    if pinned in opts:
+        return (pinned,)
+    r, m = job.gpus_per_node, job.model
+    if r % pinned:
+        why = (f"tensor parallelism stays inside the node and {pinned} does not divide its "
+               f"{r} GPUs")
+    elif m.num_heads % pinned or m.kv_heads % pinned:
+        why = (f"{pinned} does not divide the {m.num_heads} query and {m.kv_heads} key/value "
+               f"heads of {m.name}")
+    elif not job.profile.tp:
+        why = f"{job.profile.title} does not run it ({job.profile.tp_note})"
+    else:
+        why = (f"the global batch of {job.training.batch_seqs} sequences is not a multiple of "
+               f"{job.num_gpus // pinned} (its data-parallel ranks), so a rank would hold part "
+               "of a sequence")
+    raise AmspUserError(f"--tp {pinned}: {why}: use {'--tp auto or ' if auto else ''}one of "
+                        f"{', '.join(map(str, opts)) or '1'}")
 
 
 def ckpt_options(job: Job, pinned: bool | int | str | None) -> tuple[int | str, ...]:

@@ -12,6 +12,11 @@ Parameter count, per unit (the units are what the runtime shards; see docs/desig
               biases     d_q + 2*d_kv [qkv], + h [out] when attention_bias='all'; f + h for the MLP
 - head:       final norm (h or 2h) + V*h LM head unless tied to the embedding
 
+With tensor parallelism of degree t (Megatron-style: QKV and the MLP's gate/up column-parallel,
+the output projection and the MLP's down row-parallel, the embedding and LM head vocab-parallel),
+each TP rank holds 1/t of every matrix and of the column-parallel biases, and the whole of the
+norms, q/k norms, learned positions and row-parallel biases (``tp_unit_params``).
+
 Checks (tests/test_specs.py): LLaMA-7B 6.74e9, LLaMA-2-70B 68.98e9, LLaMA-3-405B 405.9e9.
 """
 
@@ -156,6 +161,38 @@ class ModelSpec(BaseModel):
         return [self.embedding_params()] + [self.block_params()] * self.num_layers + [
             self.head_params()
         ]
+
+    def _replicated(self) -> tuple[int, int, int]:
+        """Elements of (embedding, a block, the head) every TP rank holds whole: norms, q/k
+        norms with head_dim weights, learned positions, row-parallel biases."""
+        h = self.hidden_size
+        pos = self.max_seq_len * h if self.position_embedding == "learned" else 0
+        qk = 2 * self.head_dim if self.qk_norm == "head" else 0
+        block = (4 if self.post_norms else 2) * self._norm_params() + qk
+        block += h if self.attention_bias == "all" else 0
+        block += h if self.mlp_bias else 0
+        return pos, block, self._norm_params()
+
+    def tp_unit_params(self, tp: int) -> list[int]:
+        """Unpadded elements one TP rank holds of each unit (module docstring): the sharded
+        part split in `tp` (rounded up), the replicated part whole; `tp` = 1 is
+        ``unit_params``."""
+        rep = self._replicated()
+        full = (self.embedding_params(), self.block_params(), self.head_params())
+        emb, blk, head = (r + -(-(f - r) // tp) for f, r in zip(full, rep, strict=True))
+        return [emb] + [blk] * self.num_layers + [head]
+
+    def tp_replicated_params(self) -> list[int]:
+        """Elements of each unit that every TP rank holds whole (their gradients are summed
+        over the TP group)."""
+        emb, blk, head = self._replicated()
+        return [emb] + [blk] * self.num_layers + [head]
+
+    def tp_degrees(self, gpus_per_node: int) -> list[int]:
+        """Tensor-parallel degrees the model admits on nodes of R GPUs: divisors of R that
+        divide the query and the key/value heads (each TP rank holds whole heads)."""
+        return [t for t in range(1, gpus_per_node + 1) if gpus_per_node % t == 0
+                and self.num_heads % t == 0 and self.kv_heads % t == 0]
 
     @property
     def num_params(self) -> int:
