@@ -114,6 +114,8 @@ class Topology:
         self.gpus_per_node = min(cluster.gpus_per_node, num_gpus)
         self.num_nodes = max(1, num_gpus // cluster.gpus_per_node)
         self._choices: dict[tuple, collectives.Choice] = {}
+        self._layouts: dict[tuple[int, int], GroupLayout] = {}
+        self._times: dict[tuple, float] = {}
 
     # ----- the graph ------------------------------------------------------------------------
     @cached_property
@@ -196,6 +198,12 @@ class Topology:
 
     # ----- groups ---------------------------------------------------------------------------
     def layout(self, size: int, stride: int) -> GroupLayout:
+        hit = self._layouts.get((size, stride))
+        if hit is None:
+            hit = self._layouts[size, stride] = self._layout(size, stride)
+        return hit
+
+    def _layout(self, size: int, stride: int) -> GroupLayout:
         r = self.gpus_per_node
         k = min(size, max(1, r // stride)) if stride < r else 1
         nodes = max(1, size // k)
@@ -234,9 +242,18 @@ class Topology:
 
     def collective_time(self, op: str, size: int, stride: int, full_bytes: float,
                         calls: int = 1) -> float:
-        """Seconds for `calls` collectives moving `full_bytes` in total over one rank group."""
+        """Seconds for `calls` collectives moving `full_bytes` in total over one rank group
+        (memoised, as ``algorithm``)."""
         if size <= 1 or calls == 0:
             return 0.0
+        key = (op, size, stride, full_bytes, calls)
+        hit = self._times.get(key)
+        if hit is None:
+            hit = self._times[key] = self._collective_time(op, size, stride, full_bytes, calls)
+        return hit
+
+    def _collective_time(self, op: str, size: int, stride: int, full_bytes: float,
+                         calls: int) -> float:
         lay = self.layout(size, stride)
         per_call = full_bytes / calls
         intra = self.cluster.table(op, "intra")

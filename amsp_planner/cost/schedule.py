@@ -159,8 +159,12 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
                          int(total), intra, inter, time, kern, unit_t, unit_k, algo)
 
 
-def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[ScheduleEntry, ...]:
-    """Every collective of one training step of `job` under strategy `s`."""
+def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
+                   tensor_parallel: bool = True, per_micro_batch: bool = True
+                   ) -> tuple[ScheduleEntry, ...]:
+    """Every collective of one training step of `job` under strategy `s`. The solver's probes
+    leave out what they do not read: the TP collectives (not `tensor_parallel`) or the
+    per-micro-batch gathers and reductions (not `per_micro_batch`)."""
     n_micro = job.n_micro(s) if n_micro is None else n_micro
     t = job.training
     tp = s.tp
@@ -174,7 +178,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
         out.append(_entry(job, phase, op, group, size, stride * tp, dtype, 1,
                           n_micro if per_mb else 1, full, kernel, copies=per_mb, tp=tp))
 
-    if s.s_p > 1:
+    if s.s_p > 1 and per_micro_batch:
         if s.qwz:
             fwd_full, fwd_dt = (lambda u: quantized_bytes(u, 8, blk)), "int8+scales"
             qe = lambda u: u // s.s_p + u  # noqa: E731  own shard in, whole out
@@ -185,7 +189,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
             add("backward", "all_gather", "hpZ", s.hpz, 1, pdt, lambda u: u * pb)
         else:
             add("backward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe)
-    if s.s_g > 1:
+    if s.s_g > 1 and per_micro_batch:
         if s.qgz:
             s0, s1 = s.mesh("g", job.gpus_per_node)
             if s0 > 1:
@@ -208,7 +212,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None) -> tuple[S
     if q > 1:
         add("update", "all_gather", "P_update", q, s.s_p, pdt, lambda u: u // s.s_p * pb,
             per_mb=False)
-    if tp > 1:
+    if tp > 1 and tensor_parallel:
         out.extend(tp_entries(job, tp, s.micro_batch, s.ckpt_value, n_micro))
     if job.num_gpus > 1:
         out.append(_world_entry(job))

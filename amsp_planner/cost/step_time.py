@@ -144,7 +144,19 @@ def stages(num_layers: int, q: Callable[[str, str], object], zero) -> tuple[list
     `q(role, cls)` gives a unit class's quantity: roles of ``ROLES`` (communication seconds) and
     'fwd', 'bwd' (compute incl. its kernels). Returns (stages, ends) with ends the exposed
     first gathers and last reductions per phase.
+
+    Blocks between blocks are all alike, so the stages of L > 3 blocks are those of 3 with the
+    runs of inner blocks counted L - 1 (forward: a block before a block) and L - 2 (backward:
+    a block between blocks) times.
     """
+    if num_layers > 3:
+        out, ends = stages(3, q, zero)
+        for st in out:
+            if st.key == ("block", "block"):
+                st.count = num_layers - 1
+            elif st.key == ("block", "block", "block"):
+                st.count = num_layers - 2
+        return out, ends
     seq = unit_sequence(num_layers)
     out: list[Stage] = []
 

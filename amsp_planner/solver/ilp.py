@@ -156,9 +156,13 @@ class IlpStats:
     solves: int = 0
 
 
-def _entries(job: Job, s: Strategy) -> dict[tuple[str, str], ScheduleEntry]:
-    """(phase, group) -> entry for one micro-batch (n_micro=1) of a probe strategy."""
-    return {(e.phase, e.group): e for e in build_schedule(job, s, n_micro=1)}
+def _entries(job: Job, s: Strategy, per_micro_batch: bool = True
+             ) -> dict[tuple[str, str], ScheduleEntry]:
+    """(phase, group) -> entry for one micro-batch (n_micro=1) of a probe strategy (its ZeRO
+    collectives; only the once-per-step ones without `per_micro_batch`)."""
+    return {(e.phase, e.group): e
+            for e in build_schedule(job, s, n_micro=1, tensor_parallel=False,
+                                    per_micro_batch=per_micro_batch)}
 
 
 def _unit(e: ScheduleEntry | None, kernel: bool = False) -> tuple[float, ...]:
@@ -284,7 +288,7 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
             if o % g:
                 continue
             s = Strategy(s_p=g, s_g=g, s_os=o)
-            e = _entries(job, s)
+            e = _entries(job, s, per_micro_batch=False)
             osrs[g, o] = _unit(e.get(("grad_sync", "OS_shard")))
             u = e.get(("update", "P_update"))  # (p, o) with p = g here
             upd[g, o] = u.time_s if u else 0.0
@@ -297,10 +301,17 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     compact = len(blocks) >= 3 and blocks == list(range(blocks[0], blocks[-1] + 1))
     listed = [c for c in sp.ckpt if not (compact and c in blocks)]
 
+    tp_units: dict = {}
+
+    def tp_seconds(mb, ck):
+        if (mb, ck) not in tp_units:
+            tp_units[mb, ck] = tp_unit_seconds(job, tp, mb, ck)
+        return tp_units[mb, ck]
+
     def compute(mb, ck):
         """(forward, backward) seconds per class: compute and the TP collectives."""
         uc = unit_computes(job, mb, ck, tp)
-        tpc = tp_unit_seconds(job, tp, mb, ck)
+        tpc = tp_seconds(mb, ck)
         return (tuple(uc[c].forward + tpc["fwd", c] for c in CLASSES),
                 tuple(uc[c].backward + tpc["bwd", c] for c in CLASSES))
 
@@ -308,7 +319,7 @@ def _tables(job: Job, sp: SearchSpace) -> _Tables:
     counts = (1, job.model.num_layers, 1)
 
     def tp_step(mb, ck):
-        u = tp_unit_seconds(job, tp, mb, ck)
+        u = tp_seconds(mb, ck)
         return job.seqs_per_rank(tp) // mb * sum(
             n * (u["fwd", c] + u["bwd", c]) for n, c in zip(counts, CLASSES, strict=True))
 
