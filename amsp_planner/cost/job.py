@@ -65,11 +65,16 @@ class Job:
         tps = model.tp_degrees(min(r, num_gpus)) if eng.tp else [1]
         tp_ok = [t for t in tps if b >= num_gpus // t and b % (num_gpus // t) == 0]
         if (b < num_gpus or b % num_gpus) and not tp_ok:
+            tmax = max(tps)
+            why = ("with data parallelism only each GPU needs whole sequences" if tmax == 1 else
+                   f"nor of the {num_gpus // tmax} data-parallel ranks of tensor parallelism "
+                   f"{tmax} (the most the nodes hold): each data-parallel rank needs whole "
+                   "sequences")
+            ranks = num_gpus // tmax  # the fewest data-parallel ranks the job can have
             raise AmspUserError(
                 f"global batch of {b} sequences ({training.batch_tokens} tokens) is not a multiple "
-                f"of {num_gpus} GPUs x micro-batch 1: with data parallelism only each GPU needs "
-                f"whole sequences; use a global batch of a multiple of {num_gpus} sequences "
-                f"(e.g. --global-batch-seqs {max(1, b // num_gpus) * num_gpus if b >= num_gpus else num_gpus})"
+                f"of {num_gpus} GPUs x micro-batch 1, {why}; use a global batch of a multiple "
+                f"of {ranks} sequences (e.g. --global-batch-seqs {max(1, b // ranks) * ranks})"
                 " or fewer GPUs"
             )
         if model.position_embedding == "learned" and training.seq_len > model.max_seq_len:
