@@ -421,7 +421,12 @@ def run(sweep: Sweep, workers: int | None = None,
 
     import amsp_planner.solver  # noqa: F401  (imported once, before the fork)
 
+    # chunks of whole memory-limit x GPU-count groups where they are small: the points of a
+    # group that differ only in the limit share one job and its solver tables in a worker
+    group = len(sweep.memory_limits_gib) * len(sweep.gpus)
     size = max(1, min(16, n // (workers * 4)))
+    if len(sweep.memory_limits_gib) > 1 and group <= 32 and n >= 2 * workers * group:
+        size = group
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
     with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
         futures = [ex.submit(_solve_chunk, sweep.options, c) for c in _chunks(points, size)]

@@ -278,6 +278,9 @@ def _least(mask: np.ndarray, values: np.ndarray, rtol: float) -> np.ndarray:
     return mask & (values <= least * (1 + rtol) + 1e-12)
 
 
+PRICED_SPACES = 48
+"""Spaces whose tables stay cached: a what-if sweep comes back to a job after every GPU count
+of its memory-limit row (up to 4 tensor-parallel spaces each)."""
 _PRICED: OrderedDict = OrderedDict()
 """(id(job), space) -> (job, tables, configurations): the last few jobs' tables, which do not
 depend on the memory limit (a what-if sweep over limits solves one job several times). The job
@@ -290,7 +293,7 @@ def _priced(job: Job, space: SearchSpace) -> tuple[_Tables, Configs]:
     if hit is None:
         T = _tables(job, space)
         hit = _PRICED[key] = (job, T, Configs(job, space, T))
-        while len(_PRICED) > 8:
+        while len(_PRICED) > PRICED_SPACES:
             _PRICED.popitem(last=False)
     _PRICED.move_to_end(key)
     return hit[1], hit[2]
