@@ -147,15 +147,18 @@ def test_more_memory_never_makes_a_point_infeasible():
 
 # ----- rows that are not plans ------------------------------------------------------------------
 def test_bad_points_are_rows_not_crashes():
-    s = sweep(models=("llama-65b",), gpus=(8, 64, 4096), global_batches=("4M",))
+    # 16384 GPUs cannot split 1024 sequences even with tensor parallelism (at most 8 per node:
+    # 2048 data-parallel ranks)
+    s = sweep(models=("llama-65b",), gpus=(8, 64, 16384), global_batches=("4M",))
     rows = w.run(s, workers=1)
     by_gpus = {r.point.get("gpus"): r for r in rows}
     assert by_gpus[8].status == "infeasible"
     assert "least memory any strategy needs" in by_gpus[8].reason
-    assert by_gpus[4096].status == "invalid"
-    assert "not a multiple of 4096 GPUs" in by_gpus[4096].reason
+    assert by_gpus[16384].status == "invalid"
+    assert "not a multiple of 16384 GPUs" in by_gpus[16384].reason
     assert by_gpus[64].status == "ok"
-    code, out, err = run_cli(["whatif", "-m", "llama-65b", "-n", "8,4096", "--global-batch", "4M"])
+    code, out, err = run_cli(["whatif", "-m", "llama-65b", "-n", "8,16384", "--global-batch",
+                              "4M"])
     assert code == 0, err
     assert "infeasible [1]" in out and "invalid [2]" in out
     assert "[1] nothing fits" in out and "[2] global batch" in out
@@ -256,8 +259,9 @@ def test_plot_draws_no_plan_points_off_the_mfu_scale_and_one_line_without_legend
     from amsp_planner import whatif as w
     from amsp_planner.report.plots import sweep_figure
 
-    # 4096 GPUs cannot split a 1024-sequence batch: that point has no plan
-    sweep = w.Sweep(models=("llama-7b",), gpus=(64, 1024, 4096))
+    # 16384 GPUs cannot split a 1024-sequence batch (not even into TP groups of 8): that
+    # point has no plan
+    sweep = w.Sweep(models=("llama-7b",), gpus=(64, 1024, 16384))
     rows = w.run(sweep, 1)
     assert [r.ok for r in rows] == [True, True, False]
     fig = sweep_figure(rows, "gpus", [], "llama-7b")
@@ -266,7 +270,7 @@ def test_plot_draws_no_plan_points_off_the_mfu_scale_and_one_line_without_legend
     for line in ax_mfu.get_lines():
         xs, ys = line.get_xdata(), line.get_ydata()
         for x, y in zip(xs, ys, strict=True):
-            if x == 4096 and y == y:  # not NaN: only at the top edge, never at MFU 0
+            if x == 16384 and y == y:  # not NaN: only at the top edge, never at MFU 0
                 assert line.get_transform() != ax_mfu.transData and y == 1.0
     ok = [r.sharding for r in rows if r.ok]
     changes = 1 + sum(a != b for a, b in zip(ok, ok[1:], strict=False))
