@@ -23,9 +23,10 @@ from amsp_planner.specs import load_cluster, load_model  # noqa: E402
 from amsp_planner.specs.model import ModelSpec  # noqa: E402
 from amsp_planner.specs.training import TrainingSpec  # noqa: E402
 
-MID = ModelSpec(name="mid-50m", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4,
-                ffn_hidden_size=1408, vocab_size=32000, max_seq_len=512)
-"""About 56M parameters: GQA, SwiGLU, untied head (the shape of a small LLaMA)."""
+MID = ModelSpec(name="mid-40m", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4,
+                ffn_hidden_size=1408, vocab_size=16384, max_seq_len=512)
+"""About 40M parameters: GQA, SwiGLU, untied head (the shape of a small LLaMA; a 16K vocabulary
+and 128-token sequences keep its bf16 steps a few seconds on CPUs without AVX-512)."""
 
 
 def _job(spec: ModelSpec, seq: int, mb: int) -> Job:
@@ -86,7 +87,7 @@ def _runtime_saved(spec: ModelSpec, seq: int, mb: int, ckpt: bool) -> int:
 
 
 @pytest.mark.parametrize("ckpt", [False, True], ids=["no-ckpt", "ckpt"])
-@pytest.mark.parametrize("name,seq,mb", [("tiny", 128, 2), ("mid", 256, 1)])
+@pytest.mark.parametrize("name,seq,mb", [("tiny", 128, 2), ("mid", 128, 1)])
 def test_runtime_saves_the_eager_prediction(name, seq, mb, ckpt):
     spec = load_model("tiny") if name == "tiny" else MID
     measured = _runtime_saved(spec, seq, mb, ckpt)
@@ -148,8 +149,8 @@ def _runtime_saved_checkpointed(spec: ModelSpec, seq: int, mb: int, ckpt, monkey
     return forward + max((r.total for r in recompute), default=0)
 
 
-CKPT_CASES = [("tiny", 128, 2, c) for c in (0, 1, 3, 8, "op")] + [("mid", 256, 1, 3),
-                                                                    ("mid", 256, 1, "op")]
+CKPT_CASES = [("tiny", 128, 2, c) for c in (0, 1, 3, 8, "op")] + [("mid", 128, 1, 3),
+                                                                    ("mid", 128, 1, "op")]
 """tiny (2 blocks): none, 1, every block (3 and 8 clip to 2), op; mid (8 blocks): 3 of 8 and
 op (its none and every-block counts are the plain and full tests above)."""
 
@@ -187,8 +188,8 @@ def test_checkpointing_keeps_the_gradients():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_mid_model_is_about_50m_parameters():
-    assert 45e6 < MID.num_params < 60e6
+def test_mid_model_is_about_40m_parameters():
+    assert 35e6 < MID.num_params < 45e6
 
 
 def test_hugging_face_llama_saves_within_ten_percent_of_eager():
