@@ -12,8 +12,8 @@ A candidate is a *configuration* c (s_P, s_G, s_OS, qwZ, hpZ, qgZ: every collect
 model-state memory) with an *activation option* j (micro-batch, checkpointing: compute, the
 TP collectives and activation memory), at one tensor-parallel degree: each degree's space has
 its own tables (``SearchSpace.by_tp``, as the ILP builds one model per degree), and the rule
-is applied to the union of their candidates. Memory is the sum of the two parts, so the fitting pairs are found before
-any step time is computed.
+is applied to the union of their candidates. Memory is the sum of the two parts, so the
+fitting pairs are found before any step time is computed.
 
 One reduction that cannot change the choice: for a configuration and micro-batch, checkpointing
 more of the first K blocks costs no less time (compute grows with K, and a stage's time never
@@ -25,9 +25,10 @@ that prefer memory first (or have no recompute tie-break) every K is priced.
 Why: a what-if sweep solves hundreds of jobs, and the ILP's branch and bound on the max() stages
 costs about 0.1-0.4 s per solve with several solves per point (docs/benchmarks.md); this prices
 the few thousand to few hundred thousand candidates of a job in milliseconds. Both are exact; the
-ILP is the planner's default (``amsp plan``), this is ``--solver exhaustive`` and the what-if
-sweep's default. tests/test_preference.py checks both against the brute force on the same
-randomised instances.
+ILP is the planner's default (``amsp plan``), this is ``--solver exhaustive``, the what-if
+sweep's default and ``amsp explain``'s re-solver. tests/test_preference.py and
+tests/test_solver.py check both against the brute force on the same randomised instances,
+and against each other on whole preset models.
 """
 
 from __future__ import annotations
