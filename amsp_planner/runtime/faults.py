@@ -155,6 +155,9 @@ def summary(run_dir: str | Path, world: int, log_text: str, code: int) -> str:
     silent = sorted(set(range(world)) - {r["rank"] for r in recs})
     codes = {int(a): int(b) for a, b in _ROOT.findall(log_text)}
     dead = [k for k in silent if codes.get(k, 0)] or silent
+    # torchrun's agent ends the survivors of a failure with SIGTERM: a rank that died otherwise
+    # is the cause, however late the survivors' own reports came (a loaded host)
+    dead.sort(key=lambda k: (codes.get(k) == -15, k))
     if dead and (recs or codes):
         rank = dead[0]
         rc = codes.get(rank)

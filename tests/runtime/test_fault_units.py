@@ -91,6 +91,18 @@ def test_summary_names_the_silent_rank_with_torchruns_exit_code_and_its_step(tmp
         "rank 1, step 12: the process was killed by signal 9 without an error")
 
 
+def test_summary_names_the_rank_that_died_not_those_the_agent_ended(tmp_path):
+    """Rank 2 kills itself at step 3; on a loaded host the survivors, blocked in a collective,
+    are ended by torchrun's SIGTERM before they record anything: rank 2 is the cause, not
+    rank 0 (seen in the full suite)."""
+    report = "".join(f"[{i}]:\n  rank      : {k} (local_rank: {k})\n  exitcode  : {c} (pid: 1)\n"
+                     for i, (k, c) in enumerate([(0, -15), (1, -15), (2, 9), (3, -15)]))
+    for k in range(4):
+        (tmp_path / f"rank{k}.step").write_text("3")
+    assert faults.summary(tmp_path, 4, report, 1) == (
+        "rank 2, step 3: the process exited with code 9 without an error")
+
+
 def test_summary_without_any_record(tmp_path):
     assert faults.summary(tmp_path, 2, "", 1) == (
         "the training job failed (exit code 1) before any rank reported")
