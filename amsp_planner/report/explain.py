@@ -208,10 +208,21 @@ def _add_sensitivity(p, opts: dict, facts: dict, lines: list[str], progress, wor
 
     job, e, limit = p.job, p.evaluation, p.memory_limit
     chosen = _decision(e.strategy)
-    try:
-        r = solve(job, limit, runners_up=EQUIVALENT_RUNNERS_UP, **opts)
-    except InfeasibleError:
-        r = None
+    # The re-solves (the runners-up here, tens in the scans below) run on the exact enumeration
+    # over the ILP's tables (solver/exhaustive.py: the same decisions, about 10x faster) when it
+    # reproduces the plan's choice at the current values; else on the plan's own solver.
+    fast = {**opts, "solver": "exhaustive"}
+
+    def resolve(kw):
+        try:
+            return solve(job, limit, runners_up=EQUIVALENT_RUNNERS_UP, **kw)
+        except InfeasibleError:
+            return None
+
+    r = resolve(fast)
+    kw = fast
+    if r is None or _decision(r.best.strategy) != chosen:
+        r, kw = resolve(opts), opts
     if r is not None:
         eq = equivalent_candidates(job, e, r)
         facts["equivalent"] = eq
@@ -229,15 +240,6 @@ def _add_sensitivity(p, opts: dict, facts: dict, lines: list[str], progress, wor
         facts["sensitivity"] = {"skipped": why}
         lines.append(f"sensitivity: skipped: {why}")
         return
-    # The scans re-solve tens of times: by the exact enumeration over the ILP's tables
-    # (solver/exhaustive.py, the same decisions about 10x faster), when it reproduces the plan's
-    # choice at the current values; else by the plan's own solver.
-    fast = {**opts, "solver": "exhaustive"}
-    try:
-        same = _decision(solve(job, limit, runners_up=0, **fast).best.strategy) == chosen
-    except InfeasibleError:
-        same = False
-    kw = fast if same else opts
     sens = sensitivity(job, limit, chosen, kw, progress=progress, workers=workers)
     sens["solver"] = kw.get("solver", "highs")
     facts["sensitivity"] = sens
