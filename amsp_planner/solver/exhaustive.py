@@ -67,10 +67,8 @@ def _by_factor(d: dict, idx: dict, width: int = NCLS) -> np.ndarray:
 
 
 def _scalar(d: dict, idx: dict) -> np.ndarray:
-    out = np.zeros(len(idx))
-    for f, v in d.items():
-        out[idx[f]] = v
-    return out
+    """A table of one number per factor as an array (factor index)."""
+    return _by_factor(d, idx, 1)[:, 0]
 
 
 class Configs:
