@@ -85,6 +85,20 @@ class _Fetch:
         return self.dst
 
 
+def _alias(v: torch.Tensor) -> torch.Tensor:
+    """A tensor on `v`'s memory with a version counter of its own (``detach`` would share
+    `v`'s). [Note: leaves with their own version] A gather buffer is written again while
+    autograd still reads leaves on it: the next unit's prefetch lands in the other slot, which
+    held this unit in forward, and gloo completes an asynchronous gather with a copy on its
+    own thread. Sharing the buffer's version counter, a leaf's version could then change while
+    a checkpointed block's recomputation saves it, which autograd refuses ("a saved tensor
+    pack hook is modifying its input in place"), depending on thread timing. The values
+    autograd reads are right either way: saved tensors on gather buffers are unpacked from
+    the unit's current gather ([Note: units outside autograd's reach])."""
+    t = v.new_empty(0)
+    return t.set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+
+
 class ShardedEngine:
     """Model states of one rank under one strategy, and the training step over them."""
 
@@ -257,8 +271,7 @@ class ShardedEngine:
         return packed
 
     def _leaves(self, i: int, buf: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {k: v.detach().requires_grad_(True)
-                for k, v in M.views(buf, self.specs[i]).items()}
+        return {k: _alias(v).requires_grad_(True) for k, v in M.views(buf, self.specs[i]).items()}
 
     # ----- gradients ----------------------------------------------------------------------------
     def _grad_target(self, i: int) -> torch.Tensor:
@@ -374,7 +387,7 @@ class ShardedEngine:
                         ebuf = self._cur[0]
                         self._live[ebuf.untyped_storage().data_ptr()] = 0
                         emb_head_leaf = ebuf[:self.real[0]].view(model.vocab_size, -1)
-                        emb_head_leaf = emb_head_leaf.detach().requires_grad_(True)
+                        emb_head_leaf = _alias(emb_head_leaf).requires_grad_(True)
                         lm = emb_head_leaf
                     else:
                         lm = leaves[i]["lm_head"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,17 @@ def launch(args: list[str], nproc: int, nnodes: int = 1, timeout: float = 240,
     return out
 
 
+def failure_text(stderr: str, limit: int = 6000) -> str:
+    """The lines of the rank torchrun names as the root cause (its own trace, not the peers'
+    'Connection closed by peer'), then the tail of the log."""
+    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", stderr, re.S)
+    own = ""
+    if m:
+        tag = f"[rank{m.group(1)}]:"
+        own = "\n".join(x for x in stderr.splitlines() if x.startswith(tag))
+    return (own[-limit // 2:] + "\n...\n" + stderr[-limit // 2:]) if own else stderr[-limit:]
+
+
 def run_worker(tmp: Path, runs: list[dict], nproc: int, nnodes: int = 1,
                timeout: float = 240) -> dict[str, dict]:
     """Run the worker on `runs`; returns name -> run report (params under '_pt')."""
@@ -49,7 +61,7 @@ def run_worker(tmp: Path, runs: list[dict], nproc: int, nnodes: int = 1,
     cfg.write_text(json.dumps({"out": str(tmp), "runs": runs}))
     results = launch([str(cfg)], nproc, nnodes, timeout)
     for r in results:
-        assert r.returncode == 0, r.stderr[-4000:]
+        assert r.returncode == 0, failure_text(r.stderr)
     import torch
 
     out = {}

@@ -106,3 +106,21 @@ def test_cli_module_does_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+def test_unit_leaves_keep_their_own_version_while_the_buffer_is_written():
+    """[Note: leaves with their own version]: gloo bumps an asynchronous gather's output
+    version on its own thread, so leaves on a gather buffer must not share its counter, yet
+    must read its memory."""
+    from amsp_planner.runtime.engine import _alias
+
+    buf = torch.zeros(12)
+    leaf = _alias(buf[4:10].view(2, 3)).requires_grad_(True)
+    v = leaf._version
+    buf.add_(1.0)  # what the next unit's prefetch does to the slot
+    assert leaf._version == v
+    assert leaf.data_ptr() == buf[4:].data_ptr() and torch.equal(leaf.detach(), torch.ones(2, 3))
+    y = (leaf * 2).sum()  # autograd through the alias is unaffected by the buffer's writes
+    buf.add_(1.0)
+    (g,) = torch.autograd.grad(y, [leaf])
+    assert torch.equal(g, torch.full((2, 3), 2.0))
