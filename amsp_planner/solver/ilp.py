@@ -846,24 +846,33 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
     low = {id(m): fastest[id(m)].objective for m in alive}  # each model's admissible optimum,
     if preference.quantization == "auto":                   # or a lower bound of it
         if chosen.strategy.quantized:
-            lossless = {}
-            for m in alive:
+            # each model's lossless optimum, in the order of their fastest (a lower bound of
+            # it): a model whose fastest is beyond the best lossless found cannot hold the
+            # best lossless, so it is not solved (its fastest stays its lower bound)
+            lossless, skipped = {}, set()
+            for m in sorted(alive, key=lambda m: fastest[id(m)].objective):
                 f = fastest[id(m)]
-                if f.strategy.quantized:
-                    m._fix_lossless(True)
-                    lossless[id(m)] = m._fastest()
-                    m._fix_lossless(False)
-                else:
+                if not f.strategy.quantized:
                     lossless[id(m)] = f
+                    continue
+                found = [v.objective for v in lossless.values() if v is not None]
+                if found and f.objective > min(found) * (1 + 1e-9):
+                    skipped.add(id(m))
+                    continue
+                m._fix_lossless(True)
+                lossless[id(m)] = m._fastest()
+                m._fix_lossless(False)
             if any(v is not None for v in lossless.values()):
                 lo_owner, lo = best_of(lossless)
                 if not lo.objective > best_obj * (1 + preference.band) * (1 + TIME_RTOL):
                     best_obj, owner, chosen = lo.objective, lo_owner, lo
                     refs["fastest_lossless"] = lo
-                    alive = [m for m in alive if lossless[id(m)] is not None]
+                    alive = [m for m in alive
+                             if id(m) in skipped or lossless[id(m)] is not None]
                     for m in alive:
                         m._fix_lossless(True)
-                        low[id(m)] = lossless[id(m)].objective
+                        if id(m) not in skipped:
+                            low[id(m)] = lossless[id(m)].objective
         else:  # the fastest is lossless: quantized candidates are not admissible
             for m in alive:
                 m._fix_lossless(True)
@@ -913,7 +922,9 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
     for m in models:
         m._release()
     if runners_up:
-        pool = {id(m): (m, m._next_runner_up(chosen) if m is owner else m._fastest())
+        # another model's best by objective alone is its fastest (the same problem as the
+        # first solve: caps released, quantization allowed, no cut in it)
+        pool = {id(m): (m, m._next_runner_up(chosen) if m is owner else fastest.get(id(m)))
                 for m in models}
         for k in range(runners_up):
             left = [(m, sol) for m, sol in pool.values() if sol is not None]
