@@ -48,13 +48,35 @@ def check_supported(model) -> None:
         )
 
 
-def check_tp(strategy) -> None:
-    """The bundled runtime runs tp = 1 only (issue #14 item 4 is its part): a tensor-parallel
-    plan is refused in one line, with the export that runs it."""
-    if strategy.tp > 1:
+def check_tp(strategy, job=None) -> None:
+    """What the bundled runtime runs with tp = t > 1 (runtime/tp.py): every ZeRO factor
+    combination, with or without full activation checkpointing, on a model whose vocabulary,
+    MLP width and sequence length t divides. The rest is refused in one line, naming it."""
+    t = strategy.tp
+    if t == 1:
+        return
+    quant = [n for n, on in (("qwz", strategy.qwz), ("qgz", strategy.qgz),
+                             ("hpz", strategy.hpz > 1)) if on]
+    if quant:
         raise AmspUserError(
-            f"plan has tp={strategy.tp}: the bundled runtime runs tp=1 only; export it with "
-            "`amsp export --to torchtitan` (or --to fsdp2), or re-plan with --tp 1")
+            f"plan has tp={t} with {', '.join(quant)}: the bundled runtime runs tensor "
+            "parallelism without ZeRO++ only: re-plan without qwz/qgz/hpz (or with --tp 1), or "
+            "export it with `amsp export --to torchtitan`")
+    if strategy.ckpt_value == "op":
+        raise AmspUserError(
+            f"plan has tp={t} with ckpt=op: the bundled runtime checkpoints tensor-parallel "
+            "blocks in full only: re-plan with ckpt or ckpt=K (or --tp 1)")
+    if job is None:
+        return
+    m = job.model
+    bad = [f"{name} {v}" for name, v in (("vocab_size", m.vocab_size),
+                                         ("ffn_hidden_size", m.ffn_hidden_size),
+                                         ("seq_len", job.training.seq_len)) if v % t]
+    if bad:
+        raise AmspUserError(
+            f"plan has tp={t} but {', '.join(bad)} is not a multiple of {t}: the bundled "
+            "runtime splits the vocabulary, the MLP and the sequence evenly over the TP ranks: "
+            "pad it to a multiple, or re-plan with another --tp")
 
 
 def check_world(job, world: int, local: int) -> None:
