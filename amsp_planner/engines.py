@@ -140,8 +140,8 @@ PROFILES = {
                 "two gather and two gradient buffers of the largest unit",
         checkpointing="the first K of L blocks (ckpt=K, ckpt for all) or op-level (ckpt=op)",
         sources=("amsp_planner/runtime/engine.py", "docs/runtime.md"),
-        tp=True, tp_note="planned: amsp train refuses tp > 1 until the bundled runtime runs it "
-                         "(issue #14 item 4); export such a plan with amsp export --to torchtitan",
+        tp=True, tp_note="Megatron-style tensor + sequence parallelism in runtime/tp.py, with "
+                         "every ZeRO factor combination and ZeRO++ (docs/runtime.md)",
     ),
     "deepspeed": EngineProfile(
         name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,

@@ -50,18 +50,12 @@ def check_supported(model) -> None:
 
 def check_tp(strategy, job=None) -> None:
     """What the bundled runtime runs with tp = t > 1 (runtime/tp.py): every ZeRO factor
-    combination, with or without full activation checkpointing, on a model whose vocabulary,
-    MLP width and sequence length t divides. The rest is refused in one line, naming it."""
+    combination, ZeRO++ included, with or without full activation checkpointing, on a model
+    whose vocabulary, MLP width and sequence length t divides. The rest is refused in one
+    line, naming it."""
     t = strategy.tp
     if t == 1:
         return
-    quant = [n for n, on in (("qwz", strategy.qwz), ("qgz", strategy.qgz),
-                             ("hpz", strategy.hpz > 1)) if on]
-    if quant:
-        raise AmspUserError(
-            f"plan has tp={t} with {', '.join(quant)}: the bundled runtime runs tensor "
-            "parallelism without ZeRO++ only: re-plan without qwz/qgz/hpz (or with --tp 1), or "
-            "export it with `amsp export --to torchtitan`")
     if strategy.ckpt_value == "op":
         raise AmspUserError(
             f"plan has tp={t} with ckpt=op: the bundled runtime checkpoints tensor-parallel "

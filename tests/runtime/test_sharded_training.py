@@ -40,6 +40,8 @@ TP_4 = {"tp2_zero1": "zero1,tp=2", "tp2_zero3": "zero3,tp=2", "tp2_amsp_1_2_2": 
         "tp2_zero3_ckpt1": "tp=2,p=2,g=2,os=2,ckpt=1"}
 TP_8 = {"tp2_zero1": "zero1,tp=2", "tp2_zero3": "zero3,tp=2", "tp2_amsp_2_4_4": "tp=2,p=2,g=4,os=4",
         "tp2_amsp_1_2_4": "tp=2,p=1,g=2,os=4"}
+TP_QUANT_8 = {"tp2_zeropp": "zeropp,tp=2"}
+"""ZeRO++ over the 4 DP ranks (hpZ 2 per node, qgZ's two hops): close to t = 2 ZeRO-3."""
 BF16_4 = {"bf16_zero3": "zero3", "bf16_amsp_1_2_4": "p=1,g=2,os=4", "bf16_zeropp": "zeropp"}
 BF16_8 = {"bf16_zeropp": "zeropp", "bf16_amsp_2_4_8": "p=2,g=4,os=8",
           "bf16_fp32acc_hsdp": "hsdp"}
@@ -47,7 +49,8 @@ BF16_8 = {"bf16_zeropp": "zeropp", "bf16_amsp_2_4_8": "p=2,g=4,os=8",
 
 def _runs(exact, quant, bf16, world):
     runs = [{"name": n, "strategy": s, "steps": STEPS} for n, s in {**exact, **quant}.items()]
-    runs += [{"name": n, "strategy": s, "steps": STEPS} for n, s in (TP_4 if world == 4 else TP_8).items()]
+    tp = TP_4 if world == 4 else {**TP_8, **TP_QUANT_8}
+    runs += [{"name": n, "strategy": s, "steps": STEPS} for n, s in tp.items()]
     for n, s in bf16.items():
         r = {"name": n, "strategy": s, "steps": 2, "precision": "bf16"}
         if "fp32acc" in n:
@@ -130,7 +133,7 @@ def test_parity_4(four, name):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", sorted({**EXACT_8, **QUANT_8, **BF16_8, **TP_8}))
+@pytest.mark.parametrize("name", sorted({**EXACT_8, **QUANT_8, **BF16_8, **TP_8, **TP_QUANT_8}))
 def test_accounting_and_memory_8_two_nodes(eight, name):
     rep = eight[name]
     check_accounting(rep)
@@ -149,10 +152,11 @@ training (INT8 weights, INT4 gradients on the tiny model)."""
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world,name", [(4, n) for n in QUANT_4] + [(8, n) for n in QUANT_8])
+@pytest.mark.parametrize("world,name", [(4, n) for n in QUANT_4] + [(8, n) for n in QUANT_8]
+                         + [(8, n) for n in TP_QUANT_8])
 def test_quantized_close_to_unquantized(four, eight, world, name):
     runs = four if world == 4 else eight
-    q, base = runs[name]["loss"], runs["zero3"]["loss"]
+    q, base = runs[name]["loss"], runs["tp2_zero3" if name.startswith("tp2") else "zero3"]["loss"]
     for a, b in zip(q, base, strict=True):
         assert abs(a - b) <= QUANT_TOL * abs(b), (name, q, base)
     assert q != base, "quantization changed nothing: the quantized path did not run"
@@ -197,7 +201,8 @@ def check_tp_by_hand(rep: dict, world: int, ckpt_blocks: int = 0) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world,name", [(4, n) for n in TP_4] + [(8, n) for n in TP_8])
+@pytest.mark.parametrize("world,name", [(4, n) for n in TP_4]
+                         + [(8, n) for n in {**TP_8, **TP_QUANT_8}])
 def test_tp_entries_by_hand(four, eight, world, name):
     rep = (four if world == 4 else eight)[name]
     assert rep["verdict"]["ok"], rep["verdict"]["line"]
