@@ -373,6 +373,8 @@ class ShardedEngine:
         self._live: dict[int, int] = {}
         acts: list = [None] * U
         leaves: list = [None] * U
+        tp_kept: list = [None] * U
+        """Per op-level checkpointed block at tp > 1: its TP collectives' forward outputs."""
         emb_head_leaf = None
         fetch = self._fetch(0, "forward")
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -394,7 +396,10 @@ class ShardedEngine:
                     if tpc is None:
                         y = M.run_block(xin, leaves[i], model, self.ckpt_modes[i])
                     else:
+                        op = self.ckpt_modes[i] == "op"
+                        tpc.record = [] if op else None
                         y = TP.run_block(xin, leaves[i], model, tpc, self.ckpt_modes[i])
+                        tp_kept[i], tpc.record = tpc.record, None
                     acts[i] = (xin, y)
                 else:
                     xin = x.detach().requires_grad_(True)
@@ -441,12 +446,16 @@ class ShardedEngine:
             xin, y = acts[j]
             names = list(leaves[j])
             inputs = ([xin] if xin is not None else []) + [leaves[j][k] for k in names]
+            if tpc is not None:
+                tpc.replay = tp_kept[j]
             if j == head:
                 if self.tied:
                     inputs.append(emb_head_leaf)
                 grads = torch.autograd.grad(y * loss_scale, inputs)
             else:
                 grads = torch.autograd.grad(y, inputs, grad_y)
+            if tpc is not None:  # (the recomputation stops early: the last may be unused)
+                tpc.replay = tp_kept[j] = None
             if xin is not None:
                 grad_y, grads = grads[0], grads[1:]
             acts[j] = None

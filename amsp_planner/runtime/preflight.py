@@ -50,17 +50,11 @@ def check_supported(model) -> None:
 
 def check_tp(strategy, job=None) -> None:
     """What the bundled runtime runs with tp = t > 1 (runtime/tp.py): every ZeRO factor
-    combination, ZeRO++ included, with or without full activation checkpointing, on a model
-    whose vocabulary, MLP width and sequence length t divides. The rest is refused in one
-    line, naming it."""
+    combination, ZeRO++ included, and every checkpointing setting, on a model whose
+    vocabulary, MLP width and sequence length t divides; the rest is refused in one line,
+    naming it."""
     t = strategy.tp
-    if t == 1:
-        return
-    if strategy.ckpt_value == "op":
-        raise AmspUserError(
-            f"plan has tp={t} with ckpt=op: the bundled runtime checkpoints tensor-parallel "
-            "blocks in full only: re-plan with ckpt or ckpt=K (or --tp 1)")
-    if job is None:
+    if t == 1 or job is None:
         return
     m = job.model
     bad = [f"{name} {v}" for name, v in (("vocab_size", m.vocab_size),

@@ -23,6 +23,7 @@ backward), group 'TP': the schedule's TP entries (cost/schedule.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -41,6 +42,10 @@ class TPContext:
     comm: Comm
     group: Group
     backward: bool = False
+    record: list | None = None
+    """Under op-level checkpointing: the forward's TP outputs of the block being run, kept."""
+    replay: list | None = None
+    """Its recomputation: the kept outputs, handed back in order instead of communicating."""
 
     @property
     def size(self) -> int:
@@ -116,11 +121,23 @@ def _reduce_scatter_seq(y: torch.Tensor, tp: TPContext, phase: str) -> torch.Ten
     return out.view(b, s // t, h)
 
 
+def _forward_collective(tp: TPContext, run) -> torch.Tensor:
+    """A TP collective of the forward; under op-level checkpointing its output is kept in
+    forward and handed back in the recomputation, which so issues none (the schedule's
+    'op-level recomputes none'), as a saved matmul output is."""
+    if tp.replay is not None:
+        return tp.replay.pop(0).detach()
+    out = run(tp.forward_phase())
+    if tp.record is not None:
+        tp.record.append(out.detach())
+    return out
+
+
 class _GatherSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, tp):
         ctx.tp = tp
-        return _all_gather_seq(x, tp, tp.forward_phase())
+        return _forward_collective(tp, lambda phase: _all_gather_seq(x, tp, phase))
 
     @staticmethod
     def backward(ctx, g):
@@ -131,7 +148,7 @@ class _ScatterSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, tp):
         ctx.tp = tp
-        return _reduce_scatter_seq(y, tp, tp.forward_phase())
+        return _forward_collective(tp, lambda phase: _reduce_scatter_seq(y, tp, phase))
 
     @staticmethod
     def backward(ctx, g):
@@ -180,13 +197,22 @@ def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: TPContext) -> 
 
 def run_block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: TPContext,
               mode: str | None = None) -> torch.Tensor:
-    """One block, plainly or under full checkpointing (recomputed whole in backward, its TP
-    collectives with it: no early stop)."""
+    """One block, plainly, under full checkpointing (recomputed whole in backward, its TP
+    collectives with it: no early stop), or under op-level checkpointing (the matmul and
+    attention outputs kept, and the TP collectives' outputs: the caller collects them in
+    ``tp.record`` and hands them back in ``tp.replay`` for the recomputation)."""
     if mode is None:
         return block(x, p, model, tp)
-    assert mode == "full", mode  # op-level checkpointing with TP: refused by preflight.check_tp
-    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+    from torch.utils.checkpoint import (
+        checkpoint,
+        create_selective_checkpoint_contexts,
+        set_checkpoint_early_stop,
+    )
 
+    if mode == "op":
+        ctx = functools.partial(create_selective_checkpoint_contexts,
+                                lambda *a, **k: M.op_policy(*a, **k))
+        return checkpoint(block, x, p, model, tp, use_reentrant=False, context_fn=ctx)
     with set_checkpoint_early_stop(False):
         return checkpoint(block, x, p, model, tp, use_reentrant=False)
 

@@ -37,7 +37,9 @@ QUANT_8 = {"zeropp": "zeropp", "qgz_only": "p=8,g=8,os=8,qgz"}
 # data-parallel ranks (runtime/tp.py)
 TP_4 = {"tp2_zero1": "zero1,tp=2", "tp2_zero3": "zero3,tp=2", "tp2_amsp_1_2_2": "tp=2,p=1,g=2,os=2",
         # block 1 checkpointed: its forward, TP collectives included, runs again in backward
-        "tp2_zero3_ckpt1": "tp=2,p=2,g=2,os=2,ckpt=1"}
+        "tp2_zero3_ckpt1": "tp=2,p=2,g=2,os=2,ckpt=1",
+        # op-level: the TP collectives' outputs are kept, the recomputation issues none
+        "tp2_amsp_1_2_2_ckpt_op": "tp=2,p=1,g=2,os=2,ckpt=op"}
 TP_8 = {"tp2_zero1": "zero1,tp=2", "tp2_zero3": "zero3,tp=2", "tp2_amsp_2_4_4": "tp=2,p=2,g=4,os=4",
         "tp2_amsp_1_2_4": "tp=2,p=1,g=2,os=4"}
 TP_QUANT_8 = {"tp2_zeropp": "zeropp,tp=2"}
