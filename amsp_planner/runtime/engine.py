@@ -19,6 +19,13 @@ saves that live in a gather buffer are packed as (unit, shape, stride, offset) a
 from wherever that unit was gathered again for backward, so the buffers can be reused between
 forward and backward without holding a copy.
 
+[Note: leaves and the gather buffers] A unit's leaves alias its gather buffer but do not share
+its version counter (``detach()`` would): gloo finishes an asynchronous all-gather by copying
+into the output on its own thread, which bumps the output's version counter, and the prefetch
+of the next unit in backward may land in the buffer a checkpointed block's leaves were made
+from in forward; its recomputation packs those leaves, and autograd refuses a pack hook whose
+input's version changes meanwhile ("A saved tensor pack hook is modifying its input in place").
+
 [Note: tied embeddings] The tied LM head uses the embedding unit's weights at the end of
 forward and the start of backward, while the embedding lookup uses them at the start of
 forward and its gradient arrives at the end of backward. The embedding unit therefore has its
@@ -280,8 +287,14 @@ class ShardedEngine:
         return packed
 
     def _leaves(self, i: int, buf: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {k: v.detach().requires_grad_(True)
-                for k, v in M.views(buf, self.specs[i]).items()}
+        """Leaves over unit i's views of `buf`, each with a version counter of its own
+        ([Note: leaves and the gather buffers])."""
+        out = {}
+        for k, v in M.views(buf, self.specs[i]).items():
+            leaf = torch.empty(0, dtype=v.dtype, device=v.device)
+            leaf.set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+            out[k] = leaf.requires_grad_(True)
+        return out
 
     # ----- gradients ----------------------------------------------------------------------------
     def _grad_target(self, i: int) -> torch.Tensor:
