@@ -5,9 +5,10 @@
 What is saved is plan-free: for each unit, the unpadded fp32 master weights and Adam moments
 as one logical 1-D tensor (``unit3.master`` of ``ModelSpec.unit_params()[3]`` elements), each
 rank writing the part of its OS shard that is not padding (OS replicas write the same chunk;
-DCP keeps one), plus the step, the model and the seed. Any plan of the same model (other
-factors, other world size) loads it: DCP reads, for every rank, the saved chunks that overlap
-its new OS shard. Parameters are then rebuilt from the masters with the update all-gather
+DCP keeps one), plus the step, the model and the seed. At tp > 1 a rank's OS shard of its TP
+shard is several runs of the logical unit, one chunk each ([Note: TP checkpoints]). Any plan
+of the same model (other factors, other world size, other tensor-parallel degree) loads it:
+DCP reads, for every rank, the saved chunks that overlap its new OS shard. Parameters are then rebuilt from the masters with the update all-gather
 (counted in phase 'checkpoint'); gradients are zero at a step boundary.
 
 Atomic: a checkpoint is written to ``step_K.tmp``, renamed to ``step_K`` once every rank has

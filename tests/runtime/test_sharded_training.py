@@ -206,9 +206,14 @@ def check_tp_by_hand(rep: dict, world: int, ckpt_blocks: int = 0) -> None:
 @pytest.mark.parametrize("world,name", [(4, n) for n in TP_4]
                          + [(8, n) for n in {**TP_8, **TP_QUANT_8}])
 def test_tp_entries_by_hand(four, eight, world, name):
-    rep = (four if world == 4 else eight)[name]
+    runs = four if world == 4 else eight
+    rep = runs[name]
     assert rep["verdict"]["ok"], rep["verdict"]["line"]
     check_tp_by_hand(rep, world, ckpt_blocks=1 if "ckpt1" in name else 0)
+    if name not in TP_QUANT_8:  # the gradient norm counts the replicated norms' once
+        for a, b in zip(rep["grad_norm"], runs["zero3"]["grad_norm"], strict=True):
+            assert math.isclose(a, b, rel_tol=1e-5), (name, rep["grad_norm"],
+                                                      runs["zero3"]["grad_norm"])
 
 
 @pytest.mark.multiprocess
