@@ -17,8 +17,8 @@ tied      (s, s, s)                                  FSDP2 / HSDP mesh (N/s, s);
 zero1     (1, 1, s) or (s, s, s)                     InternEvo zero1.size = s, zero1.fsdp
 ========  =========================================  ==========================================
 
-Tensor (+ sequence) parallelism inside the node (``tp``): amsp (planned; ``amsp train`` refuses
-tp > 1 until the bundled runtime executes it), FSDP2 (``parallelize_module`` on a 2-D mesh, then
+Tensor (+ sequence) parallelism inside the node (``tp``): amsp (``amsp train``, runtime/tp.py;
+it refuses a vocabulary, MLP width or sequence length the degree does not divide), FSDP2 (``parallelize_module`` on a 2-D mesh, then
 ``fully_shard``) and torchtitan (``parallelism.tensor_parallel_degree``). DeepSpeed's AutoTP
 training (``tensor_parallel.autotp_size``, deepspeed >= 0.16.4) shards the linear layers
 without sequence parallelism and only with ZeRO stages 0-2, so it does not run the TP + SP
