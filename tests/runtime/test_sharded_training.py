@@ -44,7 +44,8 @@ TP_8 = {"tp2_zero1": "zero1,tp=2", "tp2_zero3": "zero3,tp=2", "tp2_amsp_2_4_4": 
         "tp2_amsp_1_2_4": "tp=2,p=1,g=2,os=4"}
 TP_QUANT_8 = {"tp2_zeropp": "zeropp,tp=2"}
 """ZeRO++ over the 4 DP ranks (hpZ 2 per node, qgZ's two hops): close to t = 2 ZeRO-3."""
-BF16_4 = {"bf16_zero3": "zero3", "bf16_amsp_1_2_4": "p=1,g=2,os=4", "bf16_zeropp": "zeropp"}
+BF16_4 = {"bf16_zero3": "zero3", "bf16_amsp_1_2_4": "p=1,g=2,os=4", "bf16_zeropp": "zeropp",
+          "bf16_tp2_zero3": "zero3,tp=2"}
 BF16_8 = {"bf16_zeropp": "zeropp", "bf16_amsp_2_4_8": "p=2,g=4,os=8",
           "bf16_fp32acc_hsdp": "hsdp"}
 
