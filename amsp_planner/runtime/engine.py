@@ -42,6 +42,7 @@ import torch
 
 from amsp_planner.runtime import faults
 from amsp_planner.runtime import model as M
+from amsp_planner.runtime import tp as TP
 from amsp_planner.runtime.collectives import Comm, Group, Work
 from amsp_planner.runtime.layout import UnitLayout
 from amsp_planner.runtime.quant import dequantize_chunks, qbytes, quantize_chunks
@@ -125,8 +126,6 @@ class ShardedEngine:
         self.tpc = None
         self.rep_slices: list[list[tuple[int, int]]] = [[] for _ in self.specs]
         if tp > 1:
-            from amsp_planner.runtime import tp as TP
-
             self.tpc = TP.TPContext(comm, groups["TP"])
             self.rep_slices = [TP.replicated_slices(job.model, i, tp)
                                for i in range(self.num_units)]
@@ -222,10 +221,9 @@ class ShardedEngine:
             if self.tp == 1:
                 M.init_unit(self.job.model, i, seed, out=flat)
             else:  # the logical unit, then this TP rank's shard of it
-                from amsp_planner.runtime.tp import shard_index
-
                 full = M.init_unit(self.job.model, i, seed)
-                flat[:self.real[i]] = full[shard_index(self.job.model, i, self.tp, self.tp_rank)]
+                flat[:self.real[i]] = full[TP.shard_index(self.job.model, i, self.tp,
+                                                          self.tp_rank)]
                 del full
             self._load_unit(i, flat.to(self.device))
             del flat
@@ -380,8 +378,6 @@ class ShardedEngine:
                          loss_scale: float) -> float:
         """Forward and backward of one micro-batch; returns its (unscaled) mean loss."""
         U, model, tpc = self.num_units, self.job.model, self.tpc
-        if tpc is not None:
-            from amsp_planner.runtime import tp as TP
         self._cur: dict[int, torch.Tensor] = {}
         self._live: dict[int, int] = {}
         acts: list = [None] * U
@@ -402,7 +398,10 @@ class ShardedEngine:
                 leaves[i] = self._leaves(i, buf)
                 kind = M.unit_kind(i, U)
                 if kind == "embedding":
-                    y = M.embed(tokens, leaves[i]) if tpc is None else TP.embed(tokens, leaves[i], tpc)
+                    if tpc is None:
+                        y = M.embed(tokens, leaves[i])
+                    else:
+                        y = TP.embed(tokens, leaves[i], tpc)
                     acts[i] = (None, y)
                 elif kind == "block":
                     xin = x.detach().requires_grad_(True)
@@ -495,9 +494,7 @@ class ShardedEngine:
         """TP: the gradients of the weights every TP rank holds whole (the norms) are partial
         sums over this rank's sequence shard: one all-reduce of all of unit j's over the TP
         group, in the gradient dtype (phase 'backward')."""
-        from amsp_planner.runtime.tp import REPLICATED
-
-        names = [n for n in pgrads if n in REPLICATED]
+        names = [n for n in pgrads if n in TP.REPLICATED]
         buf = torch.cat([pgrads[n].reshape(-1).to(self.gdt) for n in names])
         self.comm.phase = "backward"
         self.comm.all_reduce(buf, self.tpc.group)
@@ -607,12 +604,10 @@ class ShardedEngine:
             if t == 1:
                 out.append(full[0, :self.real[i]].clone())
                 continue
-            from amsp_planner.runtime.tp import shard_index
-
             logical = torch.empty(self.job.model.unit_params()[i], dtype=torch.float32,
                                   device=self.device)
             for j in range(t):
-                idx = shard_index(self.job.model, i, t, j).to(self.device)
+                idx = TP.shard_index(self.job.model, i, t, j).to(self.device)
                 logical[idx] = full[j, :self.real[i]]
             out.append(logical)
         return out
