@@ -17,8 +17,8 @@ tied      (s, s, s)                                  FSDP2 / HSDP mesh (N/s, s);
 zero1     (1, 1, s) or (s, s, s)                     InternEvo zero1.size = s, zero1.fsdp
 ========  =========================================  ==========================================
 
-Tensor (+ sequence) parallelism inside the node (``tp``): amsp (planned; ``amsp train`` refuses
-tp > 1 until the bundled runtime executes it), FSDP2 (``parallelize_module`` on a 2-D mesh, then
+Tensor (+ sequence) parallelism inside the node (``tp``): amsp (``amsp train``, runtime/tp.py;
+it refuses a vocabulary, MLP width or sequence length the degree does not divide), FSDP2 (``parallelize_module`` on a 2-D mesh, then
 ``fully_shard``) and torchtitan (``parallelism.tensor_parallel_degree``). DeepSpeed's AutoTP
 training (``tensor_parallel.autotp_size``, deepspeed >= 0.16.4) shards the linear layers
 without sequence parallelism and only with ZeRO stages 0-2, so it does not run the TP + SP
@@ -140,8 +140,8 @@ PROFILES = {
                 "two gather and two gradient buffers of the largest unit",
         checkpointing="the first K of L blocks (ckpt=K, ckpt for all) or op-level (ckpt=op)",
         sources=("amsp_planner/runtime/engine.py", "docs/runtime.md"),
-        tp=True, tp_note="planned: amsp train refuses tp > 1 until the bundled runtime runs it "
-                         "(issue #14 item 4); export such a plan with amsp export --to torchtitan",
+        tp=True, tp_note="Megatron-style tensor + sequence parallelism in runtime/tp.py, with "
+                         "every ZeRO factor combination and ZeRO++ (docs/runtime.md)",
     ),
     "deepspeed": EngineProfile(
         name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,

@@ -108,7 +108,7 @@ def run(args) -> dict:
                             "--gpus", str(world), "--cluster", str(cal), "--seq-len",
                             str(args.seq_len), "--global-batch-seqs", str(batch),
                             "--micro-batch", "1", "--activation-checkpointing", "off",
-                            "--tp", "1",  # the bundled runtime trains data parallel only
+                            "--tp", "1",  # the strategy set above is data parallel only
                             "--precision", args.precision, "-o", str(plan_json)],
                            capture_output=True, text=True, env={**os.environ, **_env()})
         if p.returncode:

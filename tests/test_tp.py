@@ -87,6 +87,9 @@ def check_tp_entries(got, t, mb, n_micro, ckpt_blocks=0):
     norms = (L * 2 * H + H) * 2
     check_entry(got["backward", "all_reduce", "TP"], t, 1, t, n_micro * (L + 1),
                 n_micro * norms, 2 * ring, 0.0)
+    # the vocabulary-parallel cross-entropy: 3 all-reduces of b*s fp32 values per micro-batch
+    check_entry(got["forward", "all_reduce", "TP"], t, 1, t, n_micro * 3,
+                n_micro * 3 * mb * SEQ * 4, 2 * ring, 0.0)
 
 
 def test_tp2_zero3_schedule_by_hand():
@@ -108,7 +111,7 @@ def test_tp2_zero3_schedule_by_hand():
                         ("backward", "reduce_scatter", "G"), ("forward", "all_gather", "TP"),
                         ("forward", "reduce_scatter", "TP"), ("backward", "all_gather", "TP"),
                         ("backward", "reduce_scatter", "TP"), ("backward", "all_reduce", "TP"),
-                        ("update", "all_reduce", "world")}
+                        ("forward", "all_reduce", "TP"), ("update", "all_reduce", "world")}
     assert got["update", "all_reduce", "world"].group_size == 16
 
 
@@ -248,23 +251,27 @@ def test_plan_file_carries_tp_in_version_3_and_loads(tmp_path):
     assert doc1["version"] in (1, 2) and "tp" not in doc1["decision"]
 
 
-def test_train_refuses_a_tp_plan_in_one_line(tmp_path):
+def test_train_refuses_what_the_runtime_does_not_run_with_tp_in_one_line(tmp_path):
     path = tmp_path / "p.json"
     code, _, err = run_cli(["plan", "-m", "tiny", "-n", "4", "-c", "cpu-local", "--strategy",
-                            "tp=2,p=2,g=2,os=2,mb=1", "--global-batch-seqs", "8", "-o", str(path)])
+                            "tp=2,p=2,g=2,os=2,mb=1", "--seq-len", "31",
+                            "--global-batch-seqs", "8", "-o", str(path)])
     assert code == 0, err
     assert_user_error(*run_cli(["train", str(path), "--steps", "1"]),
-                      "plan has tp=2: the bundled runtime runs tp=1 only; export it with "
-                      "`amsp export --to torchtitan`")
+                      "plan has tp=2 but seq_len 31 is not a multiple of 2: the bundled runtime "
+                      "splits the vocabulary, the MLP and the sequence evenly over the TP ranks")
 
 
-def test_preflight_refuses_tp_without_torch():
+def test_preflight_checks_tp_without_torch():
     from amsp_planner.errors import AmspUserError
     from amsp_planner.runtime.preflight import check_tp
 
     check_tp(Strategy())
-    with pytest.raises(AmspUserError, match="plan has tp=4"):
-        check_tp(Strategy(tp=4))
+    check_tp(Strategy(tp=2, s_p=8, s_g=8, s_os=8, qwz=True, qgz=True, hpz=2, ckpt_op=True))
+    t = TrainingSpec(seq_len=30, global_batch_seqs=8, precision="fp32")
+    job = Job.create(load_model("tiny"), load_cluster("cpu-local"), t, 4)
+    with pytest.raises(AmspUserError, match="plan has tp=4 but seq_len 30 is not a multiple of 4"):
+        check_tp(Strategy(tp=4), job)
 
 
 def test_the_planner_takes_tp_where_it_wins_and_explain_says_why(tmp_path):

@@ -38,6 +38,9 @@ recompute  all_gather  TP     2 per checkpointed block (the recomputed forward)
 recompute  red._scat.  TP     2 per checkpointed block
 backward   all_reduce  TP     1 per unit with replicated weights (norms, learned positions):
                               their gradients, r_u elements in the gradient dtype
+forward    all_reduce  TP     3 head (the vocabulary-parallel cross-entropy: the maximum, the
+                              target logit and the sum of exponentials of each token's
+                              logits), b*s fp32 values each; none in backward
 =========  ==========  =====  ===============================================================
 
 They run on the compute stream, between the matmuls that need them: the step model
@@ -227,6 +230,9 @@ TP_CALLS = {
     ("backward", "reduce_scatter"): (0, 2, 1),
 }
 """(embedding, block, head) calls per micro-batch of each TP collective (module docstring)."""
+LOSS_CALLS = 3
+"""All-reduces of b*s fp32 values per micro-batch in the vocabulary-parallel cross-entropy's
+forward (Megatron's: the logits' maximum, the target logit, the sum of exponentials)."""
 
 
 def _tp_entry(job: Job, phase: str, op: str, tp: int, dtype: str, calls: tuple,
@@ -258,6 +264,10 @@ def tp_entries(job: Job, tp: int, micro_batch: int, ckpt, n_micro: int) -> list[
     acts = (act, act, act)
     out = [_tp_entry(job, phase, op, tp, t.dtype_name, calls, acts, n_micro)
            for (phase, op), calls in TP_CALLS.items()]
+    # the vocabulary-parallel cross-entropy: max, target logit, sum of exponentials per token
+    ce = 4 * micro_batch * t.seq_len
+    out.append(_tp_entry(job, "forward", "all_reduce", tp, "fp32", (0, 0, LOSS_CALLS),
+                         (0, 0, ce), n_micro))
     k, op_level = checkpointed_blocks(ckpt, m.num_layers)
     if k and not op_level:
         frac = (0, 2 * k / m.num_layers, 0)

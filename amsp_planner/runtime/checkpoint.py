@@ -5,9 +5,10 @@
 What is saved is plan-free: for each unit, the unpadded fp32 master weights and Adam moments
 as one logical 1-D tensor (``unit3.master`` of ``ModelSpec.unit_params()[3]`` elements), each
 rank writing the part of its OS shard that is not padding (OS replicas write the same chunk;
-DCP keeps one), plus the step, the model and the seed. Any plan of the same model (other
-factors, other world size) loads it: DCP reads, for every rank, the saved chunks that overlap
-its new OS shard. Parameters are then rebuilt from the masters with the update all-gather
+DCP keeps one), plus the step, the model and the seed. At tp > 1 a rank's OS shard of its TP
+shard is several runs of the logical unit, one chunk each ([Note: TP checkpoints]). Any plan
+of the same model (other factors, other world size, other tensor-parallel degree) loads it:
+DCP reads, for every rank, the saved chunks that overlap its new OS shard. Parameters are then rebuilt from the masters with the update all-gather
 (counted in phase 'checkpoint'); gradients are zero at a step boundary.
 
 Atomic: a checkpoint is written to ``step_K.tmp``, renamed to ``step_K`` once every rank has
@@ -57,37 +58,51 @@ KEEP = 2
 
 
 class FlatShard:
-    """One rank's contiguous chunk [offset, offset + n) of a logical 1-D tensor, for DCP."""
+    """One rank's chunks of a logical 1-D tensor, for DCP: ``pieces`` of (tensor, offset), each
+    the contiguous elements [offset, offset + n) (one piece at tp = 1; at tp > 1 a TP shard's
+    elements lie in several runs of the logical unit)."""
 
-    def __init__(self, tensor: torch.Tensor, offset: int, global_size: int):
-        self.tensor, self.offset, self.global_size = tensor, offset, global_size
+    def __init__(self, pieces: list[tuple[torch.Tensor, int]], global_size: int):
+        self.pieces = [(t, o) for t, o in pieces if t.numel()]
+        self.global_size = global_size
+        self._by_offset = {o: t for t, o in self.pieces}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t, _ in self.pieces)
 
     def size(self) -> torch.Size:
         return torch.Size([self.global_size])
 
-    def _chunk(self) -> ChunkStorageMetadata:
-        return ChunkStorageMetadata(offsets=torch.Size([self.offset]),
-                                    sizes=torch.Size([self.tensor.numel()]))
+    @staticmethod
+    def _chunk(t: torch.Tensor, o: int) -> ChunkStorageMetadata:
+        return ChunkStorageMetadata(offsets=torch.Size([o]), sizes=torch.Size([t.numel()]))
 
     def __create_write_items__(self, fqn: str, obj) -> list[WriteItem]:
-        if self.tensor.numel() == 0:
-            return []
         return [WriteItem(
-            index=MetadataIndex(fqn, torch.Size([self.offset])),
+            index=MetadataIndex(fqn, torch.Size([o])),
             type=WriteItemType.SHARD,
-            tensor_data=TensorWriteData(chunk=self._chunk(),
-                                        properties=TensorProperties.create_from_tensor(self.tensor),
+            tensor_data=TensorWriteData(chunk=self._chunk(t, o),
+                                        properties=TensorProperties.create_from_tensor(t),
                                         size=self.size()),
-        )]
+        ) for t, o in self.pieces]
 
     def __create_chunk_list__(self) -> list[ChunkStorageMetadata]:
-        return [self._chunk()] if self.tensor.numel() else []
+        return [self._chunk(t, o) for t, o in self.pieces]
+
+    def lookup(self, index: MetadataIndex) -> torch.Tensor:
+        """The piece a save's write item or a load's read item (by its chunk's place) names."""
+        if index.index is not None and index.index < len(self.pieces):
+            t, o = self.pieces[index.index]
+            if torch.Size([o]) == index.offset:
+                return t
+        return self._by_offset[index.offset[0]]
 
 
 class _SavePlanner(DefaultSavePlanner):
     def lookup_object(self, index: MetadataIndex):
         obj = self.state_dict[index.fqn]
-        return obj.tensor if isinstance(obj, FlatShard) else super().lookup_object(index)
+        return obj.lookup(index) if isinstance(obj, FlatShard) else super().lookup_object(index)
 
 
 class _LoadPlanner(DefaultLoadPlanner):
@@ -102,19 +117,45 @@ class _LoadPlanner(DefaultLoadPlanner):
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         obj = self.state_dict[index.fqn]
-        return obj.tensor if isinstance(obj, FlatShard) else super().lookup_tensor(index)
+        return obj.lookup(index) if isinstance(obj, FlatShard) else super().lookup_tensor(index)
 
 
-def _state_dict(engine) -> dict:
-    """FlatShards over the engine's own master/moment tensors (no copies)."""
+def _tp_runs(engine, i: int, off: int, n: int, saving: bool) -> list[tuple[int, int, int]]:
+    """[Note: TP checkpoints] (start in the OS shard, logical offset, length) of the runs of
+    elements [off, off + n) of this TP rank's unit i that are consecutive in the logical unit.
+    A save leaves the replicated weights (the norms) to TP rank 0, so no two ranks write
+    overlapping chunks (DP replicas of one OS shard write identical ones, which DCP keeps once)."""
+    from amsp_planner.runtime.tp import shard_index
+
+    idx = shard_index(engine.job.model, i, engine.tp, engine.tp_rank)[off:off + n]
+    pos = torch.arange(n)
+    if saving and engine.tp_rank:
+        keep = torch.ones(n, dtype=torch.bool)
+        for a, b in engine._replicated_in_os(i):
+            keep[a:b] = False
+        pos, idx = pos[keep], idx[keep]
+    if not len(pos):
+        return []
+    brk = ((pos[1:] - pos[:-1] != 1) | (idx[1:] - idx[:-1] != 1)).nonzero().flatten() + 1
+    starts = [0] + brk.tolist()
+    ends = brk.tolist() + [len(pos)]
+    p, g = pos.tolist(), idx.tolist()
+    return [(p[a], g[a], b - a) for a, b in zip(starts, ends, strict=True)]
+
+
+def _state_dict(engine, saving: bool = False) -> dict:
+    """FlatShards over the engine's own master/moment tensors (no copies): each rank's OS
+    shard, less its padding, in the logical (t = 1) unit's element order."""
     sd = {}
     for i, lay in enumerate(engine.layouts):
         real = engine.real[i]
         off = lay.os_off(engine.i_os)
         n = max(0, min(lay.os_len, real - off))
+        logical = engine.job.model.unit_params()[i]
+        runs = [(0, min(off, real), n)] if engine.tp == 1 else _tp_runs(engine, i, off, n, saving)
         for name in STATES:
             t = getattr(engine, name)[i]
-            sd[f"unit{i}.{name}"] = FlatShard(t[:n], min(off, real), real)
+            sd[f"unit{i}.{name}"] = FlatShard([(t[a:a + k], g) for a, g, k in runs], logical)
     return sd
 
 
@@ -139,7 +180,7 @@ def save(engine, directory: str | os.PathLike, step: int, die=None) -> Path:
         for stale in root.glob("step_*.tmp"):  # this save's, or an earlier crash's
             shutil.rmtree(stale, ignore_errors=True)
     engine.comm.barrier(world)
-    sd = _state_dict(engine)
+    sd = _state_dict(engine, saving=True)
     sd["meta"] = _meta(engine)
     try:
         dcp.save(sd, checkpoint_id=str(tmp), planner=_SavePlanner())
@@ -171,7 +212,7 @@ def _raise_if_full(root: Path, sd: dict, step: int, exc: BaseException) -> None:
     from amsp_planner.report.fmt import bytes_h
     from amsp_planner.runtime.faults import RunFault
 
-    need = sum(v.tensor.nbytes for v in sd.values() if isinstance(v, FlatShard))
+    need = sum(v.nbytes for v in sd.values() if isinstance(v, FlatShard))
     free = shutil.disk_usage(root).free
     if free < need:
         raise RunFault(f"no space left on device while saving checkpoint step_{step} in {root} "

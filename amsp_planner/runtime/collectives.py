@@ -191,11 +191,14 @@ class Comm:
             return _DONE
         return Work(handle, lambda: out.copy_(chunk))
 
-    def all_reduce(self, t: torch.Tensor, group: Group, async_op: bool = False) -> Work:
+    def all_reduce(self, t: torch.Tensor, group: Group, async_op: bool = False,
+                   op: str = "sum") -> Work:
+        """Sum (or `op` 'max') `t` over the members, in place."""
         if group.size == 1:
             return _DONE
         self._count("all_reduce", group, t.nbytes)
-        return Work(dist.all_reduce(t, group=group.pg, async_op=async_op))
+        rop = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
+        return Work(dist.all_reduce(t, op=rop, group=group.pg, async_op=async_op))
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
                    async_op: bool = False) -> Work:

@@ -19,6 +19,13 @@ saves that live in a gather buffer are packed as (unit, shape, stride, offset) a
 from wherever that unit was gathered again for backward, so the buffers can be reused between
 forward and backward without holding a copy.
 
+[Note: leaves and the gather buffers] A unit's leaves alias its gather buffer but do not share
+its version counter (``detach()`` would): gloo finishes an asynchronous all-gather by copying
+into the output on its own thread, which bumps the output's version counter, and the prefetch
+of the next unit in backward may land in the buffer a checkpointed block's leaves were made
+from in forward; its recomputation packs those leaves, and autograd refuses a pack hook whose
+input's version changes meanwhile ("A saved tensor pack hook is modifying its input in place").
+
 [Note: tied embeddings] The tied LM head uses the embedding unit's weights at the end of
 forward and the start of backward, while the embedding lookup uses them at the start of
 forward and its gradient arrives at the end of backward. The embedding unit therefore has its
@@ -35,6 +42,7 @@ import torch
 
 from amsp_planner.runtime import faults
 from amsp_planner.runtime import model as M
+from amsp_planner.runtime import tp as TP
 from amsp_planner.runtime.collectives import Comm, Group, Work
 from amsp_planner.runtime.layout import UnitLayout
 from amsp_planner.runtime.quant import dequantize_chunks, qbytes, quantize_chunks
@@ -87,14 +95,7 @@ class _Fetch:
 
 def _alias(v: torch.Tensor) -> torch.Tensor:
     """A tensor on `v`'s memory with a version counter of its own (``detach`` would share
-    `v`'s). [Note: leaves with their own version] A gather buffer is written again while
-    autograd still reads leaves on it: the next unit's prefetch lands in the other slot, which
-    held this unit in forward, and gloo completes an asynchronous gather with a copy on its
-    own thread. Sharing the buffer's version counter, a leaf's version could then change while
-    a checkpointed block's recomputation saves it, which autograd refuses ("a saved tensor
-    pack hook is modifying its input in place"), depending on thread timing. The values
-    autograd reads are right either way: saved tensors on gather buffers are unpacked from
-    the unit's current gather ([Note: units outside autograd's reach])."""
+    `v`'s): [Note: leaves and the gather buffers]."""
     t = v.new_empty(0)
     return t.set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
 
@@ -107,20 +108,34 @@ class ShardedEngine:
         M.check_supported(job.model)
         from amsp_planner.runtime.preflight import check_tp
 
-        check_tp(strategy)
+        check_tp(strategy, job)
         self.job, self.s, self.comm, self.groups = job, strategy, comm, groups
         self.rank, self.optim, self.device = rank, optim, torch.device(device)
         t = job.training
         self.pdt, self.gdt = DTYPES[t.dtype_name], DTYPES[t.grad_dtype_name]
-        self.specs = M.unit_param_specs(job.model)
+        tp = self.tp = strategy.tp
+        self.specs = M.unit_param_specs(job.model, tp)
         self.offsets = [M.offsets(u) for u in self.specs]
-        self.real = job.model.unit_params()
+        self.real = job.model.unit_params() if tp == 1 else job.model.tp_unit_params(tp)
         self.num_units = len(self.specs)
         self.tied = job.model.tied_embeddings
         s = strategy
-        self.layouts = [UnitLayout(u, s.s_p, s.s_g, s.s_os, s.hpz) for u in job.units]
-        self.i_p, self.i_os = rank % s.s_p, rank % s.s_os
-        self.i_h = rank % s.hpz
+        self.units = job.tp_units(tp)
+        """Padded elements of each unit this rank's buffers hold (its TP shard at tp > 1)."""
+        self.max_unit = max(self.units)
+        self.layouts = [UnitLayout(u, s.s_p, s.s_g, s.s_os, s.hpz) for u in self.units]
+        self.dp_rank, self.tp_rank = rank // tp, rank % tp
+        """[Note: TP layout] Global rank r is TP rank r mod t of data-parallel rank r div t;
+        the ZeRO factors shard over the data-parallel ranks (groups strided by t)."""
+        d = self.dp_rank
+        self.i_p, self.i_os = d % s.s_p, d % s.s_os
+        self.i_h = d % s.hpz
+        self.tpc = None
+        self.rep_slices: list[list[tuple[int, int]]] = [[] for _ in self.specs]
+        if tp > 1:
+            self.tpc = TP.TPContext(comm, groups["TP"])
+            self.rep_slices = [TP.replicated_slices(job.model, i, tp)
+                               for i in range(self.num_units)]
         self.s0_g, self.s1_g = s.mesh("g", job.gpus_per_node)
         self.ckpt_modes = [None] + M.block_modes(s.ckpt_value, job.model.num_layers) + [None]
         """Per unit: None, 'full' or 'op' checkpointing (blocks only)."""
@@ -132,14 +147,14 @@ class ShardedEngine:
         return torch.zeros(n, dtype=dtype, device=self.device)
 
     def _alloc(self) -> None:
-        s, u_max = self.s, self.job.max_unit
+        s, u_max = self.s, self.max_unit
         L = self.layouts
         self.p_shard = [self._new(x.p_len, self.pdt) for x in L]
         self.g_shard = [self._new(x.g_len, self.gdt) for x in L]
         self.master = [self._new(x.os_len, torch.float32) for x in L]
         self._moments: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.hpz = [self._new(x.hpz_len, self.pdt) for x in L] if s.hpz > 1 else []
-        e = self.job.units[0]
+        e = self.units[0]
         self.gather = [self._new(u_max, self.pdt) for _ in range(2)] if s.s_p > 1 else []
         self.gather_emb = self._new(e, self.pdt) if s.s_p > 1 and self.tied else None
         qb8 = qbytes(u_max, 8, s.quant_block)
@@ -210,7 +225,13 @@ class ShardedEngine:
         moments, allocated at the first step) plus one unit."""
         for i, lay in enumerate(self.layouts):
             flat = torch.zeros(lay.size, dtype=torch.float32)
-            M.init_unit(self.job.model, i, seed, out=flat)
+            if self.tp == 1:
+                M.init_unit(self.job.model, i, seed, out=flat)
+            else:  # the logical unit, then this TP rank's shard of it
+                full = M.init_unit(self.job.model, i, seed)
+                flat[:self.real[i]] = full[TP.shard_index(self.job.model, i, self.tp,
+                                                          self.tp_rank)]
+                del full
             self._load_unit(i, flat.to(self.device))
             del flat
 
@@ -271,6 +292,8 @@ class ShardedEngine:
         return packed
 
     def _leaves(self, i: int, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Leaves over unit i's views of `buf`, each with a version counter of its own
+        ([Note: leaves and the gather buffers])."""
         return {k: _alias(v).requires_grad_(True) for k, v in M.views(buf, self.specs[i]).items()}
 
     # ----- gradients ----------------------------------------------------------------------------
@@ -356,11 +379,13 @@ class ShardedEngine:
     def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor, micro: int,
                          loss_scale: float) -> float:
         """Forward and backward of one micro-batch; returns its (unscaled) mean loss."""
-        U, model = self.num_units, self.job.model
+        U, model, tpc = self.num_units, self.job.model, self.tpc
         self._cur: dict[int, torch.Tensor] = {}
         self._live: dict[int, int] = {}
         acts: list = [None] * U
         leaves: list = [None] * U
+        tp_kept: list = [None] * U
+        """Per op-level checkpointed block at tp > 1: its TP collectives' forward outputs."""
         emb_head_leaf = None
         fetch = self._fetch(0, "forward")
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -375,23 +400,35 @@ class ShardedEngine:
                 leaves[i] = self._leaves(i, buf)
                 kind = M.unit_kind(i, U)
                 if kind == "embedding":
-                    y = M.embed(tokens, leaves[i])
+                    if tpc is None:
+                        y = M.embed(tokens, leaves[i])
+                    else:
+                        y = TP.embed(tokens, leaves[i], tpc)
                     acts[i] = (None, y)
                 elif kind == "block":
                     xin = x.detach().requires_grad_(True)
-                    y = M.run_block(xin, leaves[i], model, self.ckpt_modes[i])
+                    if tpc is None:
+                        y = M.run_block(xin, leaves[i], model, self.ckpt_modes[i])
+                    else:
+                        op = self.ckpt_modes[i] == "op"
+                        tpc.record = [] if op else None
+                        y = TP.run_block(xin, leaves[i], model, tpc, self.ckpt_modes[i])
+                        tp_kept[i], tpc.record = tpc.record, None
                     acts[i] = (xin, y)
                 else:
                     xin = x.detach().requires_grad_(True)
                     if self.tied:
                         ebuf = self._cur[0]
                         self._live[ebuf.untyped_storage().data_ptr()] = 0
-                        emb_head_leaf = ebuf[:self.real[0]].view(model.vocab_size, -1)
+                        emb_head_leaf = ebuf[:self.real[0]].view(-1, model.hidden_size)
                         emb_head_leaf = _alias(emb_head_leaf).requires_grad_(True)
                         lm = emb_head_leaf
                     else:
                         lm = leaves[i]["lm_head"]
-                    y = M.head_loss(xin, leaves[i], lm, targets)
+                    if tpc is None:
+                        y = M.head_loss(xin, leaves[i], lm, targets)
+                    else:
+                        y = TP.head_loss(xin, leaves[i], lm, targets, tpc)
                     acts[i] = (xin, y)
                 x = y
         loss = acts[U - 1][1]
@@ -401,6 +438,8 @@ class ShardedEngine:
         emb_fetch = self._fetch(0, "backward") if self.tied else None
         grad_y = None
         emb_target = None
+        if tpc is not None:
+            tpc.backward = True  # a forward TP collective from now on is a recomputation
         for j in range(head, -1, -1):
             faults.at(doing=f"running the backward of unit {j}")
             if j == 0 and self.tied:
@@ -421,16 +460,22 @@ class ShardedEngine:
             xin, y = acts[j]
             names = list(leaves[j])
             inputs = ([xin] if xin is not None else []) + [leaves[j][k] for k in names]
+            if tpc is not None:
+                tpc.replay = tp_kept[j]
             if j == head:
                 if self.tied:
                     inputs.append(emb_head_leaf)
                 grads = torch.autograd.grad(y * loss_scale, inputs)
             else:
                 grads = torch.autograd.grad(y, inputs, grad_y)
+            if tpc is not None:  # (the recomputation stops early: the last may be unused)
+                tpc.replay = tp_kept[j] = None
             if xin is not None:
                 grad_y, grads = grads[0], grads[1:]
             acts[j] = None
             pgrads = dict(zip(names, grads[:len(names)], strict=True))
+            if self.rep_slices[j]:
+                self._sum_replicated(j, pgrads)
             if j == head and self.tied:
                 emb_target = self._grad_target(0)
                 self._deposit(0, emb_target, {"tok_emb": grads[-1]}, first=True)
@@ -442,8 +487,24 @@ class ShardedEngine:
             if self.s.s_g > 1:
                 self._reduce(j, target, micro)
         self._wait_pending()
+        if tpc is not None:
+            tpc.backward = False
         self._cur, self._live = {}, {}
         return float(loss.detach())
+
+    def _sum_replicated(self, j: int, pgrads: dict[str, torch.Tensor]) -> None:
+        """TP: the gradients of the weights every TP rank holds whole (the norms) are partial
+        sums over this rank's sequence shard: one all-reduce of all of unit j's over the TP
+        group, in the gradient dtype (phase 'backward')."""
+        names = [n for n in pgrads if n in TP.REPLICATED]
+        buf = torch.cat([pgrads[n].reshape(-1).to(self.gdt) for n in names])
+        self.comm.phase = "backward"
+        self.comm.all_reduce(buf, self.tpc.group)
+        off = 0
+        for n in names:
+            k = pgrads[n].numel()
+            pgrads[n] = buf[off:off + k]
+            off += k
 
     # ----- the step boundary -------------------------------------------------------------------
     def nonfinite(self, loss_sum: float) -> bool:
@@ -481,6 +542,9 @@ class ShardedEngine:
             self.comm.all_reduce(gos, self.groups["OS_replica"])
             norm2 += adamw_(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], gos, o,
                             self.step_count)
+            if self.tp_rank:  # TP: the replicated weights' gradients count once, on TP rank 0
+                for a, b in self._replicated_in_os(i):
+                    norm2 -= gos[a:b].float().pow(2).sum()
             g.zero_()
             self.comm.phase = "update"
             gathers.append(self._update_params(i, lay))
@@ -493,6 +557,16 @@ class ShardedEngine:
         self.comm.all_reduce(stats, self.groups["world"])
         replicas = self.groups["OS_replica"].size
         return float(stats[0]), math.sqrt(float(stats[1]) / replicas)
+
+    def _replicated_in_os(self, i: int) -> list[tuple[int, int]]:
+        """[a, b) ranges of this rank's OS shard of unit i that hold replicated weights."""
+        oo, n = self.layouts[i].os_off(self.i_os), self.layouts[i].os_len
+        out = []
+        for off, k in self.rep_slices[i]:
+            a, b = max(off, oo), min(off + k, oo + n)
+            if a < b:
+                out.append((a - oo, b - oo))
+        return out
 
     def _update_params(self, i: int, lay: UnitLayout) -> Work | None:
         """Cast the updated master shard and gather it into the P shard; returns the pending
@@ -521,13 +595,21 @@ class ShardedEngine:
         src = getattr(self, what)
         world = self.groups["world"]
         self.comm.phase = "export"
-        out = []
+        out, t = [], self.tp
         for i, lay in enumerate(self.layouts):
             allg = torch.empty(lay.os_len * world.size, dtype=torch.float32, device=self.device)
             self.comm.all_gather(allg, src[i], world)
-            full = torch.empty(lay.size, dtype=torch.float32, device=self.device)
-            for r in range(world.size):
-                oo = lay.os_off(r % self.s.s_os)
-                full[oo:oo + lay.os_len] = allg[r * lay.os_len:(r + 1) * lay.os_len]
-            out.append(full[:self.real[i]].clone())
+            full = torch.empty(t, lay.size, dtype=torch.float32, device=self.device)
+            for r in range(world.size):  # rank r: TP rank r mod t of DP rank r div t
+                oo = lay.os_off((r // t) % self.s.s_os)
+                full[r % t, oo:oo + lay.os_len] = allg[r * lay.os_len:(r + 1) * lay.os_len]
+            if t == 1:
+                out.append(full[0, :self.real[i]].clone())
+                continue
+            logical = torch.empty(self.job.model.unit_params()[i], dtype=torch.float32,
+                                  device=self.device)
+            for j in range(t):
+                idx = TP.shard_index(self.job.model, i, t, j).to(self.device)
+                logical[idx] = full[j, :self.real[i]]
+            out.append(logical)
         return out

@@ -126,7 +126,7 @@ def check_inputs(plan_path: str, opts: dict):
     check_options(opts)
     plan = load_plan(plan_path)
     check_supported(plan.job.model)
-    check_tp(plan.strategy)
+    check_tp(plan.strategy, plan.job)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check_world(plan.job, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     check_outputs(opts, [plan_path, opts.get("data")])
@@ -226,7 +226,7 @@ def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, rank
 
     job = plan.job
     check_supported(job.model)
-    check_tp(plan.strategy)
+    check_tp(plan.strategy, plan.job)
     r = job.gpus_per_node
     if nproc_per_node is not None and nproc_per_node != r:
         raise AmspUserError(f"--nproc-per-node {nproc_per_node}: the plan expects {r} processes "

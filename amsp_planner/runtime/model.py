@@ -28,16 +28,19 @@ NORM_EPS = 1e-5
 INIT_STD = 0.02
 
 
-def unit_param_specs(model) -> list[list[tuple[str, tuple[int, ...]]]]:
-    """(name, shape) of every parameter of every unit, in flat-buffer order."""
+def unit_param_specs(model, tp: int = 1) -> list[list[tuple[str, tuple[int, ...]]]]:
+    """(name, shape) of every parameter of every unit, in flat-buffer order; with `tp` > 1
+    the shapes of one TP rank's shards (runtime/tp.py), in the same order."""
     h, f, kv, V = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.vocab_size
-    emb = [("tok_emb", (V, h))]
-    block = [("attn_norm", (h,)), ("wqkv", (h + 2 * kv, h)), ("wo", (h, h)),
-             ("mlp_norm", (h,)), ("w13", (2 * f, h)), ("w2", (h, f))]
-    head = [("norm", (h,))] + ([] if model.tied_embeddings else [("lm_head", (V, h))])
+    t = tp
+    emb = [("tok_emb", (V // t, h))]
+    block = [("attn_norm", (h,)), ("wqkv", ((h + 2 * kv) // t, h)), ("wo", (h, h // t)),
+             ("mlp_norm", (h,)), ("w13", (2 * f // t, h)), ("w2", (h, f // t))]
+    head = [("norm", (h,))] + ([] if model.tied_embeddings else [("lm_head", (V // t, h))])
     specs = [emb] + [block] * model.num_layers + [head]
     counts = [sum(math.prod(s) for _, s in u) for u in specs]
-    assert counts == model.unit_params(), (counts, model.unit_params())
+    want = model.unit_params() if t == 1 else model.tp_unit_params(t)
+    assert counts == want, (counts, want)
     return specs
 
 

@@ -48,13 +48,23 @@ def check_supported(model) -> None:
         )
 
 
-def check_tp(strategy) -> None:
-    """The bundled runtime runs tp = 1 only (issue #14 item 4 is its part): a tensor-parallel
-    plan is refused in one line, with the export that runs it."""
-    if strategy.tp > 1:
+def check_tp(strategy, job=None) -> None:
+    """What the bundled runtime runs with tp = t > 1 (runtime/tp.py): every ZeRO factor
+    combination, ZeRO++ included, and every checkpointing setting, on a model whose
+    vocabulary, MLP width and sequence length t divides; the rest is refused in one line,
+    naming it."""
+    t = strategy.tp
+    if t == 1 or job is None:
+        return
+    m = job.model
+    bad = [f"{name} {v}" for name, v in (("vocab_size", m.vocab_size),
+                                         ("ffn_hidden_size", m.ffn_hidden_size),
+                                         ("seq_len", job.training.seq_len)) if v % t]
+    if bad:
         raise AmspUserError(
-            f"plan has tp={strategy.tp}: the bundled runtime runs tp=1 only; export it with "
-            "`amsp export --to torchtitan` (or --to fsdp2), or re-plan with --tp 1")
+            f"plan has tp={t} but {', '.join(bad)} is not a multiple of {t}: the bundled "
+            "runtime splits the vocabulary, the MLP and the sequence evenly over the TP ranks: "
+            "pad it to a multiple, or re-plan with another --tp")
 
 
 def check_world(job, world: int, local: int) -> None:

@@ -36,7 +36,7 @@ from amsp_planner.runtime.preflight import (  # noqa: F401 - this module's API t
     is_report,
 )
 
-STEP_PHASES = ("forward", "backward", "grad_sync", "update")
+STEP_PHASES = ("forward", "backward", "recompute", "grad_sync", "update")
 
 
 @dataclass
@@ -128,8 +128,10 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
     seq = job.training.seq_len
     source = TokenSource(cfg.data, job.model.vocab_size, seq, job.training.batch_seqs, cfg.seed)
     start = _start(engine, cfg, rank)
-    per_rank = job.training.batch_seqs // N
-    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    # data-parallel rank d takes its rows; the t ranks of its TP group all run them
+    per_rank = job.training.batch_seqs // (N // strategy.tp)
+    d = engine.dp_rank
+    rows = slice(d * per_rank, (d + 1) * per_rank)
     losses, times, norms, skipped = [], [], [], []
     predicted = evaluation.step_s
     tokens_per_step = job.training.batch_tokens
@@ -178,11 +180,13 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
 
 def _step(engine, batch, n_micro: int, mb: int, N: int, cfg: RunConfig, fault, step: int
           ) -> tuple[float, float]:
-    """One optimizer step over the rank's rows of the global batch; (loss, grad norm)."""
+    """One optimizer step over the rank's rows of the global batch; (loss, grad norm). The
+    gradients are of the mean over the N/t data-parallel ranks' rows; every one of the N ranks
+    adds 1/N of its loss to the world all-reduce (a TP group's t ranks hold the same loss)."""
     loss_sum = 0.0
     for m in range(n_micro):
         chunk = batch[m * mb:(m + 1) * mb].to(engine.device, non_blocking=True)
-        scale = 1.0 / (N * n_micro)
+        scale = 1.0 / (N // engine.tp * n_micro)
         if fault is not None and m == 0:
             scale = _inject(fault, engine.rank, step + 1, scale)
         loss_sum += engine.forward_backward(chunk[:, :-1], chunk[:, 1:], m, scale) / (N * n_micro)
@@ -254,7 +258,7 @@ def _finish(job, strategy, evaluation, engine, comm, losses, norms, times, start
 
     ran = max(1, len(times))
     stepped = max(1, len(times) - len(skipped))
-    step_rows = (comm.report(ran, ("forward", "backward"))
+    step_rows = (comm.report(ran, ("forward", "backward", "recompute"))
                  + comm.report(stepped, ("grad_sync", "update")))
     report = _report(job, strategy, evaluation, engine, step_rows, comm.report(1, ("setup",)),
                      comm.report(1, ("checkpoint",)), losses, norms, times, start)
@@ -288,7 +292,8 @@ def _report(job, strategy, ev, engine, step_rows, setup_rows, ckpt_rows, losses,
     from amsp_planner.cost.memory import buffer_bytes, model_state_bytes
 
     t = job.training
-    predicted_mem = {**model_state_bytes(job.phi, strategy, t.param_bytes, t.grad_bytes),
+    predicted_mem = {**model_state_bytes(job.tp_phi(strategy.tp), strategy, t.param_bytes,
+                                         t.grad_bytes),
                      **buffer_bytes(job, strategy)}
     measured = engine.state_bytes()
     sched = {(e.phase, e.op, e.group): e for e in ev.schedule}

@@ -109,7 +109,7 @@ def test_cli_module_does_not_import_torch():
 
 
 def test_unit_leaves_keep_their_own_version_while_the_buffer_is_written():
-    """[Note: leaves with their own version]: gloo bumps an asynchronous gather's output
+    """[Note: leaves and the gather buffers] (runtime/engine.py): gloo bumps an asynchronous gather's output
     version on its own thread, so leaves on a gather buffer must not share its counter, yet
     must read its memory."""
     from amsp_planner.runtime.engine import _alias
