@@ -27,6 +27,7 @@ def pytest_configure(config):
         os.environ.pop("LINES", None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("multiprocess") or str(item.path).startswith(RUNTIME):

@@ -300,3 +300,19 @@ def test_the_planner_takes_tp_where_it_wins_and_explain_says_why(tmp_path):
     assert (recompute_s(job, s.micro_batch, s.ckpt_value, s.tp)
             < recompute_s(job, dp_only.micro_batch, dp_only.ckpt_value))
     assert any(line.startswith(f"tensor parallelism: tp={s.tp} chosen") for line in facts["lines"])
+
+
+def test_the_searched_degrees_split_the_mlp_and_the_sequence_evenly():
+    """Column-sharded gate/up need t | ffn; sequence parallelism needs t | seq_len: a degree
+    that leaves a remainder is not searched (it would be refused by the runtime, and no
+    engine splits unevenly)."""
+    cluster = load_cluster("dgx-a100-hdr")
+    base = load_model("llama-7b")
+
+    def tps(model, seq_len=2048):
+        t = TrainingSpec(seq_len=seq_len, global_batch_seqs=1024)
+        return Job.create(model, cluster, t, 64).tp_options()
+
+    assert tps(base) == (1, 2, 4, 8)
+    assert tps(base.model_copy(update={"ffn_hidden_size": 11004})) == (1, 2, 4)  # 11004 = 4 x 2751
+    assert tps(base, seq_len=2046) == (1, 2)  # 2046 = 2 x 1023

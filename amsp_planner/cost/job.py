@@ -153,11 +153,13 @@ class Job:
 
     def tp_options(self) -> tuple[int, ...]:
         """The tensor-parallel degrees this job admits: divisors of the GPUs per node that
-        divide the heads (``ModelSpec.tp_degrees``), that the engine runs, and whose N/tp
+        divide the heads and the MLP width (``ModelSpec.tp_degrees``) and the sequence
+        (sequence parallelism splits it evenly), that the engine runs, and whose N/tp
         data-parallel ranks divide the global batch."""
         tps = self.model.tp_degrees(self.gpus_per_node) if self.profile.tp else [1]
-        b = self.training.batch_seqs
-        return tuple(t for t in tps if b >= self.dp_ranks(t) and b % self.dp_ranks(t) == 0)
+        b, s = self.training.batch_seqs, self.training.seq_len
+        return tuple(t for t in tps if b >= self.dp_ranks(t) and b % self.dp_ranks(t) == 0
+                     and s % t == 0)
 
     @cached_property
     def phi(self) -> int:

@@ -190,9 +190,11 @@ class ModelSpec(BaseModel):
 
     def tp_degrees(self, gpus_per_node: int) -> list[int]:
         """Tensor-parallel degrees the model admits on nodes of R GPUs: divisors of R that
-        divide the query and the key/value heads (each TP rank holds whole heads)."""
+        divide the query and the key/value heads (each TP rank holds whole heads) and the MLP
+        width (column-sharded gate/up, row-sharded down: equal slices)."""
         return [t for t in range(1, gpus_per_node + 1) if gpus_per_node % t == 0
-                and self.num_heads % t == 0 and self.kv_heads % t == 0]
+                and self.num_heads % t == 0 and self.kv_heads % t == 0
+                and self.ffn_hidden_size % t == 0]
 
     @property
     def num_params(self) -> int:
