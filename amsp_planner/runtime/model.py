@@ -120,21 +120,30 @@ def embed(tokens: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.embedding(tokens, p["tok_emb"])
 
 
-def block(x: torch.Tensor, p: dict[str, torch.Tensor], model) -> torch.Tensor:
-    b, s, h = x.shape
-    a, kvh, hd = model.num_heads, model.kv_heads, model.head_dim
-    y = rms_norm(x, p["attn_norm"])
-    q, k, v = F.linear(y, p["wqkv"]).split([h, kvh * hd, kvh * hd], dim=-1)
+def _same(y: torch.Tensor) -> torch.Tensor:
+    return y
+
+
+def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: int = 1, gather=_same,
+          scatter=_same) -> torch.Tensor:
+    """One block. Under tensor parallelism (runtime/tp.py) `p` holds this rank's 1/tp of the
+    heads and of the MLP, x is the sequence shard, `gather` brings the normed sequence whole
+    before the column-sharded matmuls and `scatter` reduce-scatters the row-sharded ones'
+    partial sums back into the shard; at tp = 1 both are the identity."""
+    a, kvh, hd = model.num_heads // tp, model.kv_heads // tp, model.head_dim
+    y = gather(rms_norm(x, p["attn_norm"]))
+    b, s, _ = y.shape
+    q, k, v = F.linear(y, p["wqkv"]).split([a * hd, kvh * hd, kvh * hd], dim=-1)
     q = q.view(b, s, a, hd).transpose(1, 2)
     k = k.view(b, s, kvh, hd).transpose(1, 2)
     v = v.view(b, s, kvh, hd).transpose(1, 2)
     cos, sin = _rope(s, hd, model.rope_theta, x.dtype, x.device)
     q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kvh != a)
-    x = x + F.linear(o.transpose(1, 2).reshape(b, s, h), p["wo"])
-    y = rms_norm(x, p["mlp_norm"])
+    x = x + scatter(F.linear(o.transpose(1, 2).reshape(b, s, a * hd), p["wo"]))
+    y = gather(rms_norm(x, p["mlp_norm"]))
     gate, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, p["w2"])
+    return x + scatter(F.linear(F.silu(gate) * up, p["w2"]))
 
 
 def _save_ops() -> frozenset:

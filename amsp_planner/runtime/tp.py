@@ -177,22 +177,10 @@ def embed(tokens: torch.Tensor, p: dict[str, torch.Tensor], tp: TPContext) -> to
 
 
 def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: TPContext) -> torch.Tensor:
-    """One block on the sequence shard x [b, s/t, h] (module docstring)."""
-    t = tp.size
-    a, kvh, hd = model.num_heads // t, model.kv_heads // t, model.head_dim
-    y = gather_seq(M.rms_norm(x, p["attn_norm"]), tp)
-    b, s, _ = y.shape
-    q, k, v = F.linear(y, p["wqkv"]).split([a * hd, kvh * hd, kvh * hd], dim=-1)
-    q = q.view(b, s, a, hd).transpose(1, 2)
-    k = k.view(b, s, kvh, hd).transpose(1, 2)
-    v = v.view(b, s, kvh, hd).transpose(1, 2)
-    cos, sin = M._rope(s, hd, model.rope_theta, x.dtype, x.device)
-    q, k = M._apply_rope(q, cos, sin), M._apply_rope(k, cos, sin)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kvh != a)
-    x = x + scatter_seq(F.linear(o.transpose(1, 2).reshape(b, s, a * hd), p["wo"]), tp)
-    y = gather_seq(M.rms_norm(x, p["mlp_norm"]), tp)
-    gate, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
-    return x + scatter_seq(F.linear(F.silu(gate) * up, p["w2"]), tp)
+    """One block on the sequence shard x [b, s/t, h] (module docstring): the model's block
+    with the sequence-parallel collectives around its sharded matmuls."""
+    return M.block(x, p, model, tp.size, lambda y: gather_seq(y, tp),
+                   lambda y: scatter_seq(y, tp))
 
 
 def run_block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: TPContext,

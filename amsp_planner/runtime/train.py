@@ -129,7 +129,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
     source = TokenSource(cfg.data, job.model.vocab_size, seq, job.training.batch_seqs, cfg.seed)
     start = _start(engine, cfg, rank)
     # data-parallel rank d takes its rows; the t ranks of its TP group all run them
-    per_rank = job.training.batch_seqs // (N // strategy.tp)
+    per_rank = job.seqs_per_rank(strategy.tp)
     d = engine.dp_rank
     rows = slice(d * per_rank, (d + 1) * per_rank)
     losses, times, norms, skipped = [], [], [], []
