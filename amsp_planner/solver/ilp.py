@@ -102,9 +102,22 @@ PHASE2_RTOLS = (TIME_RTOL, 1e-6)
 """Relative slack on the step time while phase 2 minimises memory, tried in turn."""
 
 
+_quiet_depth = 0  # nesting of _quiet_stdout (one redirection for a batch of threaded solves)
+
+
 @contextlib.contextmanager
 def _quiet_stdout():
-    """Silence what the solver library prints on file descriptor 1 (HiGHS's banner)."""
+    """Silence what the solver library prints on file descriptor 1 (HiGHS's banner). Nested
+    uses (a solve inside a batch already silenced) leave the one redirection in place: file
+    descriptor 1 is process-wide, so the threads of a batch must not swap it under each other."""
+    global _quiet_depth
+    if _quiet_depth:
+        _quiet_depth += 1
+        try:
+            yield
+        finally:
+            _quiet_depth -= 1
+        return
     sys.stdout.flush()
     try:
         saved = os.dup(1)
@@ -112,10 +125,12 @@ def _quiet_stdout():
         yield
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
+    _quiet_depth = 1
     try:
         os.dup2(devnull, 1)
         yield
     finally:
+        _quiet_depth = 0
         os.dup2(saved, 1)
         os.close(saved)
         os.close(devnull)
@@ -401,6 +416,7 @@ class StrategyIlp:
         self.time_limit_s = time_limit_s
         t0 = _time.perf_counter()
         self.T = _tables(job, space)
+        self._api = None  # the HiGHS instance, built at the first solve (``_run_highs``)
         self.prob = pulp.LpProblem("amsp_strategy", pulp.LpMinimize)
         self._build()
         self.stats = IlpStats(solver=solver, build_time_s=_time.perf_counter() - t0,
@@ -664,7 +680,10 @@ class StrategyIlp:
         pulp = self.pulp
         t0 = _time.perf_counter()
         with _quiet_stdout():
-            status = self.prob.solve(self._solver())
+            if self.solver_name == "highs":
+                status = self._run_highs()
+            else:
+                status = self.prob.solve(self._solver())
         self.stats.solve_time_s += _time.perf_counter() - t0
         self.stats.solves += 1
         self.stats.status = pulp.LpStatus[status]
@@ -677,6 +696,51 @@ class StrategyIlp:
                 "raise --time-limit or try --solver cbc"
             )
         return status
+
+    def _run_highs(self) -> int:
+        """Solve the PuLP problem in one HiGHS instance kept across this model's re-solves:
+        built once (PuLP's own HiGHS interface: columns, rows, integrality), then only what a
+        re-solve changes is passed on (the objective, changed bounds, rows added since: the
+        caps are variables' bounds, a no-good cut is a new row). PuLP's `prob.solve` would
+        rebuild the whole HiGHS model from Python each time. The solution is read back by
+        PuLP's interface, so `pulp.value` works as after `prob.solve`."""
+        prob, api = self.prob, self._api
+        if api is None:
+            api = self._api = self._solver()
+            api.createAndConfigureSolver(prob)
+            api.buildSolverModel(prob)
+            self._cols = prob.variables()
+            self._bounds = [(v.lowBound, v.upBound) for v in self._cols]
+            self._rows = prob.numConstraints()
+        else:
+            self._sync_highs()
+        h = prob.solverModel
+        h.changeColsCost(len(self._cols), list(range(len(self._cols))),
+                         [prob.objective.get(v, 0.0) for v in self._cols])
+        h.changeObjectiveOffset(prob.objective.constant)
+        api.callSolver(prob)
+        status, sol_status = api.findSolutionValues(prob)
+        prob.assignStatus(status, sol_status)
+        return status
+
+    def _sync_highs(self) -> None:
+        """Pass the bounds changed and the rows added since the last solve to HiGHS."""
+        prob, h, inf = self.prob, self.prob.solverModel, float("inf")
+        changed = [(i, v.lowBound, v.upBound) for i, v in enumerate(self._cols)
+                   if (v.lowBound, v.upBound) != self._bounds[i]]
+        for i, lo, up in changed:
+            h.changeColBounds(i, -inf if lo is None else lo, inf if up is None else up)
+            self._bounds[i] = (lo, up)
+        rows = prob.constraints()  # in the order added (PuLP 3.3 and 4)
+        if len(prob.variables()) != len(self._cols):
+            raise AssertionError("a variable was added after the HiGHS model was built")
+        for c in rows[self._rows:]:
+            items = [(v.index, a) for v, a in c.items() if a != 0]
+            lo, up = c.getLb(), c.getUb()
+            h.addRow(-inf if lo is None else lo, inf if up is None else up, len(items),
+                     [i for i, _ in items], [a for _, a in items])
+            c.index = self._rows
+            self._rows += 1
 
     def _decode(self) -> Strategy:
         val = self.pulp.value
@@ -828,10 +892,64 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
     value dropped and the caps set to it; the chosen solution the exact one of the models
     left, the lowest (objective, memory, strategy). With one model this is the sequence of
     lexicographic re-solves of the module docstring."""
+    threads = _threads(models)
+    t0 = _time.perf_counter()
+    with _quiet_stdout(), _mapper(threads) as each:
+        sols, stats, refs = _choose(models, runners_up, preference, each)
+    if len(models) > 1:  # the wall time: in threads the models' solves overlap
+        stats.solve_time_s = _time.perf_counter() - t0
+    return sols, stats, refs
+
+
+def _threads(models: list[StrategyIlp]) -> int:
+    """Solver threads for `models`: one per model up to the CPUs this process may use, HiGHS
+    only (each model is its own HiGHS instance, which runs without the GIL; CBC runs as a
+    subprocess through PuLP's warnings-filter juggling, which is not thread-safe)."""
+    if len(models) < 2 or any(m.solver_name != "highs" for m in models):
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(len(models), cpus))
+
+
+@contextlib.contextmanager
+def _mapper(threads: int):
+    """`each(fn, models)`: [fn(m) for m in models], the models solved in `threads` threads.
+    The models share nothing (each its own PuLP problem and HiGHS instance), so the results
+    are those of the serial loop, in its order."""
+    if threads < 2:
+        yield lambda fn, ms: [fn(m) for m in ms]
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="amsp-ilp") as ex:
+        yield lambda fn, ms: list(ex.map(fn, ms)) if len(ms) > 1 else [fn(m) for m in ms]
+
+
+LOSSLESS_BATCH = 2
+"""Lossless re-solves started together (in parallel where there are threads). A fixed number,
+not the thread count: which models are solved (and the solve count a plan file records) must
+not depend on the machine."""
+
+
+def _lossless_fastest(m: StrategyIlp) -> IlpSolution | None:
+    m._fix_lossless(True)
+    try:
+        return m._fastest()
+    finally:
+        m._fix_lossless(False)
+
+
+def _choose(models: list[StrategyIlp], runners_up: int, preference: Preference, each
+            ) -> tuple[list[IlpSolution], IlpStats, dict]:
+    """``solve_models``' rule, each round of independent solves (one per model) through
+    `each` (``_mapper``)."""
     refs: dict = {}
     for m in models:
         m.snapshot, m.cuts = None, 0
-    fastest = {id(m): m._fastest() for m in models}
+    fastest = dict(zip((id(m) for m in models), each(StrategyIlp._fastest, models)))
     alive = [m for m in models if fastest[id(m)] is not None]
     if not alive:
         return [], _merged_stats(models), refs
@@ -847,21 +965,22 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
     if preference.quantization == "auto":                   # or a lower bound of it
         if chosen.strategy.quantized:
             # each model's lossless optimum, in the order of their fastest (a lower bound of
-            # it): a model whose fastest is beyond the best lossless found cannot hold the
-            # best lossless, so it is not solved (its fastest stays its lower bound)
-            lossless, skipped = {}, set()
-            for m in sorted(alive, key=lambda m: fastest[id(m)].objective):
-                f = fastest[id(m)]
-                if not f.strategy.quantized:
-                    lossless[id(m)] = f
-                    continue
+            # it), LOSSLESS_BATCH at a time: a model whose fastest is beyond the best lossless
+            # found cannot hold the best lossless, so it is not solved (its fastest stays its
+            # lower bound)
+            order = sorted(alive, key=lambda m: fastest[id(m)].objective)
+            lossless = {id(m): fastest[id(m)] for m in order
+                        if not fastest[id(m)].strategy.quantized}
+            todo = [m for m in order if fastest[id(m)].strategy.quantized]
+            skipped = set()
+            while todo:
                 found = [v.objective for v in lossless.values() if v is not None]
-                if found and f.objective > min(found) * (1 + 1e-9):
-                    skipped.add(id(m))
-                    continue
-                m._fix_lossless(True)
-                lossless[id(m)] = m._fastest()
-                m._fix_lossless(False)
+                if found:
+                    skipped |= {id(m) for m in todo
+                                if fastest[id(m)].objective > min(found) * (1 + 1e-9)}
+                    todo = [m for m in todo if id(m) not in skipped]
+                batch, todo = todo[:LOSSLESS_BATCH], todo[LOSSLESS_BATCH:]
+                lossless.update(zip((id(m) for m in batch), each(_lossless_fastest, batch)))
             if any(v is not None for v in lossless.values()):
                 lo_owner, lo = best_of(lossless)
                 if not lo.objective > best_obj * (1 + preference.band) * (1 + TIME_RTOL):
@@ -898,8 +1017,22 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
             if name == GROUPS:  # models that cannot reach it drop (the others fail their solve)
                 alive = [m for m in alive if m.groups_floor <= floor]
             continue
-        values = {id(m): m._tie_break(name, pending[id(m)]) for m in alive}
-        held = [m for m in alive if values[id(m)] is not None]
+        def tie_break(ms, name=name, pending=pending):
+            return dict(zip((id(m) for m in ms),
+                            each(lambda m: m._tie_break(name, pending[id(m)]), ms)))
+
+        if name == GROUPS:
+            # a model has at least its floor of groups: the models of a floor above the least
+            # found cannot tie with it, so they are not solved (levels in increasing order)
+            values: dict = {}
+            for level in sorted({m.groups_floor for m in alive}):
+                found = [v for v in values.values() if v is not None]
+                if found and round(min(found)) < level:
+                    break
+                values.update(tie_break([m for m in alive if m.groups_floor == level]))
+        else:
+            values = tie_break(alive)
+        held = [m for m in alive if values.get(id(m)) is not None]
         if not held:
             break  # no slack holds: the last decision that held stands
         solved = True
@@ -914,7 +1047,8 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
                      if values[id(m)] * scale[id(m)] <= least * (1 + 1e-6) + 1e-12]
             pending = {id(m): (m.caps[name], values[id(m)], PHASE2_RTOLS) for m in alive}
     if solved:
-        exact = [(m, m._exact_solution(m.snapshot)) for m in alive if m.snapshot is not None]
+        held = [m for m in alive if m.snapshot is not None]
+        exact = list(zip(held, each(lambda m: m._exact_solution(m.snapshot), held)))
         owner, chosen = min(exact, key=lambda ms: (ms[1].objective, ms[1].memory_gib,
                                                    str(ms[1].strategy)))
     out = [chosen]
