@@ -434,3 +434,30 @@ def test_files_that_are_not_text_give_one_line(tmp_path, argv):
     bad.write_bytes(b"\xff\xfe\x00binary")
     code, out, err = run_cli([a.format(bad=bad) for a in argv])
     assert_user_error(code, out, err, "not UTF-8")
+
+
+# ----- plan: the cyclic garbage collector ---------------------------------------------------------
+@pytest.mark.parametrize("fails", [False, True])
+def test_plan_runs_without_the_cyclic_collector_and_turns_it_back_on(fails, tmp_path,
+                                                                     monkeypatch):
+    import gc
+
+    import amsp_planner.solver as solver_pkg
+
+    seen = []
+    real = solver_pkg.solve
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        if fails:
+            from amsp_planner.errors import AmspUserError
+
+            raise AmspUserError("--model: a failure inside the command")
+        return real(*a, **k)
+
+    monkeypatch.setattr(solver_pkg, "solve", spy)
+    assert gc.isenabled()
+    code, _, err = run_cli(["plan", *SMALL, "-o", str(tmp_path / "p.json")])
+    assert seen == [False]  # off while it planned
+    assert gc.isenabled()  # on again, also after a one-line error
+    assert code == (2 if fails else 0), err

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import click
 
 from amsp_planner.errors import AmspUserError
+
+
+@contextlib.contextmanager
+def no_cyclic_gc():
+    """Python's cyclic garbage collector off for a short, bounded command: what it allocates
+    (the imports, the solver's models) is freed by reference counting, and the collector's
+    passes over those objects took about 0.1 s of a cold `amsp plan` (peak memory the same:
+    80 MB for llama3-405b on 16,384 GPUs either way). Back on afterwards, with what exists
+    then frozen (``gc.freeze``): else the first collection after it would traverse every
+    object the command made (about 35 ms)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.freeze()
+            gc.enable()
 
 
 def engine_option(f):

@@ -14,6 +14,7 @@ from amsp_planner.cli.options import (
     build_preference,
     choice_options,
     job_options,
+    no_cyclic_gc,
     parse_tp,
     tp_option,
 )
@@ -41,12 +42,17 @@ from amsp_planner.report.grid import format_option, pick_format
 @click.option("-o", "--output", default="plan.json", show_default=True,
               help="Plan file to write ('-' for none).")
 @format_option
-def plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
-         fmt, as_json, wide, headroom, quantization, tie_band, tp, **opts):
+def plan(**kw):
     """Find the best strategy for a job and write the plan file.
 
     --format json prints the plan file's JSON; csv the chosen, runners-up and baselines rows.
     """
+    with no_cyclic_gc():
+        _plan(**kw)
+
+
+def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
+          fmt, as_json, wide, headroom, quantization, tie_band, tp, **opts):
     from amsp_planner.cost.evaluate import best_baseline, evaluate, evaluate_baselines
     from amsp_planner.plan import build_doc, canonical_text, write_plan
     from amsp_planner.strategy import parse_strategy_or_baseline
