@@ -406,7 +406,11 @@ class StrategyIlp:
     """The PuLP model of one job; `solve()` returns the best strategy and runners-up."""
 
     def __init__(self, job: Job, space: SearchSpace, memory_limit: float,
-                 objective: str = "time", solver: str = "highs", time_limit_s: float = 30.0):
+                 objective: str = "time", solver: str = "highs", time_limit_s: float = 30.0,
+                 *, defer: bool = False):
+        """`defer`: the tables and the model are made by ``build()``, at the latest by the first
+        solve (``solve_models`` then builds each model in its solver thread, while the models
+        built before it solve)."""
         import pulp
 
         self.pulp = pulp
@@ -414,14 +418,23 @@ class StrategyIlp:
         self.memory_limit = memory_limit
         self.solver_name = solver
         self.time_limit_s = time_limit_s
+        self.built = False
+        if not defer:
+            self.build()
+
+    def build(self) -> None:
+        if self.built:
+            return
+        pulp = self.pulp
         t0 = _time.perf_counter()
-        self.T = _tables(job, space)
+        self.T = _tables(self.job, self.space)
         self._api = None  # the HiGHS instance, built at the first solve (``_run_highs``)
         self.prob = pulp.LpProblem("amsp_strategy", pulp.LpMinimize)
         self._build()
-        self.stats = IlpStats(solver=solver, build_time_s=_time.perf_counter() - t0,
+        self.stats = IlpStats(solver=self.solver_name, build_time_s=_time.perf_counter() - t0,
                               num_variables=len(self.prob.variables()),
                               num_constraints=self.prob.numConstraints())
+        self.built = True
 
     # ----- model ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -824,6 +837,7 @@ class StrategyIlp:
 
     # ----- steps of the choice, for one model or several (``solve_models``) ------------------
     def _fastest(self) -> IlpSolution | None:
+        self.build()
         self.prob.setObjective(self.step_expr)
         if self._run() == self.pulp.LpStatusInfeasible:
             return None

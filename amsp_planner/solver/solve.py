@@ -94,7 +94,7 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
         sols, stats, refs = search(job, space, usable, objective, pref, runners_up)
     else:
         try:
-            models = [StrategyIlp(job, sp, usable, objective, solver, time_limit_s)
+            models = [StrategyIlp(job, sp, usable, objective, solver, time_limit_s, defer=True)
                       for sp in space.by_tp()]
             sols, stats, refs = solve_models(models, runners_up=runners_up, preference=pref)
         except SolverError as e:
