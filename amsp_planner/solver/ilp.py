@@ -102,21 +102,19 @@ PHASE2_RTOLS = (TIME_RTOL, 1e-6)
 """Relative slack on the step time while phase 2 minimises memory, tried in turn."""
 
 
-_quiet_depth = 0  # nesting of _quiet_stdout (one redirection for a batch of threaded solves)
+_quieted = False  # whether a _quiet_stdout is active (one redirection for a threaded batch)
 
 
 @contextlib.contextmanager
 def _quiet_stdout():
-    """Silence what the solver library prints on file descriptor 1 (HiGHS's banner). Nested
-    uses (a solve inside a batch already silenced) leave the one redirection in place: file
-    descriptor 1 is process-wide, so the threads of a batch must not swap it under each other."""
-    global _quiet_depth
-    if _quiet_depth:
-        _quiet_depth += 1
-        try:
-            yield
-        finally:
-            _quiet_depth -= 1
+    """Silence what the solver library prints on file descriptor 1 (HiGHS's banner). Inside
+    an active one (a solve in a batch already silenced, possibly in another thread) it does
+    nothing: file descriptor 1 is process-wide, so the threads of a batch must not swap it
+    under each other. Only the outermost use sets and clears the flag, after its threads are
+    joined (``solve_models``)."""
+    global _quieted
+    if _quieted:
+        yield
         return
     sys.stdout.flush()
     try:
@@ -125,12 +123,12 @@ def _quiet_stdout():
         yield
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
-    _quiet_depth = 1
+    _quieted = True
     try:
         os.dup2(devnull, 1)
         yield
     finally:
-        _quiet_depth = 0
+        _quieted = False
         os.dup2(saved, 1)
         os.close(saved)
         os.close(devnull)
@@ -728,9 +726,9 @@ class StrategyIlp:
         else:
             self._sync_highs()
         h = prob.solverModel
-        h.changeColsCost(len(self._cols), list(range(len(self._cols))),
-                         [prob.objective.get(v, 0.0) for v in self._cols])
-        h.changeObjectiveOffset(prob.objective.constant)
+        sign = -1 if prob.sense == self.pulp.LpMaximize else 1  # as PuLP's own build: the
+        h.changeColsCost(len(self._cols), list(range(len(self._cols))),  # constant left out
+                         [sign * prob.objective.get(v, 0.0) for v in self._cols])
         api.callSolver(prob)
         status, sol_status = api.findSolutionValues(prob)
         prob.assignStatus(status, sol_status)
