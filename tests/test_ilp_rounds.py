@@ -79,7 +79,7 @@ def test_a_kept_highs_model_solves_as_one_rebuilt_for_each_solve():
     got, want = _steps(kept), _steps(rebuilt)
     assert kept._api is not None and rebuilt._api is None
     assert [s[0] for s in got] == [s[0] for s in want]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert math.isclose(g[1], w[1], rel_tol=1e-9, abs_tol=1e-12), (g, w)
     # the cuts made the kept model's rows grow as the rebuilt one's constraints did
     assert kept.prob.solverModel.getNumRow() == rebuilt.prob.numConstraints()

@@ -742,10 +742,11 @@ class StrategyIlp:
         for i, lo, up in changed:
             h.changeColBounds(i, -inf if lo is None else lo, inf if up is None else up)
             self._bounds[i] = (lo, up)
-        rows = prob.constraints()  # in the order added (PuLP 3.3 and 4)
-        if len(prob.variables()) != len(self._cols):
+        if prob.numVariables() != len(self._cols):
             raise AssertionError("a variable was added after the HiGHS model was built")
-        for c in rows[self._rows:]:
+        if prob.numConstraints() == self._rows:
+            return
+        for c in prob.constraints()[self._rows:]:  # in the order added (PuLP 3.3 and 4)
             items = [(v.index, a) for v, a in c.items() if a != 0]
             lo, up = c.getLb(), c.getUb()
             h.addRow(-inf if lo is None else lo, inf if up is None else up, len(items),
@@ -928,16 +929,20 @@ def _threads(models: list[StrategyIlp]) -> int:
 
 @contextlib.contextmanager
 def _mapper(threads: int):
-    """`each(fn, models)`: [fn(m) for m in models], the models solved in `threads` threads.
-    The models share nothing (each its own PuLP problem and HiGHS instance), so the results
-    are those of the serial loop, in its order."""
+    """`each(fn, models)`: {id(m): fn(m) for m in models}, the models solved in `threads`
+    threads. The models share nothing (each its own PuLP problem and HiGHS instance), so the
+    results are those of the serial loop."""
     if threads < 2:
-        yield lambda fn, ms: [fn(m) for m in ms]
+        yield lambda fn, ms: {id(m): fn(m) for m in ms}
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(threads, thread_name_prefix="amsp-ilp") as ex:
-        yield lambda fn, ms: list(ex.map(fn, ms)) if len(ms) > 1 else [fn(m) for m in ms]
+        def each(fn, ms):
+            results = ex.map(fn, ms) if len(ms) > 1 else [fn(m) for m in ms]
+            return {id(m): r for m, r in zip(ms, results, strict=True)}
+
+        yield each
 
 
 LOSSLESS_BATCH = 2
@@ -961,7 +966,7 @@ def _choose(models: list[StrategyIlp], runners_up: int, preference: Preference, 
     refs: dict = {}
     for m in models:
         m.snapshot, m.cuts = None, 0
-    fastest = dict(zip((id(m) for m in models), each(StrategyIlp._fastest, models)))
+    fastest = each(StrategyIlp._fastest, models)
     alive = [m for m in models if fastest[id(m)] is not None]
     if not alive:
         return [], _merged_stats(models), refs
@@ -992,7 +997,7 @@ def _choose(models: list[StrategyIlp], runners_up: int, preference: Preference, 
                                 if fastest[id(m)].objective > min(found) * (1 + 1e-9)}
                     todo = [m for m in todo if id(m) not in skipped]
                 batch, todo = todo[:LOSSLESS_BATCH], todo[LOSSLESS_BATCH:]
-                lossless.update(zip((id(m) for m in batch), each(_lossless_fastest, batch)))
+                lossless.update(each(_lossless_fastest, batch))
             if any(v is not None for v in lossless.values()):
                 lo_owner, lo = best_of(lossless)
                 if not lo.objective > best_obj * (1 + preference.band) * (1 + TIME_RTOL):
@@ -1029,9 +1034,9 @@ def _choose(models: list[StrategyIlp], runners_up: int, preference: Preference, 
             if name == GROUPS:  # models that cannot reach it drop (the others fail their solve)
                 alive = [m for m in alive if m.groups_floor <= floor]
             continue
+
         def tie_break(ms, name=name, pending=pending):
-            return dict(zip((id(m) for m in ms),
-                            each(lambda m: m._tie_break(name, pending[id(m)]), ms)))
+            return each(lambda x: x._tie_break(name, pending[id(x)]), ms)
 
         if name == GROUPS:
             # a model has at least its floor of groups: the models of a floor above the least
@@ -1060,7 +1065,8 @@ def _choose(models: list[StrategyIlp], runners_up: int, preference: Preference, 
             pending = {id(m): (m.caps[name], values[id(m)], PHASE2_RTOLS) for m in alive}
     if solved:
         held = [m for m in alive if m.snapshot is not None]
-        exact = list(zip(held, each(lambda m: m._exact_solution(m.snapshot), held)))
+        got = each(lambda m: m._exact_solution(m.snapshot), held)
+        exact = [(m, got[id(m)]) for m in held]
         owner, chosen = min(exact, key=lambda ms: (ms[1].objective, ms[1].memory_gib,
                                                    str(ms[1].strategy)))
     out = [chosen]
