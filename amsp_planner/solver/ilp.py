@@ -193,6 +193,15 @@ def _top(i: int, *tables: dict) -> float:
     return max([0.0] + [v[i] for d in tables for v in d.values()])
 
 
+def _dot(pulp, terms, constant: float = 0.0):
+    """sum(c * v for v, c in terms) + constant as one PuLP expression, built in place (PuLP's
+    ``lpSum(v * c ...)`` makes two expressions per term; these models have thousands)."""
+    e = pulp.LpAffineExpression(constant=constant)
+    for v, c in terms:
+        e[v] = e.get(v, 0.0) + c
+    return e
+
+
 @dataclass
 class _Tables:
     """Coefficients. Time tables map a decision to a tuple over ``CLASSES`` (seconds per unit
@@ -490,8 +499,8 @@ class StrategyIlp:
         self.zPO = pairs("PO", xP, lambda o: self.xO[o], F, F)
 
         self._add_time(xP, xG, J)
-        self.recompute_expr = (lin(self.y[j] * T.rec[j] for j in J)
-                               + lin(kj * T.drec[j] for j, kj in self.k.items()))
+        self.recompute_expr = _dot(pulp, [*((self.y[j], T.rec[j]) for j in J),
+                                          *((kj, T.drec[j]) for j, kj in self.k.items())])
 
         # memory
         st = B("staging", lowBound=0)
@@ -500,14 +509,15 @@ class StrategyIlp:
             self.st_bounds.append(T.perm * lin(self.xGq.values()))
         for i, bound in enumerate(self.st_bounds):
             prob += st >= bound, f"staging_{i}"
-        tensors = (
-            lin(xP(f) * T.mem_p[f] + xG(f) * T.mem_g[f] + self.xO[f] * T.mem_o[f] for f in F)
-            + lin(v * T.mem_h[z] for z, v in self.h.items())
-            + lin(self.xPn[f] * T.buf_ag[f] for f in F) + lin(v * T.buf_agq[f] for f, v in self.xPq.items())
-            + lin(self.xGn[g] * T.buf_gr[g] for g in F) + lin(v * T.buf_grq[g] for g, v in self.xGq.items())
-            + st + lin(v * T.step_buf[k] for k, v in self.zGO.items())
-            + lin(self.y[j] * T.act[j] for j in J) + lin(kj * T.dact[j] for j, kj in self.k.items())
-        )
+        tensors = _dot(pulp, [
+            *((self.xPn[f], T.mem_p[f] + T.buf_ag[f]) for f in F),
+            *((v, T.mem_p[f] + T.buf_agq[f]) for f, v in self.xPq.items()),
+            *((self.xGn[g], T.mem_g[g] + T.buf_gr[g]) for g in F),
+            *((v, T.mem_g[g] + T.buf_grq[g]) for g, v in self.xGq.items()),
+            *((self.xO[f], T.mem_o[f]) for f in F),
+            *((v, T.mem_h[z]) for z, v in self.h.items()),
+            (st, 1.0), *((v, T.step_buf[k]) for k, v in self.zGO.items()),
+            *((self.y[j], T.act[j]) for j in J), *((kj, T.dact[j]) for j, kj in self.k.items())])
         gpu = job.cluster.gpu
         self.mem_expr = (tensors * (1 + gpu.fragmentation_fraction) + self._comm_expr(xP)
                          + gpu.context_reserve_gib)
@@ -549,7 +559,7 @@ class StrategyIlp:
         hz = lin(self.h.values())
 
         def col(d, vars_, i):
-            return lin(v * d[k][i] for k, v in vars_.items())
+            return _dot(pulp, ((v, d[k][i]) for k, v in vars_.items()))
 
         q: dict = {}
         qx: dict = {}
@@ -573,8 +583,8 @@ class StrategyIlp:
                            + col(T.krs, self.xGn, i) + col(T.kg, self.xGq, i))
             qx["fwd", c] = fwd_kernel  # the compute-stream parts that are not the options'
             qx["bwd", c] = k_bwd + col(T.krs, self.xGn, i) + col(T.kg, self.xGq, i)
-        Cu = lin(v * T.upd[k] for k, v in self.zPO.items()) + T.metrics
-        t_opt = lin(self.xO[o] * T.opt[o] for o in F)
+        Cu = _dot(pulp, ((v, T.upd[k]) for k, v in self.zPO.items()), T.metrics)
+        t_opt = _dot(pulp, ((self.xO[o], T.opt[o]) for o in F))
         counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
         if self.objective == "comm":
             per_mb = lin(counts[c] * (q["gather_fwd", c] + q["gather_bwd", c] + q["reduce", c])
@@ -654,8 +664,8 @@ class StrategyIlp:
         dY = {j: compute_part(None, T.dbwd[j]) for j in self.k}
         n_min = min(T.n[j] for j in J)
         for p, E, o in (("forward", EF, 0), ("backward", EB, 1)):
-            yc = (lin(self.y[j] * ((T.n[j] - o) * Y[j][p]) for j in J)
-                  + lin(kj * ((T.n[j] - o) * dY[j][p]) for j, kj in self.k.items()))
+            yc = _dot(self.pulp, [*((self.y[j], (T.n[j] - o) * Y[j][p]) for j in J),
+                                  *((kj, (T.n[j] - o) * dY[j][p]) for j, kj in self.k.items())])
             prob += E >= yc + (n_min - o) * x1[p], f"{p}_micro_batch_cut_1"
             prob += E >= (1 - eta) * yc + (n_min - o) * x2[p], f"{p}_micro_batch_cut_2"
 
