@@ -114,3 +114,24 @@ def test_micro_batch_cuts_keep_the_optimum_and_tighten_the_root(tp, monkeypatch)
     assert math.isclose(opt, opt_plain, rel_tol=1e-9)
     assert 0 <= gap < 0.02
     assert gap_plain > 0.05
+
+
+def test_idle_work_runs_once_beside_a_round_and_changes_nothing(monkeypatch):
+    """``solve(idle=...)``: the caller's next work runs once, in the calling thread, while a
+    round of fewer models than threads solves; the decision and solve count are those of a
+    run without it, and an error in it does not reach the solve."""
+    import threading
+
+    job = _job("llama-7b", "dgx-a100-hdr", 1024, 1024)
+    monkeypatch.setattr(ilp, "_threads", lambda models: min(len(models), 2))
+    plain = solve(job, runners_up=3)
+    calls = []
+
+    def idle():
+        calls.append(threading.current_thread() is threading.main_thread())
+        raise RuntimeError("an output import that failed")
+
+    r = solve(job, runners_up=3, idle=idle)
+    assert calls == [True]
+    assert (str(r.best.strategy), [str(e.strategy) for e in r.runners_up], r.stats.solves) == (
+        str(plain.best.strategy), [str(e.strategy) for e in plain.runners_up], plain.stats.solves)

@@ -76,6 +76,7 @@ import os
 import sys
 import time as _time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from amsp_planner.cost.communicators import communicator_bytes, process_groups, used_kinds
@@ -957,7 +958,8 @@ def _merged_stats(models: list[StrategyIlp], owner: StrategyIlp | None = None) -
 
 
 def solve_models(models: list[StrategyIlp], runners_up: int = 0,
-                 preference: Preference = FASTEST) -> tuple[list[IlpSolution], IlpStats, dict]:
+                 preference: Preference = FASTEST, idle: Callable[[], object] | None = None
+                 ) -> tuple[list[IlpSolution], IlpStats, dict]:
     """The preferred solution over the models (one per tensor-parallel degree, each a part of
     the space), up to `runners_up` more by objective, and the points the choice was made
     against: {'fastest': ..., 'fastest_lossless': ...} where they differ.
@@ -969,10 +971,15 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
     minimised in every model still in the race under the caps, the models above the least
     value dropped and the caps set to it; the chosen solution the exact one of the models
     left, the lowest (objective, memory, strategy). With one model this is the sequence of
-    lexicographic re-solves of the module docstring."""
+    lexicographic re-solves of the module docstring.
+
+    `idle`: work the caller does next that does not depend on the solves (imports for the
+    output), run by this thread once, in the first round that leaves a solver thread free,
+    while that round's models solve in the others (``_mapper``); not run where there is no
+    such round."""
     threads = _threads(models)
     t0 = _time.perf_counter()
-    with _quiet_stdout(), _mapper(threads) as each:
+    with _quiet_stdout(), _mapper(threads, idle) as each:
         sols, stats, refs = _choose(models, runners_up, preference, each)
     if len(models) > 1:  # the wall time: in threads the models' solves overlap
         stats.solve_time_s = _time.perf_counter() - t0
@@ -993,17 +1000,26 @@ def _threads(models: list[StrategyIlp]) -> int:
 
 
 @contextlib.contextmanager
-def _mapper(threads: int):
+def _mapper(threads: int, idle: Callable[[], object] | None = None):
     """`each(fn, models)`: {id(m): fn(m) for m in models}, the models solved in `threads`
     threads. The models share nothing (each its own PuLP problem and HiGHS instance), so the
-    results are those of the serial loop."""
+    results are those of the serial loop. In the first round of fewer models than threads,
+    the calling thread runs `idle` while the models solve (HiGHS runs without the GIL), and
+    the round's results are then collected; an error in `idle` is left to come up again when
+    the caller does that work itself."""
     if threads < 2:
         yield lambda fn, ms: {id(m): fn(m) for m in ms}
         return
     from concurrent.futures import ThreadPoolExecutor
 
+    pending = [idle] if idle is not None else []
     with ThreadPoolExecutor(threads, thread_name_prefix="amsp-ilp") as ex:
         def each(fn, ms):
+            if pending and len(ms) < threads:
+                futures = [ex.submit(fn, m) for m in ms]
+                with contextlib.suppress(Exception):
+                    pending.pop()()
+                return {id(m): f.result() for m, f in zip(ms, futures, strict=True)}
             results = ex.map(fn, ms) if len(ms) > 1 else [fn(m) for m in ms]
             return {id(m): r for m, r in zip(ms, results, strict=True)}
 

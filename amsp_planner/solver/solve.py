@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from amsp_planner.cost.evaluate import Evaluation, best_baseline, evaluate, evaluate_baselines
@@ -61,13 +62,17 @@ def check_agreement(job: Job, sol, limit: float, objective: str) -> Evaluation:
 def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time",
           solver: str = "highs", zeropp: bool = True, micro_batch: int | None = None,
           ckpt: bool | int | str | None = None, runners_up: int = 3, time_limit_s: float = 30.0,
-          preference: Preference | None = None, tp: int | None = None) -> SolveResult:
+          preference: Preference | None = None, tp: int | None = None,
+          idle: Callable[[], object] | None = None) -> SolveResult:
     """The preferred strategy for `job` under `memory_limit` bytes (default: the GPU's memory)
     by `preference` (default ``Preference.default()``: the validated band, 10 % headroom,
     lossless unless quantization wins beyond the band, fewer process groups, less memory).
 
     `tp` pins the tensor-parallel degree (None: every degree the job admits, one ILP each,
     the rule applied across them: ``solve_models``).
+
+    `idle`: work the caller does next, independent of the solves (``solve_models``), run
+    while a round of the ILP's solves leaves a CPU free.
 
     Raises InfeasibleError (with what the best strategy needs and what would make it fit)
     when nothing fits.
@@ -96,7 +101,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
         try:
             models = [StrategyIlp(job, sp, usable, objective, solver, time_limit_s, defer=True)
                       for sp in space.by_tp()]
-            sols, stats, refs = solve_models(models, runners_up=runners_up, preference=pref)
+            sols, stats, refs = solve_models(models, runners_up=runners_up, preference=pref,
+                                             idle=idle)
         except SolverError as e:
             raise AmspUserError(str(e)) from None
     if not sols:
