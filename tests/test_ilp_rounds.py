@@ -118,7 +118,7 @@ def test_micro_batch_cuts_keep_the_optimum_and_tighten_the_root(tp, monkeypatch)
 
 def test_idle_work_runs_once_beside_a_round_and_changes_nothing(monkeypatch):
     """``solve(idle=...)``: the caller's next work runs once, in the calling thread, while a
-    round of fewer models than threads solves; the decision and solve count are those of a
+    later round of solves runs; the decision and solve count are those of a
     run without it, and an error in it does not reach the solve."""
     import threading
 

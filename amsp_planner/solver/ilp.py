@@ -29,7 +29,9 @@ Variables (binaries unless noted; times in seconds, memory in GiB):
 
 Per-micro-batch collective times (tables T from the cost model's schedule, see
 ``_tables``): C_f = sum_f xPn_f T_ag(f) + xPq_f T_agq(f) (forward gathers);
-C_bag >= C_f - M (sum_z h_z), C_bag >= sum_z h_z T_hpz(z), C_bag >= 0 (backward gathers);
+C_bag = sum_f vPn_f T_ag(f) + vPq_f T_agq(f) + sum_z h_z T_hpz(z) (backward gathers), with
+  vPn_f, vPq_f in [0, 1] the P choice without hpZ: v <= x, sum_f (vPn_f + vPq_f) = 1 - sum_z h_z,
+  and h_z <= sum_{f > z, z | f} (xP_f - vPn_f - vPq_f) (at binary x, h: v_f = x_f (1 - H));
 C_g = sum_g xGn_g T_rs(g) + xGq_g T_qgz(g); C_b = C_bag + C_g.
 Once per step: C_s = sum_GO zGO T_osrs(g, o) + sum_o xO_o T_ar(o);
 C_u = sum_PO zPO T_upd(p, o) + T_metrics. Compute: T_f = sum_j y_j Tf_j,
@@ -140,12 +142,15 @@ def _quiet_stdout():
 HIGHS_SPEED = {"mip_heuristic_effort": 0.0, "mip_allow_restart": False,
                "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
                "mip_heuristic_run_root_reduced_cost": False,
-               "mip_heuristic_run_feasibility_jump": False}
+               "mip_heuristic_run_feasibility_jump": False, "presolve": "off"}
 """HiGHS options for these small models (about 60 binaries): its sub-MIP heuristics and root
 restarts took most of the time without improving the incumbent; off, a solve is about 5x
 faster (bench/planner.py), and optimality is still proven (gap 0). The feasibility-jump
 heuristic, which runs before the root LP, off: the root LP's rounding finds the incumbent
-(the root bound is within about 1 %, ``_add_micro_batch_cuts``); about 20 % less per solve."""
+(the root bound is within about 1 %, ``_add_micro_batch_cuts``); about 20 % less per solve.
+Presolve off: on these models, whose relaxation is tight (the micro-batch cuts, hpZ without
+big-M), HiGHS's MIP presolve took most of a solve (50 of 56 ms on llama-7b/1024's first) and
+removed only a tenth of the rows; without it the degrees' first solves take half as long."""
 
 
 class SolverError(RuntimeError):
@@ -564,19 +569,25 @@ class StrategyIlp:
         def col(d, vars_, i):
             return _dot(pulp, ((v, d[k][i]) for k, v in vars_.items()))
 
+        # the P choice without hpZ: vn_f = xPn_f (1 - H), vq_f = xPq_f (1 - H), H = sum_z h_z
+        # (at binary x and H the rows force the products). The backward gathers and their
+        # kernels are then linear: those of the P choice when H = 0, hpZ's when H = 1.
+        vn = {f: B(f"vPn_{f}", lowBound=0) for f in self.xPn}
+        vq = {f: B(f"vPq_{f}", lowBound=0) for f in self.xPq}
+        for name, v, x in (("n", vn, self.xPn), ("q", vq, self.xPq)):
+            for f, vf in v.items():
+                prob += vf <= x[f], f"p{name}_{f}_without_hpz"
+        prob += lin([*vn.values(), *vq.values()]) == 1 - hz, "p_without_hpz"
+        for z, h in self.h.items():  # hpZ of size z on a P factor it divides: xP_f H = xP_f - v_f
+            prob += h <= lin(xP(f) - vn[f] - vq.get(f, 0) for f in self.xPn
+                             if f > z and f % z == 0), f"hpz_{z}_on_p"
         q: dict = {}
         qx: dict = {}
         for c, i in idx.items():
             fwd_gather = col(T.ag, self.xPn, i) + col(T.agq, self.xPq, i)
-            bwd_gather = B(f"gather_bwd_{c}", lowBound=0)
-            big = max([0.0] + [v[i] for v in (*T.ag.values(), *T.agq.values())])
-            prob += bwd_gather >= fwd_gather - big * hz, f"bwd_gather_{c}_without_hpz"
-            prob += bwd_gather >= col(T.hpz, self.h, i), f"bwd_gather_{c}_hpz"
+            bwd_gather = col(T.ag, vn, i) + col(T.agq, vq, i) + col(T.hpz, self.h, i)
             fwd_kernel = col(T.ka, self.xPn, i) + col(T.kq, self.xPq, i)
-            k_bwd = B(f"gather_kernel_bwd_{c}", lowBound=0)
-            big_k = _top(i, T.ka, T.kq)
-            prob += k_bwd >= fwd_kernel - big_k * hz, f"gather_kernel_bwd_{c}_without_hpz"
-            prob += k_bwd >= col(T.khz, self.h, i), f"gather_kernel_bwd_{c}_hpz"
+            k_bwd = col(T.ka, vn, i) + col(T.kq, vq, i) + col(T.khz, self.h, i)
             q["gather_fwd", c] = fwd_gather
             q["gather_bwd", c] = bwd_gather
             q["reduce", c] = col(T.rs, self.xGn, i) + col(T.qgz, self.xGq, i)
@@ -977,9 +988,8 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
     lexicographic re-solves of the module docstring.
 
     `idle`: work the caller does next that does not depend on the solves (imports for the
-    output), run by this thread once, in the first round that leaves a solver thread free,
-    while that round's models solve in the others (``_mapper``); not run where there is no
-    such round."""
+    output), run by this thread once while the second round's models solve in the solver
+    threads (``_mapper``); not run where there is no such round."""
     threads = _threads(models)
     t0 = _time.perf_counter()
     with _quiet_stdout(), _mapper(threads, idle) as each:
@@ -1006,19 +1016,21 @@ def _threads(models: list[StrategyIlp]) -> int:
 def _mapper(threads: int, idle: Callable[[], object] | None = None):
     """`each(fn, models)`: {id(m): fn(m) for m in models}, the models solved in `threads`
     threads. The models share nothing (each its own PuLP problem and HiGHS instance), so the
-    results are those of the serial loop. In the first round of fewer models than threads,
-    the calling thread runs `idle` while the models solve (HiGHS runs without the GIL), and
-    the round's results are then collected; an error in `idle` is left to come up again when
-    the caller does that work itself."""
+    results are those of the serial loop. In the first round after the first (which builds the
+    models: Python work, under the GIL), the calling thread runs `idle` while the round's
+    models solve (HiGHS runs without the GIL), and then collects their results; an error in
+    `idle` is left to come up again when the caller does that work itself."""
     if threads < 2:
         yield lambda fn, ms: {id(m): fn(m) for m in ms}
         return
     from concurrent.futures import ThreadPoolExecutor
 
     pending = [idle] if idle is not None else []
+    rounds = [0]
     with ThreadPoolExecutor(threads, thread_name_prefix="amsp-ilp") as ex:
         def each(fn, ms):
-            if pending and len(ms) < threads:
+            rounds[0] += 1
+            if pending and ms and rounds[0] > 1:
                 futures = [ex.submit(fn, m) for m in ms]
                 with contextlib.suppress(Exception):
                     pending.pop()()
