@@ -450,7 +450,7 @@ class StrategyIlp:
         self.prob = pulp.LpProblem("amsp_strategy", pulp.LpMinimize)
         self._build()
         self.stats = IlpStats(solver=self.solver_name, build_time_s=_time.perf_counter() - t0,
-                              num_variables=len(self.prob.variables()),
+                              num_variables=self.prob.numVariables(),
                               num_constraints=self.prob.numConstraints())
         self.built = True
 
@@ -793,14 +793,18 @@ class StrategyIlp:
         built once (PuLP's own HiGHS interface: columns, rows, integrality), then only what a
         re-solve changes is passed on (the objective, changed bounds, rows added since: the
         caps are variables' bounds, a no-good cut is a new row). PuLP's `prob.solve` would
-        rebuild the whole HiGHS model from Python each time. The solution is read back by
-        PuLP's interface, so `pulp.value` works as after `prob.solve`."""
+        rebuild the whole HiGHS model from Python each time. The solution is read back into the
+        PuLP variables, so `pulp.value` works as after `prob.solve`."""
         prob, api = self.prob, self._api
         if api is None:
             api = self._api = self._solver()
             api.createAndConfigureSolver(prob)
             api.buildSolverModel(prob)
             self._cols = prob.variables()
+            assert [v.index for v in self._cols] == list(range(len(self._cols)))
+            import highspy
+
+            self._optimal = highspy.HighsModelStatus.kOptimal
             self._bounds = [(v.lowBound, v.upBound) for v in self._cols]
             self._rows = prob.numConstraints()
         else:
@@ -810,7 +814,12 @@ class StrategyIlp:
         h.changeColsCost(len(self._cols), list(range(len(self._cols))),  # constant left out
                          [sign * prob.objective.get(v, 0.0) for v in self._cols])
         api.callSolver(prob)
-        status, sol_status = api.findSolutionValues(prob)
+        if h.getModelStatus() == self._optimal:  # the values by column index, as PuLP reads
+            for v, x in zip(self._cols, h.getSolution().col_value, strict=True):  # them back
+                v.varValue = x  # (without listing the problem's variables at every solve)
+            status, sol_status = self.pulp.LpStatusOptimal, self.pulp.LpSolutionOptimal
+        else:  # PuLP's own mapping of every other status
+            status, sol_status = api.findSolutionValues(prob)
         prob.assignStatus(status, sol_status)
         return status
 
