@@ -78,6 +78,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 import time as _time
 import warnings
 from collections.abc import Callable
@@ -107,6 +108,7 @@ PHASE2_RTOLS = (TIME_RTOL, 1e-6)
 """Relative slack on the step time while phase 2 minimises memory, tried in turn."""
 
 
+_BUILDING = threading.Lock()  # StrategyIlp.build: one model built at a time
 _quieted = False  # whether a _quiet_stdout is active (one redirection for a threaded batch)
 
 
@@ -441,8 +443,14 @@ class StrategyIlp:
             self.build()
 
     def build(self) -> None:
-        if self.built:
-            return
+        """The tables and the model, one model at a time (``_BUILDING``): building is Python
+        work under the GIL, so two built at once both finish late; one after the other, the
+        first starts solving (without the GIL) while the next is built."""
+        with _BUILDING:
+            if not self.built:
+                self._build_now()
+
+    def _build_now(self) -> None:
         pulp = self.pulp
         t0 = _time.perf_counter()
         self.T = _tables(self.job, self.space)
