@@ -54,14 +54,14 @@ def plan(**kw):
 
 def _import_output(fmt: str) -> None:
     """The modules that write the plan and its report (about 0.08 s of imports: pydantic's
-    plan models, rich), imported while the ILP's solves leave a CPU free (``solve(idle=...)``)."""
+    plan models, rich), imported while the ILP's solver threads solve (``solve(idle=...)``;
+    report.grid is imported with this module)."""
     import amsp_planner.plan  # noqa: F401
 
     if fmt != "json":
         import rich.console  # noqa: F401
         import rich.table  # noqa: F401
 
-        import amsp_planner.report.grid
         import amsp_planner.report.plan_report
         import amsp_planner.report.tables  # noqa: F401
 

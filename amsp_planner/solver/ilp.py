@@ -21,7 +21,9 @@ Variables (binaries unless noted; times in seconds, memory in GiB):
   [link]   sum_g zPG_pg = xP_p,  sum_p zPG_pg = xG_g   (likewise GO, PO)
            A pair exists only when it nests, so the links also enforce p | g | o; at binary
            x the links force z to the product x_p * x_g.
-  [hpz]    h_z <= sum_{f in F: f > z, z | f} xP_f
+  [hpz]    vPn_f, vPq_f in [0, 1], the P choice without hpZ: vPn_f <= xPn_f, vPq_f <= xPq_f,
+           sum_f (vPn_f + vPq_f) = 1 - H (H = sum_z h_z; at binary x, h: v_f = x_f (1 - H));
+           h_z <= sum_{f in F: f > z, z | f} (xP_f - vPn_f - vPq_f)
   [qwz]    xPq_1 = 0;  [qgz] xGq_1 = 0
   [engine] with the engine's triples T (SearchSpace.triples): w_t binary, sum_t w_t = 1,
            xP_f = sum_{t in T: t_P = f} w_t (likewise G, OS); with qgz_needs_p,
@@ -29,9 +31,8 @@ Variables (binaries unless noted; times in seconds, memory in GiB):
 
 Per-micro-batch collective times (tables T from the cost model's schedule, see
 ``_tables``): C_f = sum_f xPn_f T_ag(f) + xPq_f T_agq(f) (forward gathers);
-C_bag = sum_f vPn_f T_ag(f) + vPq_f T_agq(f) + sum_z h_z T_hpz(z) (backward gathers), with
-  vPn_f, vPq_f in [0, 1] the P choice without hpZ: v <= x, sum_f (vPn_f + vPq_f) = 1 - sum_z h_z,
-  and h_z <= sum_{f > z, z | f} (xP_f - vPn_f - vPq_f) (at binary x, h: v_f = x_f (1 - H));
+C_bag = sum_f vPn_f T_ag(f) + vPq_f T_agq(f) + sum_z h_z T_hpz(z) (backward gathers: the
+  forward ones without hpZ, hpZ's with it; [hpz]);
 C_g = sum_g xGn_g T_rs(g) + xGq_g T_qgz(g); C_b = C_bag + C_g.
 Once per step: C_s = sum_GO zGO T_osrs(g, o) + sum_o xO_o T_ar(o);
 C_u = sum_PO zPO T_upd(p, o) + T_metrics. Compute: T_f = sum_j y_j Tf_j,
@@ -495,8 +496,19 @@ class StrategyIlp:
             prob += kj <= (hi - lo) * self.y[j], f"blocks_{_tag(j)}_need_option"
         if self.h:
             prob += lin(self.h.values()) <= 1, "at_most_one_hpz"
+        # the P choice without hpZ: vPn_f = xPn_f (1 - H), vPq_f = xPq_f (1 - H), H = sum_z h_z
+        # (at binary x and h the rows force the products); hpZ of size z only on a P factor it
+        # divides: h_z <= sum of those xP_f H = xP_f - v_f
+        self.vPn = {f: B(f"vPn_{f}", lowBound=0) for f in F}
+        self.vPq = {f: B(f"vPq_{f}", lowBound=0) for f in self.xPq}
+        for name, v, x in (("n", self.vPn, self.xPn), ("q", self.vPq, self.xPq)):
+            for f, vf in v.items():
+                prob += vf <= x[f], f"p{name}_{f}_without_hpz"
+        prob += (lin([*self.vPn.values(), *self.vPq.values()]) == 1 - lin(self.h.values()),
+                 "p_without_hpz")
         for z, hz in self.h.items():
-            prob += hz <= lin(xP(f) for f in F if f > z and f % z == 0), f"hpz_{z}_needs_p"
+            prob += hz <= lin(xP(f) - self.vPn[f] - self.vPq.get(f, 0) for f in F
+                              if f > z and f % z == 0), f"hpz_{z}_on_p"
         self._add_engine(xP, xG)
 
         def pairs(name, left, right, rows, cols):
@@ -572,27 +584,16 @@ class StrategyIlp:
         pulp, T, job, prob = self.pulp, self.T, self.job, self.prob
         B, lin, F = prob.add_variable, pulp.lpSum, self.space.factors
         idx = {c: i for i, c in enumerate(CLASSES)}
-        hz = lin(self.h.values())
+        vn, vq = self.vPn, self.vPq
 
         def col(d, vars_, i):
             return _dot(pulp, ((v, d[k][i]) for k, v in vars_.items()))
 
-        # the P choice without hpZ: vn_f = xPn_f (1 - H), vq_f = xPq_f (1 - H), H = sum_z h_z
-        # (at binary x and H the rows force the products). The backward gathers and their
-        # kernels are then linear: those of the P choice when H = 0, hpZ's when H = 1.
-        vn = {f: B(f"vPn_{f}", lowBound=0) for f in self.xPn}
-        vq = {f: B(f"vPq_{f}", lowBound=0) for f in self.xPq}
-        for name, v, x in (("n", vn, self.xPn), ("q", vq, self.xPq)):
-            for f, vf in v.items():
-                prob += vf <= x[f], f"p{name}_{f}_without_hpz"
-        prob += lin([*vn.values(), *vq.values()]) == 1 - hz, "p_without_hpz"
-        for z, h in self.h.items():  # hpZ of size z on a P factor it divides: xP_f H = xP_f - v_f
-            prob += h <= lin(xP(f) - vn[f] - vq.get(f, 0) for f in self.xPn
-                             if f > z and f % z == 0), f"hpz_{z}_on_p"
         q: dict = {}
-        qx: dict = {}
+        qx: dict = {}  # the compute-stream parts that are not the options' compute
         for c, i in idx.items():
             fwd_gather = col(T.ag, self.xPn, i) + col(T.agq, self.xPq, i)
+            # linear in v and h: the P choice's gathers when H = 0, hpZ's when H = 1
             bwd_gather = col(T.ag, vn, i) + col(T.agq, vq, i) + col(T.hpz, self.h, i)
             fwd_kernel = col(T.ka, self.xPn, i) + col(T.kq, self.xPq, i)
             k_bwd = col(T.ka, vn, i) + col(T.kq, vq, i) + col(T.khz, self.h, i)
@@ -600,11 +601,10 @@ class StrategyIlp:
             q["gather_bwd", c] = bwd_gather
             q["reduce", c] = col(T.rs, self.xGn, i) + col(T.qgz, self.xGq, i)
             q["sync", c] = col(T.osrs, self.zGO, i) + col(T.ar, self.xO, i)
-            q["fwd", c] = col(T.fwd, self.y, i) + fwd_kernel
-            q["bwd", c] = (col(T.bwd, self.y, i) + col(T.dbwd, self.k, i) + k_bwd
-                           + col(T.krs, self.xGn, i) + col(T.kg, self.xGq, i))
-            qx["fwd", c] = fwd_kernel  # the compute-stream parts that are not the options'
+            qx["fwd", c] = fwd_kernel
             qx["bwd", c] = k_bwd + col(T.krs, self.xGn, i) + col(T.kg, self.xGq, i)
+            q["fwd", c] = col(T.fwd, self.y, i) + fwd_kernel
+            q["bwd", c] = col(T.bwd, self.y, i) + col(T.dbwd, self.k, i) + qx["bwd", c]
         Cu = _dot(pulp, ((v, T.upd[k]) for k, v in self.zPO.items()), T.metrics)
         t_opt = _dot(pulp, ((self.xO[o], T.opt[o]) for o in F))
         counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
@@ -1042,15 +1042,16 @@ def _mapper(threads: int, idle: Callable[[], object] | None = None):
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    pending = [idle] if idle is not None else []
-    rounds = [0]
+    rounds = 0
     with ThreadPoolExecutor(threads, thread_name_prefix="amsp-ilp") as ex:
         def each(fn, ms):
-            rounds[0] += 1
-            if pending and ms and rounds[0] > 1:
+            nonlocal rounds, idle
+            rounds += 1
+            if idle is not None and ms and rounds > 1:
                 futures = [ex.submit(fn, m) for m in ms]
+                work, idle = idle, None
                 with contextlib.suppress(Exception):
-                    pending.pop()()
+                    work()
                 return {id(m): f.result() for m, f in zip(ms, futures, strict=True)}
             results = ex.map(fn, ms) if len(ms) > 1 else [fn(m) for m in ms]
             return {id(m): r for m, r in zip(ms, results, strict=True)}

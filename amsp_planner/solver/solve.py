@@ -71,8 +71,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     `tp` pins the tensor-parallel degree (None: every degree the job admits, one ILP each,
     the rule applied across them: ``solve_models``).
 
-    `idle`: work the caller does next, independent of the solves (``solve_models``), run
-    while a round of the ILP's solves leaves a CPU free.
+    `idle`: work the caller does next, independent of the solves, run by this thread while
+    the ILP's second round of solves runs in its solver threads (``solve_models``).
 
     Raises InfeasibleError (with what the best strategy needs and what would make it fit)
     when nothing fits.
