@@ -139,13 +139,27 @@ def parse_sets(sets: tuple[str, ...]) -> dict:
     return out
 
 
+def _given(param: str) -> bool:
+    ctx = click.get_current_context(silent=True)
+    src = ctx.get_parameter_source(param) if ctx else None
+    return src is None or src.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def seq_len_for(model, seq_len: int, param: str = "seq_len") -> int:
+    """--seq-len; when not given and the reference 4096 is longer than the learned positions
+    of the model (GPT-3: 2048), the model's max_seq_len, with a note."""
+    if _given(param) or model.position_embedding != "learned" or seq_len <= model.max_seq_len:
+        return seq_len
+    click.echo(f"note: --seq-len not given: planning at {model.max_seq_len}, the longest "
+               f"sequence {model.name}'s learned positions hold (the default {seq_len} is "
+               "longer)", err=True)
+    return model.max_seq_len
+
+
 def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
     """A note on stderr when a --seq-len given is longer than the model supports (the default
     4096 is the planner's reference job, so it says nothing)."""
-    ctx = click.get_current_context(silent=True)
-    src = ctx.get_parameter_source(param) if ctx else None
-    given = src is None or src.name not in ("DEFAULT", "DEFAULT_MAP")
-    if given and seq_len > model.max_seq_len and model.position_embedding != "learned":
+    if _given(param) and seq_len > model.max_seq_len and model.position_embedding != "learned":
         click.echo(f"warning: --seq-len {seq_len} is longer than {model.name}'s max_seq_len "
                    f"{model.max_seq_len}: planning anyway; pass --seq-len {model.max_seq_len} "
                    "to stay within it", err=True)
@@ -157,7 +171,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
-    from amsp_planner.cost.job import Job
+    from amsp_planner.cost.job import Job, check_batch_tokens
     from amsp_planner.errors import format_validation_error
     from amsp_planner.specs import TrainingSpec, load_cluster, load_model, parse_batch
 
@@ -167,6 +181,9 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     if tokens is not None and global_batch_seqs is not None:
         raise AmspUserError("give --global-batch or --global-batch-seqs, not both")
     ckpt = ckpt_option(activation_checkpointing)
+    seq_len = seq_len_for(m, seq_len)
+    if global_batch_seqs is None:  # the batch in tokens must be whole sequences
+        check_batch_tokens(tokens, seq_len, micro_batch, gpus)
     try:
         t = TrainingSpec(seq_len=seq_len, global_batch_tokens=tokens,
                          global_batch_seqs=global_batch_seqs, micro_batch=micro_batch,

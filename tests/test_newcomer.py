@@ -1,0 +1,85 @@
+"""What a new user meets first: the fixes error lines suggest work and keep the plan good, the
+default sequence length of a model with learned positions, baselines that do not fit say what
+would, and an export to another engine says when that engine's own plan is better."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from amsp_testlib import assert_user_error, run_cli
+
+
+def _plan(argv):
+    code, out, err = run_cli(["plan", *argv, "-o", "-", "--json"])
+    assert code == 0, (argv, err)
+    return json.loads(out)
+
+
+def _suggested(line: str) -> list[list[str]]:
+    """The option/value pairs after 'use' in an error line."""
+    fix = line.rsplit("; use ", 1)[1]
+    return [[opt, val] for opt, val in re.findall(r"(--global-batch(?:-seqs)?) (\d+)", fix)]
+
+
+BATCH_CASES = [
+    # (job options, option the suggestions must name)
+    (["--model", "llama-7b", "--gpus", "1024", "--global-batch", "4000000"], "--global-batch"),
+    (["--model", "llama-7b", "--gpus", "1024", "--global-batch", "3997696"], "--global-batch"),
+    (["--model", "llama-13b", "--gpus", "24"], "--global-batch"),
+    (["--model", "tiny", "--gpus", "8", "--cluster", "cpu-local", "--seq-len", "3000"],
+     "--global-batch"),
+    (["--model", "tiny", "--gpus", "8", "--cluster", "cpu-local", "--seq-len", "128",
+      "--global-batch-seqs", "20", "--micro-batch", "2"], "--global-batch-seqs"),
+    (["--model", "llama-7b", "--gpus", "2048", "--engine", "deepspeed"], "--global-batch"),
+]
+
+
+@pytest.mark.parametrize("argv, option", BATCH_CASES, ids=[" ".join(a) for a, _ in BATCH_CASES])
+def test_every_suggested_batch_plans_without_forcing_tensor_parallelism(argv, option):
+    line = assert_user_error(*run_cli(["plan", *argv, "-o", "-"]), option)
+    assert "global_batch" not in line  # options, not internal field names
+    fixes = _suggested(line)
+    assert fixes, line
+    base = [a for i, a in enumerate(argv) if not (
+        a.startswith("--global-batch") or (i and argv[i - 1].startswith("--global-batch")))]
+    for opt, val in fixes:
+        assert opt == option, line
+        doc = _plan([*base, opt, val])
+        # the batch splits over every data-parallel degree: tensor parallelism stays a choice
+        seqs = doc["inputs"]["training"]["global_batch_seqs"] or (
+            doc["inputs"]["training"]["global_batch_tokens"] // doc["inputs"]["training"]
+            ["seq_len"])
+        assert seqs % doc["inputs"]["num_gpus"] == 0
+
+
+def test_suggested_batches_beat_the_one_that_forced_tp8():
+    """llama-13b on 24 GPUs: 1,023 sequences (the old suggestion) only split over the 3 ranks of
+    tp=8; the nearest batches the GPUs divide plan faster per sequence."""
+    line = assert_user_error(*run_cli(["plan", "--model", "llama-13b", "--gpus", "24",
+                                       "-o", "-"]))
+    old = _plan(["--model", "llama-13b", "--gpus", "24", "--global-batch-seqs", "1023"])
+    assert old["decision"]["tp"] == 8
+    seqs = sorted(int(v) // 4096 for _, v in _suggested(line))
+    assert seqs == [1008, 1032]  # one below, one above 1,024: multiples of 24
+    for s in seqs:
+        new = _plan(["--model", "llama-13b", "--gpus", "24", "--global-batch-seqs", str(s)])
+        assert new["decision"].get("tp", 1) < 8
+        assert new["predictions"]["tokens_per_s"] > 1.15 * old["predictions"]["tokens_per_s"]
+
+
+# ----- the default sequence length -------------------------------------------------------------
+def test_a_model_with_learned_positions_is_planned_at_its_max_seq_len_by_default():
+    code, out, err = run_cli(["plan", "--model", "gpt3-175b", "--gpus", "1024", "-o", "-",
+                              "--json"])
+    assert code == 0, err
+    assert json.loads(out)["inputs"]["training"]["seq_len"] == 2048
+    assert "--seq-len not given: planning at 2048" in err
+    # a longer sequence asked for is refused: the model has no positions beyond 2048
+    assert_user_error(*run_cli(["plan", "--model", "gpt3-175b", "--gpus", "1024",
+                                "--seq-len", "4096", "-o", "-"]), "--seq-len 2048")
+    # a rotary model is planned longer than its max_seq_len, with a warning
+    code, _, err = run_cli(["compare", "--model", "llama-7b", "--gpus", "64", "--seq-len",
+                            "8192", "--global-batch-seqs", "512"])
+    assert code == 0 and "warning: --seq-len 8192 is longer" in err
