@@ -83,3 +83,21 @@ def test_a_model_with_learned_positions_is_planned_at_its_max_seq_len_by_default
     code, _, err = run_cli(["compare", "--model", "llama-7b", "--gpus", "64", "--seq-len",
                             "8192", "--global-batch-seqs", "512"])
     assert code == 0 and "warning: --seq-len 8192 is longer" in err
+
+
+# ----- compare: when no baseline fits ----------------------------------------------------------
+@pytest.mark.parametrize("job", [["--model", "llama2-70b", "--gpus", "512"],
+                                 ["--model", "gpt3-175b", "--gpus", "1024"]])
+def test_compare_says_what_would_make_a_baseline_fit_and_each_way_does(job):
+    code, out, err = run_cli(["compare", *job])
+    assert code == 0, err
+    assert "yes" not in out.split("hint:")[0]  # every baseline is NO
+    hint = next(line for line in out.splitlines() if line.startswith("hint: "))
+    ways = re.findall(r"((?:--[a-z-]+ [\w.]+ ?)+) \(([a-z0-9, ]+)(?::|\))", hint)
+    options = {w.split()[0] for w, _ in ways}
+    assert {"--activation-checkpointing", "--tp", "--memory-limit"} <= options, hint
+    for way, names in ways:
+        code, js, err = run_cli(["compare", *job, *way.split(), "--json"])
+        assert code == 0, (way, err)
+        fits = {r["name"] for r in json.loads(js)["rows"] if r["fits"]}
+        assert set(names.replace(" ", "").split(",")) <= fits, (way, names, fits)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from amsp_planner.cost.evaluate import Evaluation
@@ -125,3 +126,57 @@ def inapplicable_line(job, tp: int = 1) -> str | None:
         by_reason.setdefault(why, []).append(name)
     return "not applicable here: " + "; ".join(f"{', '.join(names)} ({why})"
                                                for why, names in by_reason.items())
+
+
+def fit_hint(job, limit: float, micro_batch: int, ckpt, tp: int) -> str | None:
+    """When no named baseline fits: what would make one fit, one line. Tried in turn on the
+    same baselines: activation checkpointing on, the smallest larger tensor-parallel degree the
+    job admits that makes one fit (alone, then with checkpointing), the fewest of twice, 4x and
+    8x the GPUs that do (alone, then with checkpointing), and the memory limit the least hungry
+    one needs. None when some baseline fits."""
+    from amsp_planner.cost.evaluate import evaluate_baselines
+    from amsp_planner.cost.job import Job
+    from amsp_planner.errors import AmspUserError
+
+    def fitting(j, c, t):
+        try:
+            ev = evaluate_baselines(j, limit, micro_batch, c, t)
+        except AmspUserError:  # e.g. a batch that more GPUs do not divide
+            return []
+        return sorted(ev.items(), key=lambda kv: kv[1].memory.total)
+
+    now = fitting(job, ckpt, tp)
+    if any(e.fits for _, e in now):
+        return None
+    ways = []
+
+    def add(option: str, pairs) -> bool:
+        fit = [(n, e) for n, e in pairs if e.fits]
+        if fit:
+            ways.append(f"{option} ({', '.join(n for n, _ in fit[:3])}: "
+                        f"{gib(fit[0][1].memory.total)} GiB)")
+        return bool(fit)
+
+    if ckpt is not True:
+        add("--activation-checkpointing on", fitting(job, True, tp))
+    for t in (t for t in job.tp_options() if t > tp):
+        if add(f"--tp {t}", fitting(job, ckpt, t)):
+            break
+        if ckpt is not True and add(f"--tp {t} --activation-checkpointing on",
+                                    fitting(job, True, t)):
+            break
+    done = False
+    for k in (2, 4, 8):
+        try:
+            more = Job.create(job.model, job.cluster, job.training, job.num_gpus * k, job.engine)
+        except AmspUserError:
+            continue
+        for c, also in ((ckpt, ""), (True, " --activation-checkpointing on")):
+            if (c is not True or ckpt is not True or not also) and not done:
+                done = add(f"--gpus {more.num_gpus}{also}", fitting(more, c, tp))
+        if done:
+            break
+    least = now[0][1].memory.total
+    ways.append(f"--memory-limit {math.ceil(least / GIB * 10) / 10:g} ({now[0][0]})")
+    return (f"hint: no baseline fits in {gib(limit)} GiB per GPU; one would with "
+            + ", or ".join(ways) + "; `amsp plan` searches checkpointing, tp and ZeRO++ together")
