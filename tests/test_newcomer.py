@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from amsp_testlib import assert_user_error, run_cli
@@ -101,3 +102,77 @@ def test_compare_says_what_would_make_a_baseline_fit_and_each_way_does(job):
         assert code == 0, (way, err)
         fits = {r["name"] for r in json.loads(js)["rows"] if r["fits"]}
         assert set(names.replace(" ", "").split(",")) <= fits, (way, names, fits)
+
+
+# ----- export to another engine ----------------------------------------------------------------
+TP_PLAN = "tests/golden/llama2-70b_dgx-h100-ndr_512.json"  # amsp: tp=8,p=1,g=1,os=64
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "fsdp2"])
+def test_export_to_another_engine_points_to_that_engines_own_plan(tmp_path, target):
+    import shlex
+
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.plan import load_plan
+    from amsp_planner.strategy import Strategy
+    from amsp_planner.validation import step_time_band
+
+    code, out, err = run_cli(["export", TP_PLAN, "--to", target, "-o", str(tmp_path / "x")])
+    assert code == 0, err
+    note = next(line for line in out.splitlines() if "own best plan" in line)
+    cmd = re.search(r"`amsp (plan [^`]+)`", note).group(1)
+    assert f"--engine {target}" in cmd
+    closest = Strategy.parse(re.search(r"closest expressible strategy: (\S+)", out).group(1))
+    plan = load_plan(TP_PLAN)
+    tjob = plan.job.for_engine(target)
+    exported = evaluate(tjob, closest, plan.memory_limit)
+    # the suggested command plans, for the target, a strategy faster beyond the band
+    own = _plan(shlex.split(cmd)[1:])
+    assert own["inputs"]["engine"] == target
+    assert own["predictions"]["time"]["step_s"] * (1 + step_time_band()) < exported.step_s
+    # and it exports to the target exactly
+    p = tmp_path / "own.json"
+    p.write_text(json.dumps(own))
+    code, out, err = run_cli(["export", str(p), "--to", target, "-o", str(tmp_path / "y")])
+    assert code == 0 and "expresses the plan exactly" in out and "own best" not in out, out
+
+
+def test_export_within_the_band_of_the_engines_own_plan_says_nothing_more(tmp_path):
+    code, out, err = run_cli(["export", TP_PLAN, "--to", "deepspeed", "-o",
+                              str(tmp_path / "ds.json")])
+    assert code == 0, err
+    assert "own best plan" not in out
+
+
+# ----- docs say what the code does ---------------------------------------------------------------
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def test_exports_doc_says_the_runtime_runs_tensor_parallel_plans():
+    from amsp_planner.plan import load_plan
+    from amsp_planner.runtime.preflight import check_tp
+
+    plan = load_plan(TP_PLAN)
+    assert plan.strategy.tp == 8
+    check_tp(plan.strategy, plan.job)  # the runtime's own gate accepts a tp=8 plan
+    text = " ".join((DOCS / "exports.md").read_text().split())
+    assert "refuses `t > 1`" not in text
+    assert "(`amsp train`) runs `t > 1` plans" in text
+
+
+def test_whatif_doc_describes_the_markers_the_plot_draws(tmp_path):
+    from amsp_planner.report.plots import sweep_figure
+    from amsp_planner.whatif import Sweep, run
+
+    rows = run(Sweep(models=("llama-65b",), gpus=(8, 64, 128)), workers=1)
+    assert not rows[0].ok and rows[1].ok  # 8 GPUs: nothing fits, a point without a plan
+    fig = sweep_figure(rows, "gpus", [])
+    markers = {ln.get_marker() for ax in fig.axes for ln in ax.get_lines()}
+    hollow = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "v"]
+    assert hollow and all(ln.get_markerfacecolor() == "none" for ln in hollow)
+    assert not markers & {"x", "X", "+"}  # no crosses
+    letters = [t.get_text() for ax in fig.axes for t in ax.texts if len(t.get_text()) <= 2]
+    assert letters and all(t.isalpha() for t in letters)  # letters, no rings
+    doc = " ".join((DOCS / "whatif.md").read_text().split())
+    assert "ringed" not in doc and "a cross" not in doc
+    assert "hollow triangles (▽)" in doc and "letter" in doc
