@@ -468,6 +468,10 @@ def _check_search(raw: dict, job: Job, strategy: Strategy, source: str) -> None:
             raise AmspUserError(
                 f"{source}: field 'inputs.search.{key}' is {_show(search[key])}, but "
                 f"inputs.training.{key} is {_show(training.get(key))}: regenerate the plan")
+    given = search.get("given_strategy")
+    if given is not None:  # the given strategy fixes what the search would have pinned
+        _check_given(given, job, strategy, source)
+        return
     mb = training.get("micro_batch")
     if mb is not None and strategy.micro_batch != mb:
         raise AmspUserError(
@@ -481,19 +485,21 @@ def _check_search(raw: dict, job: Job, strategy: Strategy, source: str) -> None:
         raise AmspUserError(
             f"{source}: field 'decision.tp' is {strategy.tp}, but inputs.search.tp pins it to "
             f"{search['tp']}: regenerate the plan")
-    given = search.get("given_strategy")
-    if given is not None:
-        from amsp_planner.strategy import parse_strategy_or_baseline
 
-        try:
-            g = parse_strategy_or_baseline(given, job.num_gpus, job.gpus_per_node)
-        except AmspUserError as e:
-            raise AmspUserError(f"{source}: field 'inputs.search.given_strategy': {e}") from None
-        if str(g.with_(grad_accum=None)) != str(strategy.with_(grad_accum=None)):
-            raise AmspUserError(
-                f"{source}: field 'decision.strategy' is "
-                f"'{strategy.with_(grad_accum=None)}', but inputs.search.given_strategy is "
-                f"'{given}' ({g.with_(grad_accum=None)}): regenerate the plan")
+
+def _check_given(given: str, job: Job, strategy: Strategy, source: str) -> None:
+    """A plan of a given strategy (``amsp plan --strategy``) decides that strategy."""
+    from amsp_planner.strategy import parse_strategy_or_baseline
+
+    try:
+        g = parse_strategy_or_baseline(given, job.num_gpus, job.gpus_per_node)
+    except AmspUserError as e:
+        raise AmspUserError(f"{source}: field 'inputs.search.given_strategy': {e}") from None
+    if str(g.with_(grad_accum=None)) != str(strategy.with_(grad_accum=None)):
+        raise AmspUserError(
+            f"{source}: field 'decision.strategy' is '{strategy.with_(grad_accum=None)}', but "
+            f"inputs.search.given_strategy is '{given}' ({g.with_(grad_accum=None)}): "
+            "regenerate the plan")
 
 
 def _check_summaries(raw: dict, job: Job, ev: Evaluation, source: str) -> None:
