@@ -538,5 +538,5 @@ def _check_summaries(raw: dict, job: Job, ev: Evaluation, source: str) -> None:
             raise AmspUserError(f"{source}: field '{where}.strategy': {e}") from None
         want = json.loads(canonical_text(summary(other)))
         _refuse_difference(stored, want, where,
-                           f"the cost model gives {{}} for its strategy '{stored['strategy']}'",
-                           source)
+                           f"the cost model gives {{}} for field '{where}.strategy' = "
+                           f"'{stored['strategy']}'", source)
