@@ -21,7 +21,7 @@ def batch_source(training: TrainingSpec) -> str:
         return f"--global-batch {training.global_batch_tokens}"
     if training.global_batch_seqs is not None:
         return f"--global-batch-seqs {training.global_batch_seqs}"
-    return "the default global batch (--global-batch 4M)"
+    return "the default --global-batch 4M"
 
 
 def batch_choices(seqs: float, num_gpus: int, micro_batch: int | None = None) -> list[int]:
@@ -121,9 +121,8 @@ class Job:
                    f"{tmax} (the most the nodes hold): each data-parallel rank needs whole "
                    "sequences")
             raise AmspUserError(
-                f"{batch_source(training)}: a global batch of {b:,} sequences "
-                f"({training.batch_tokens:,} tokens) is not a multiple of {num_gpus} GPUs x "
-                f"micro-batch {training.micro_batch or 1}, {why}; "
+                f"global batch of {b:,} sequences ({batch_source(training)}) is not a "
+                f"multiple of {num_gpus} GPUs x micro-batch {training.micro_batch or 1}, {why}; "
                 f"{batch_fix(training, b, num_gpus)} or fewer GPUs"
             )
         if model.position_embedding == "learned" and training.seq_len > model.max_seq_len:
