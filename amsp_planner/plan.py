@@ -421,6 +421,7 @@ def _refuse_difference(got: Any, want: Any, path: str, basis: str, source: str) 
     if d is None:
         return
     where, a, b = d
+    where = where if len(where) <= 120 else where[:117] + "..."  # a key can be any length
     if isinstance(b, list) and not (isinstance(a, list) and len(a) == len(b)):
         wanted = f"a list of {len(b)} entries"
         held = (f"a list of {len(a)}" if isinstance(a, list) else _show(a))
@@ -513,7 +514,7 @@ def _check_summaries(raw: dict, job: Job, ev: Evaluation, source: str) -> None:
     names = sorted(base)
     if sorted(raw["baselines"]) != names:
         raise AmspUserError(
-            f"{source}: field 'baselines' names {', '.join(sorted(raw['baselines'])) or 'none'}, "
+            f"{source}: field 'baselines' names {_show(sorted(raw['baselines']))}, "
             f"but this job's named baselines are {', '.join(names)}: regenerate the plan")
     for name in names:
         want = json.loads(canonical_text(summary(base[name])))
