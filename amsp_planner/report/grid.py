@@ -177,7 +177,7 @@ def rich_table(grid: Grid, wide: bool = False, width: int = 80):
     t = Table(title=grid.title or None, title_justify="left", caption=caption or None)
     for c, w in zip(cols, widths, strict=True):
         t.add_column(wrap_title(c.title, w), justify="right" if c.right else "left",
-                     overflow="fold", no_wrap=True, width=w)
+                     overflow="fold", width=w)
     for row in cells:
         t.add_row(*[_fit(c, v, w) for c, v, w in zip(cols, row, widths, strict=True)])
     return t
