@@ -20,7 +20,7 @@ from amsp_planner.calibrate_config import CalibrationConfig
 
 def torch_dtype(cfg: CalibrationConfig):
     """The torch dtype of cfg.dtype, as the runtime names them."""
-    from amsp_planner.runtime.engine import DTYPES
+    from amsp_planner.runtime.optim import DTYPES
 
     return DTYPES[cfg.dtype]
 
@@ -167,7 +167,7 @@ def measure_optimizer(cfg: CalibrationConfig, device: str, elems: int = 2**20) -
     import torch
 
     from amsp_planner.cost.step_time import optimizer_bytes_per_element
-    from amsp_planner.runtime.engine import OptimConfig, adamw_
+    from amsp_planner.runtime.optim import OptimConfig, adamw_
 
     dtype = torch_dtype(cfg)
     esize = dtype.itemsize
