@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from amsp_planner.whatif import Row
+from amsp_planner.whatif_grid import Row
 
 LABELS = {
     "gpus": "GPUs", "seq_len": "sequence length (tokens)", "memory_limit_gib": "memory limit (GiB)",
