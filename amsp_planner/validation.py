@@ -26,6 +26,8 @@ BANDS_FILE = PRESETS / "error_bands.json"
 class RowResult:
     id: str
     source: str
+    engine: str
+    gpus: int
     metric: str
     published: float
     predicted: float | None
@@ -37,6 +39,14 @@ class RowResult:
     fits: bool | None = None
     memory_gib: float | None = None
     published_memory_gib: float | None = None
+    priced_as: str = ""
+    """The engine profile the prediction used, with the reason where it is not the row's own."""
+    activation_profile: str = "eager"
+    job: str | None = None
+
+    @property
+    def bucket(self) -> str:
+        return scale_bucket(self.gpus)
 
     @property
     def memory_error(self) -> float | None:
@@ -50,6 +60,30 @@ class RowResult:
         if self.predicted is None:
             return None
         return self.predicted / self.published - 1
+
+
+BUCKETS = ("<= 64", "65-255", ">= 256")
+
+
+def scale_bucket(gpus: int) -> str:
+    """The scale bucket of a job: <= 64, 65-255 or >= 256 GPUs."""
+    return BUCKETS[0] if gpus <= 64 else BUCKETS[1] if gpus < 256 else BUCKETS[2]
+
+
+# Engines the published rows ran that have no execution profile of their own: priced with the
+# profile of the engine that executes the same way (FSDP1 and Composer's FSDP as FSDP2).
+PRICED_AS = {"fsdp": "fsdp2", "fairscale": "fsdp2"}
+
+
+def pricing_engine(engine: str) -> tuple[str, str]:
+    """The engine profile a row is priced with, and why when it is not the row's own."""
+    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES
+
+    if engine in ENGINES:
+        return engine, ""
+    alt = PRICED_AS.get(engine, DEFAULT_ENGINE)
+    alt = alt if alt in ENGINES else DEFAULT_ENGINE
+    return alt, f"{engine} has no profile: priced as {alt}"
 
 
 def load_rows() -> dict:
@@ -76,8 +110,8 @@ def _metric(ev, job, metric: str) -> float:
     raise ValueError(f"unknown metric {metric}")
 
 
-def row_job(row: dict, models: dict):
-    """The Job and Strategy of one row."""
+def row_job(row: dict, models: dict, engine: str | None = None):
+    """The Job and Strategy of one row, priced with `engine`'s profile (default: the row's)."""
     from amsp_planner.cost.job import Job
     from amsp_planner.specs import TrainingSpec, load_cluster, load_model
     from amsp_planner.specs.model import ModelSpec
@@ -88,8 +122,28 @@ def row_job(row: dict, models: dict):
     cluster = load_cluster(row["cluster"], row.get("set"))
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
                             **row.get("training", {}))
-    job = Job.create(model, cluster, training, row["gpus"])
-    return job, parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
+    engine = engine or pricing_engine(row["engine"])[0]
+    job = Job.create(model, cluster, training, row["gpus"], engine=engine)
+    s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
+    job.check(s)
+    return job, s
+
+
+def priced_job(row: dict, models: dict):
+    """The row's Job and Strategy and the profile that priced them: the row's engine, or, where
+    that profile does not express the row's strategy (a limit of the profile, not of the cost
+    model), the bundled runtime's, said in the result."""
+    from amsp_planner.engines import DEFAULT_ENGINE
+    from amsp_planner.errors import AmspUserError
+
+    engine, why = pricing_engine(row["engine"])
+    try:
+        return (*row_job(row, models, engine), engine, why)
+    except AmspUserError as e:
+        if engine == DEFAULT_ENGINE:
+            raise
+        job, s = row_job(row, models, DEFAULT_ENGINE)
+        return job, s, DEFAULT_ENGINE, f"{engine}'s profile refuses the strategy ({e})"
 
 
 def predict_rows(doc: dict | None = None) -> list[RowResult]:
@@ -98,15 +152,20 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
     doc = doc or load_rows()
     out = []
     for row in doc["rows"]:
-        r = RowResult(row["id"], row["source"], row["metric"], float(row["value"]), None,
-                      row.get("bound", "="), row["scope"], row.get("order"), row["strategy"])
-        job, s = row_job(row, doc.get("models", {}))
+        r = RowResult(row["id"], row["source"], row["engine"], row["gpus"], row["metric"],
+                      float(row["value"]), None, row.get("bound", "="), row["scope"],
+                      row.get("order"), row.get("strategy", ""), job=row.get("job"))
+        if "memory_gib" in row or row["metric"] == "memory":
+            r.published_memory_gib = float(row.get("memory_gib", row["value"]))
+        out.append(r)
+        if not row.get("strategy") or not row.get("cluster"):
+            continue  # out of scope and not expressible as a job of this model
+        job, s, engine, why = priced_job(row, doc.get("models", {}))
+        r.priced_as = engine + (f" ({why})" if why else "")
+        r.activation_profile = job.training.activation_profile
         ev = evaluate(job, s)
         r.predicted, r.step_s = _metric(ev, job, row["metric"]), ev.step_s
         r.fits, r.memory_gib = ev.fits, ev.memory.total / 2**30
-        if row["metric"] == "memory" or "memory_gib" in row:
-            r.published_memory_gib = float(row.get("memory_gib", row["value"]))
-        out.append(r)
     return out
 
 
