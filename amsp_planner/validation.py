@@ -171,28 +171,106 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
 
 def orderings(results: list[RowResult]) -> dict[str, bool]:
     """Per order group: does the prediction keep the published order of throughput?"""
-    results = [r for r in results if r.metric != "memory"]
     groups: dict[str, list[RowResult]] = {}
     for r in results:
-        if r.order and r.scope == "in":
+        if r.order and r.scope == "in" and r.metric != "memory":
             groups.setdefault(r.order, []).append(r)
     return {g: [x.id for x in sorted(rs, key=lambda x: -x.published)]
             == [x.id for x in sorted(rs, key=lambda x: -x.predicted)] for g, rs in groups.items()}
 
 
-def summary(results: list[RowResult], memory: bool = False) -> dict:
-    """Median, 90th percentile and worst |error| of the rows in scope (throughput, or with
-    `memory` the published peak memory)."""
-    if memory:
-        errs = sorted(abs(r.memory_error) for r in results
-                      if r.scope == "in" and r.memory_error is not None)
-    else:
-        errs = sorted(abs(r.error) for r in results if r.scope == "in" and r.metric != "memory")
+def _stats(errs: list[float]) -> dict:
+    errs = sorted(errs)
     if not errs:
         return {"rows": 0}
     p90 = errs[min(len(errs) - 1, int(round(0.9 * (len(errs) - 1))))]
     return {"rows": len(errs), "median_abs_error": statistics.median(errs),
             "p90_abs_error": p90, "max_abs_error": errs[-1]}
+
+
+def summary(results: list[RowResult], memory: bool = False) -> dict:
+    """Median, 90th percentile and worst |error| of the rows in scope (throughput, or with
+    `memory` the published peak memory), with `collected`: the rows of that kind collected,
+    in scope or not."""
+    if memory:
+        rows = [r for r in results if r.published_memory_gib is not None]
+        errs = [abs(r.memory_error) for r in rows if r.scope == "in" and r.memory_error is not None]
+    else:
+        rows = [r for r in results if r.metric != "memory"]
+        errs = [abs(r.error) for r in rows if r.scope == "in"]
+    return {**_stats(errs), "collected": len(rows)}
+
+
+# What two rows of one `job` tag must share: the same job (model, hardware, GPUs, batch,
+# training settings, engine and the metric it is reported in); only the strategy differs.
+JOB_FIELDS = ("source", "engine", "model", "cluster", "set", "gpus", "seq_len",
+              "global_batch_seqs", "training", "metric")
+
+
+@dataclass
+class Pair:
+    """Two strategies published on one job: measured and predicted ratio of throughput
+    (`faster` measured faster over `slower`) and the error of the predicted ratio."""
+    job: str
+    faster: RowResult
+    slower: RowResult
+
+    @property
+    def measured(self) -> float:
+        return self.faster.published / self.slower.published
+
+    @property
+    def predicted(self) -> float:
+        return self.faster.predicted / self.slower.predicted
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def order_kept(self) -> bool:
+        return self.predicted >= 1 or self.measured == 1
+
+
+def check_jobs(rows: list[dict]) -> dict[str, list[dict]]:
+    """The rows of each `job` tag; ValueError naming the field where two rows of one tag do
+    not run the same job, or run the same strategy twice."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("job"):
+            groups.setdefault(row["job"], []).append(row)
+    for tag, rs in groups.items():
+        for r in rs[1:]:
+            for f in JOB_FIELDS:
+                if r.get(f) != rs[0].get(f):
+                    raise ValueError(f"validation.yaml: rows {rs[0]['id']} and {r['id']} share "
+                                     f"job '{tag}' but differ in field '{f}': give them different "
+                                     "job tags")
+    return groups
+
+
+def relative_pairs(doc: dict, results: list[RowResult]) -> list[Pair]:
+    """Every pair of in-scope rows of one `job` tag with different strategies."""
+    by_id = {r.id: r for r in results}
+    pairs = []
+    for tag, rows in check_jobs(doc["rows"]).items():
+        rs = [by_id[r["id"]] for r in rows if by_id[r["id"]].scope == "in"]
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                if a.strategy == b.strategy:
+                    continue  # the same run twice: no ratio between strategies
+                fast, slow = (a, b) if a.published >= b.published else (b, a)
+                pairs.append(Pair(tag, fast, slow))
+    return pairs
+
+
+def relative_summary(pairs: list[Pair]) -> dict:
+    """Median, 90th percentile and worst |error of the predicted ratio| over `pairs`, and the
+    share of pairs whose faster strategy is predicted faster."""
+    s = _stats([abs(p.error) for p in pairs])
+    if pairs:
+        s["order_kept"] = sum(p.order_kept for p in pairs) / len(pairs)
+    return s
 
 
 @lru_cache(maxsize=1)
@@ -209,3 +287,17 @@ def step_time_band() -> float:
 def memory_band() -> float:
     """The relative memory band: the validated worst |error| of the published peak memory."""
     return float(error_bands()["memory"]["max_abs_error"])
+
+
+def relative_band(engine: str | None = None, gpus: int | None = None) -> float | None:
+    """The validated 90th-percentile error of the predicted throughput ratio between two
+    strategies of one job (``relative`` in presets/error_bands.json): of `engine`'s pairs, else
+    of the pairs at `gpus`' scale bucket, else of all pairs; None before it is measured."""
+    b = error_bands()
+    for key, k in (("relative_by_engine", engine),
+                   ("relative_by_scale", scale_bucket(gpus) if gpus else None)):
+        got = b.get(key, {}).get(k) if k else None
+        if got and got.get("rows"):
+            return float(got["p90_abs_error"])
+    rel = b.get("relative")
+    return float(rel["p90_abs_error"]) if rel and rel.get("rows") else None
