@@ -2,11 +2,23 @@
 
     python bench/gpu_validation.py        # writes docs/validation.md and presets/error_bands.json
 
-The rows (``presets/validation.yaml``) are published measurements of data-parallel-sharded
-training, each with its source and the hardware it ran on. ``predict_rows`` turns every row
-inside the model's scope into a Job and a Strategy and predicts the row's metric. The measured
-error is data: ``error_bands()`` reads ``presets/error_bands.json``, which the benchmark writes
-from the same rows, so every band the planner states comes from one place.
+The rows (``presets/validation.yaml``) are published measurements of LLM training, each with
+its source, the engine that ran it and the hardware. ``predict_rows`` turns every row that is
+a job of this model into a Job and a Strategy, priced with the execution profile of the row's
+engine (``pricing_engine``; an engine without a profile of its own is priced as the one that
+executes the same way, and a strategy the profile does not express falls back to the bundled
+runtime's profile, said in ``RowResult.priced_as``), and predicts the row's metric. Rows out of
+scope state why (pipeline or context parallelism, FP8 matmuls, offload, a setup the source
+does not publish ...); they are kept and listed, never dropped.
+
+Statistics: ``summary`` (median, 90th percentile and worst |error| with the rows in scope and
+collected), by engine and by scale bucket (``scale_bucket``: <= 64, 65-255, >= 256 GPUs), and
+the relative band (``relative_pairs``): rows sharing a ``job`` tag ran the same job (every
+field of ``JOB_FIELDS`` equal, ``check_jobs``) with different strategies; the error of the
+predicted throughput ratio between two of them against the measured ratio.
+
+The measured error is data: ``error_bands()`` reads ``presets/error_bands.json``, which the
+benchmark writes from the same rows, so every band the planner states comes from one place.
 """
 
 from __future__ import annotations
@@ -139,11 +151,11 @@ def priced_job(row: dict, models: dict):
     engine, why = pricing_engine(row["engine"])
     try:
         return (*row_job(row, models, engine), engine, why)
-    except AmspUserError as e:
+    except AmspUserError:
         if engine == DEFAULT_ENGINE:
             raise
         job, s = row_job(row, models, DEFAULT_ENGINE)
-        return job, s, DEFAULT_ENGINE, f"{engine}'s profile refuses the strategy ({e})"
+        return job, s, DEFAULT_ENGINE, f"{engine}'s profile does not run {row['strategy']}"
 
 
 def predict_rows(doc: dict | None = None) -> list[RowResult]:
