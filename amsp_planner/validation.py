@@ -14,8 +14,9 @@ does not publish ...); they are kept and listed, never dropped.
 Statistics: ``summary`` (median, 90th percentile and worst |error| with the rows in scope and
 collected), by engine and by scale bucket (``scale_bucket``: <= 64, 65-255, >= 256 GPUs), and
 the relative band (``relative_pairs``): rows sharing a ``job`` tag ran the same job (every
-field of ``JOB_FIELDS`` equal, ``check_jobs``) with different strategies; the error of the
-predicted throughput ratio between two of them against the measured ratio.
+field of ``JOB_FIELDS`` equal, ``check_jobs``) with different strategies (a sharding, micro-batch
+and checkpointing on an engine); the error of the predicted throughput ratio between two of
+them against the measured ratio.
 
 The measured error is data: ``error_bands()`` reads ``presets/error_bands.json``, which the
 benchmark writes from the same rows, so every band the planner states comes from one place.
@@ -214,9 +215,10 @@ def summary(results: list[RowResult], memory: bool = False) -> dict:
 
 
 # What two rows of one `job` tag must share: the same job (model, hardware, GPUs, batch,
-# training settings, engine and the metric it is reported in); only the strategy differs.
-JOB_FIELDS = ("source", "engine", "model", "cluster", "set", "gpus", "seq_len",
-              "global_batch_seqs", "training", "metric")
+# training settings and the metric it is reported in); only the strategy differs: the sharding,
+# micro-batch and checkpointing, and the engine that runs it.
+JOB_FIELDS = ("source", "model", "cluster", "set", "gpus", "seq_len", "global_batch_seqs",
+              "training", "metric")
 
 
 @dataclass
@@ -269,7 +271,7 @@ def relative_pairs(doc: dict, results: list[RowResult]) -> list[Pair]:
         rs = [by_id[r["id"]] for r in rows if by_id[r["id"]].scope == "in"]
         for i, a in enumerate(rs):
             for b in rs[i + 1:]:
-                if a.strategy == b.strategy:
+                if (a.strategy, a.engine) == (b.strategy, b.engine):
                     continue  # the same run twice: no ratio between strategies
                 fast, slow = (a, b) if a.published >= b.published else (b, a)
                 pairs.append(Pair(tag, fast, slow))

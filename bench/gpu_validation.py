@@ -22,7 +22,8 @@ that kind):
   ``step_time_by_engine_scale``: {engine: {bucket: band}}; ``memory_by_engine``.
 - ``relative``: the band of the predicted ratio between two strategies run on the same job
   (pairs of rows sharing a ``job`` tag), with ``order_kept`` (share of pairs whose faster
-  strategy is predicted faster); ``relative_by_engine``, ``relative_by_scale``.
+  strategy is predicted faster); ``relative_by_engine`` (key 'a / b' for a pair of two
+  engines), ``relative_by_scale``.
 - ``targets``: the targets above; ``targets_met``: {check: bool}.
 """
 
@@ -91,6 +92,11 @@ def grouped(results, key) -> dict:
     return dict(sorted(out.items()))
 
 
+def pair_engine(p) -> str:
+    """The engine of a pair ('a / b' for two engines, alphabetical)."""
+    return " / ".join(sorted({p.faster.engine, p.slower.engine}))
+
+
 def bands(results, pairs) -> dict:
     """Every band error_bands.json holds (module docstring)."""
     engines = grouped(results, lambda r: r.engine)
@@ -107,7 +113,7 @@ def bands(results, pairs) -> dict:
                              if any(r.published_memory_gib is not None for r in rs)},
         "relative": relative_summary(pairs),
         "relative_by_engine": {e: relative_summary(ps) for e, ps in
-                               grouped(pairs, lambda p: p.faster.engine).items()},
+                               grouped(pairs, pair_engine).items()},
         "relative_by_scale": {b: relative_summary(ps) for b, ps in
                               grouped(pairs, lambda p: scale_bucket(p.faster.gpus)).items()},
     }
@@ -243,7 +249,8 @@ def write_doc(results, b, orders, pairs, met, doc, seconds) -> str:
             + ", ".join(f"{g} {'kept' if ok else 'NOT kept'}" for g, ok in sorted(orders.items())), ""]
     out += ["## Relative band: the error of the ratio between two strategies", "",
             "From sources that ran two or more strategies on the same job (same model, GPUs, "
-            "cluster, batch and engine; rows sharing a `job` tag, checked field by field): the "
+            "cluster and batch; a strategy is a sharding, micro-batch and checkpointing on an "
+            "engine; rows sharing a `job` tag, checked field by field): the "
             "predicted throughput ratio of the measured-faster strategy over the slower one "
             "against the measured ratio. This band, not the absolute one, says whether two "
             "candidates of one job are a tie.", ""]
