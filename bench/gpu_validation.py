@@ -114,8 +114,8 @@ def bands(results, pairs) -> dict:
         "relative": relative_summary(pairs),
         "relative_by_engine": {e: relative_summary(ps) for e, ps in
                                grouped(pairs, pair_engine).items()},
-        "relative_by_scale": {b: relative_summary(ps) for b, ps in
-                              grouped(pairs, lambda p: scale_bucket(p.faster.gpus)).items()},
+        "relative_by_scale": {b: relative_summary(ps) for b in BUCKETS if (ps := [
+            p for p in pairs if scale_bucket(p.faster.gpus) == b])},
     }
 
 
@@ -141,7 +141,8 @@ def band_table(title: str, items: dict, check=meets) -> list[str]:
     lines = [f"| {title} | rows in scope / collected | median | 90th pct | worst | targets |",
              "|---|---|---:|---:|---:|---|"]
     for k, b in items.items():
-        lines.append(f"| {k} | {band_cells(b)} | {'met' if check(b) else 'MISSED' if b['rows'] else '-'} |")
+        verdict_ = "-" if not b["rows"] else "met" if check(b) else "MISSED"
+        lines.append(f"| {k} | {band_cells(b)} | {verdict_} |")
     return lines
 
 
