@@ -1,12 +1,13 @@
 """Checking a generated FSDP2 module with torch: apply it on a tiny model and report what
 FSDP2 built (``amsp export --to fsdp2 --check``, and the tests).
 
-``check_with_torch`` imports the module text (``load_module``), makes a one-rank gloo group on
-CPU and the module's mesh at size 1, applies it (with TP_SIZE > 1: on a tiny torchtitan-named
-MLP block, so the module's TP plan is exercised) with ``strict=False``, runs one forward and
-backward, and returns the sharded parameters' mesh and placements, the checkpoint wrappers, how
-often each block ran forward (recomputation runs it twice) and the module's own settings. ``check_in_child`` runs it in a fresh process. torch is imported
-inside the functions (the runtime extra); ``exports/fsdp2.py`` writes the module.
+``check_with_torch`` imports the module text (``load_module``), makes a one-rank gloo group on CPU
+and the module's mesh at size 1, applies it (with TP_SIZE > 1: on a tiny torchtitan-named MLP
+block, so the module's TP plan is exercised) with ``strict=False``, runs one forward and backward,
+and returns the sharded parameters' mesh and placements, the checkpoint wrappers, how often each
+block ran forward (recomputation runs it twice) and the module's own settings. ``check_in_child``
+runs it in a fresh process. torch is imported inside the functions (the runtime extra);
+``exports/fsdp2.py`` writes the module.
 """
 
 from __future__ import annotations
