@@ -202,31 +202,37 @@ def checkpoint_blocks(model, blocks=None, setting=ACTIVATION_CHECKPOINTING, stri
     """
     import functools
 
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointWrapper,
-        checkpoint_wrapper,
-    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     units = default_blocks(model) if blocks is None else list(blocks)
-    count = checkpoint_count(len(units), setting, strict)
+    kw = {}
+    if setting == "op":
+        kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _op_policy)
+    for i, parent, name in wrap_targets(model, units, setting, strict):
+        units[i] = checkpoint_wrapper(units[i], **kw)
+        setattr(parent, name, units[i])
+    return units
+
+
+def wrap_targets(model, units, setting=ACTIVATION_CHECKPOINTING, strict: bool = True) -> list:
+    """(index, parent, attribute name) of each block checkpoint_blocks wraps (not those already
+    wrapped); ValueError, before anything changes, where the plan's checkpointing cannot be
+    applied (see checkpoint_blocks and checkpoint_count)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
     parents = _parents(model)
-    for i, block in enumerate(units[:count]):
-        if not isinstance(block, CheckpointWrapper) and id(block) not in parents:
+    out = []
+    for i, block in enumerate(units[:checkpoint_count(len(units), setting, strict)]):
+        if isinstance(block, CheckpointWrapper):
+            continue
+        if id(block) not in parents:
             raise ValueError(
                 f"blocks[{i}] ({type(block).__name__}) is not a submodule of the model, so it "
                 f"cannot be wrapped for the plan's activation checkpointing "
                 f"(ACTIVATION_CHECKPOINTING={setting!r}): pass the model's own blocks")
-    kw = {}
-    if setting == "op":
-        kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _op_policy)
-    for i, block in enumerate(units[:count]):
-        if isinstance(block, CheckpointWrapper):
-            continue
-        parent, name = parents[id(block)]
-        units[i] = checkpoint_wrapper(block, **kw)
-        setattr(parent, name, units[i])
-    return units
+        out.append((i, *parents[id(block)]))
+    return out
 
 
 def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
@@ -323,6 +329,7 @@ def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
         raise ValueError(f"mesh {shape} is not the plan's (replicate, shard, tp) "
                          f"{(*MESH_SHAPE, TP_SIZE)}: launch {NUM_GPUS} ranks or pass strict=False")
     todo = default_blocks(model) if blocks is None else list(blocks)
+    wrap_targets(model, todo, strict=strict)  # refuse before parallelize_module changes them
     for block in todo:
         parallelize_module(block, mesh["tp"], tp_plan(block))
     todo = checkpoint_blocks(model, todo, strict=strict)
