@@ -31,7 +31,14 @@ from functools import lru_cache
 from typing import Any
 
 from amsp_planner.errors import AmspUserError, InfeasibleError
-from amsp_planner.whatif_grid import AXES, Point, Row, SolveOptions, Sweep  # noqa: F401 - this API
+from amsp_planner.whatif_grid import (  # noqa: F401 - this API
+    AXES,
+    MAX_POINTS,
+    Point,
+    Row,
+    SolveOptions,
+    Sweep,
+)
 
 GIB = 1024**3
 NODE_KEY = "node_gbit_per_s"
@@ -108,13 +115,15 @@ def check_set_key(key: str) -> None:
                         f"gpu.<field>, or {NODE_KEY} (NIC Gbit/s per node)")
 
 
-def validate(sweep: Sweep) -> None:
-    """Check every axis value on its own (specs load, --set values pass the spec's checks);
-    raise AmspUserError with one line for the first bad one. Combinations are checked per point."""
+def validate(sweep: Sweep, max_points: int = MAX_POINTS) -> None:
+    """Check the sweep's size (``Sweep.check_size``), then every axis value on its own (specs
+    load, --set values pass the spec's checks); raise AmspUserError with one line for the first
+    bad one. Combinations are checked per point."""
     from amsp_planner.specs import load_model
 
     if len(sweep) == 0:
         raise AmspUserError("the sweep has no points: give at least one value per option")
+    sweep.check_size(max_points)
     for m in sweep.models:
         load_model(m)
     for c in sweep.clusters:
@@ -256,13 +265,24 @@ def _chunks(points: list[Point], size: int) -> Iterator[list[Point]]:
         yield points[i:i + size]
 
 
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which ends them (no traceback per worker)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run(sweep: Sweep, workers: int | None = None,
-        progress: Callable[[int], None] | None = None) -> list[Row]:
+        progress: Callable[[int], None] | None = None, max_points: int = MAX_POINTS) -> list[Row]:
     """Solve every point, in point order; `progress(k)` is called as k more points finish.
 
-    Runs in this process when one worker suffices, else in a pool of min(points, workers)
-    processes fed consecutive chunks of points (neighbours share specs and topologies).
+    Refuses a sweep above `max_points` first (``Sweep.check_size``). Runs in this process when
+    one worker suffices, else in a pool of min(points, workers) processes fed consecutive chunks
+    of points (neighbours share specs and topologies). The workers ignore SIGINT: on Ctrl-C
+    (KeyboardInterrupt here) the pool is terminated before the interrupt goes on, so no worker
+    outlives the sweep.
     """
+    sweep.check_size(max_points)
     points = sweep.points()
     n = len(points)
     workers = max(1, min(n, workers or default_workers()))
@@ -274,7 +294,7 @@ def run(sweep: Sweep, workers: int | None = None,
                 progress(1)
         return rows
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
 
     import amsp_planner.solver  # noqa: F401  (imported once, before the fork)
 
@@ -284,12 +304,17 @@ def run(sweep: Sweep, workers: int | None = None,
     size = max(1, min(16, n // (workers * 4)))
     if len(sweep.memory_limits_gib) > 1 and group <= 32 and n >= 2 * workers * group:
         size = group
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
-        futures = [ex.submit(_solve_chunk, sweep.options, c) for c in _chunks(points, size)]
-        for fut in futures:
-            chunk = fut.result()
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    pool = ctx.Pool(workers, initializer=_ignore_sigint)
+    try:
+        for chunk in pool.imap(partial(_solve_chunk, sweep.options), _chunks(points, size)):
             rows.extend(chunk)
             if progress:
                 progress(len(chunk))
+        pool.close()
+    except BaseException:  # Ctrl-C or a worker's error: end every worker now
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
     return rows

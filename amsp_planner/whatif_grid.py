@@ -7,6 +7,14 @@ innermost). ``SolveOptions`` are the ``amsp plan`` options every point shares; a
 what one point gives (the optimum, the best named baseline, the gain and whether it is a tie).
 Plain data: ``whatif.py`` solves the points, ``report/whatif_report.py`` and
 ``report/plots.py`` show the rows.
+
+Size limits, checked before any work: at most ``MAX_AXIS_VALUES`` values per option (counted
+from the commas of the option's text, before its values are parsed) and at most ``MAX_POINTS``
+points (``--max-points`` raises it, up to ``MAX_POINTS_CEILING``). The point count is the product
+of the axis lengths (``len(sweep)``), never the grid itself. At about 0.1-0.3 s per point on one
+core, 10,000 points are a job of tens of minutes; the product of a few long lists (1,000 x 1,000,
+or 4.7e10) is not a sweep anyone can wait for, and building its list of points alone would not
+fit in memory.
 """
 
 from __future__ import annotations
@@ -16,6 +24,15 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from amsp_planner.errors import AmspUserError
+
+MAX_POINTS = 10_000
+"""Points a sweep may have unless --max-points says otherwise."""
+MAX_POINTS_CEILING = 100_000
+"""The most --max-points may allow (the rows of a sweep are kept in memory)."""
+MAX_AXIS_VALUES = 1_000
+"""Values one option (one --set key) may list."""
 
 # Axes in product order, outermost first; the --set keys go between "gpu_type" and "seq_len".
 AXES = ("model", "cluster", "gpu_type", "seq_len", "global_batch", "memory_limit_gib", "gpus")
@@ -158,3 +175,34 @@ class Sweep:
 
     def __len__(self) -> int:
         return math.prod(len(v) for _, v in self.axes())
+
+    def check_size(self, max_points: int = MAX_POINTS) -> None:
+        """Refuse (AmspUserError, one line) a sweep of more than `max_points` points, counted as
+        the product of its axes' lengths (the grid is not built)."""
+        n = len(self)
+        if n <= max_points:
+            return
+        long = [(a, len(v)) for a, v in self.axes() if len(v) > 1]
+        shape = " x ".join(f"{k:,} {axis_option(a)}" for a, k in long)
+        raise AmspUserError(f"the sweep has {n:,} points ({shape}), more than the limit of "
+                            f"{max_points:,}: give fewer values, or raise the limit with "
+                            f"--max-points (at most {MAX_POINTS_CEILING:,})")
+
+
+_OPTIONS = {"model": "--model", "cluster": "--cluster", "gpu_type": "--gpu-type",
+            "seq_len": "--seq-len", "global_batch": "--global-batch",
+            "memory_limit_gib": "--memory-limit", "gpus": "--gpus"}
+
+
+def axis_option(axis: str) -> str:
+    """The option that sets an axis: 'gpus' -> '--gpus', 'set:k' -> '--set k'."""
+    return f"--set {axis[4:]}" if axis.startswith("set:") else _OPTIONS.get(axis, axis)
+
+
+def check_list_length(text: str, option: str) -> None:
+    """Refuse a comma list of more than MAX_AXIS_VALUES items, counted from its commas before
+    any item is parsed."""
+    n = text.count(",") + 1
+    if n > MAX_AXIS_VALUES:
+        raise AmspUserError(f"{option}: {n:,} values, more than the limit of {MAX_AXIS_VALUES:,} "
+                            "per option: give fewer values")

@@ -22,9 +22,13 @@ per micro-batch, keep full parameters until backward ends) is ZeRO-2-like in tra
 unsharded parameters, a point outside the cost model's space: we do not emit it.
 
 Activation checkpointing (``ACTIVATION_CHECKPOINTING``: True, False, K or "op"), applied by
-``apply`` before sharding: ``checkpoint_wrapper`` on every block, on the first K blocks (the
-planner's convention), or on every block with a selective-checkpointing ``context_fn`` that
-keeps the outputs of the matmuls and of attention ("op", as the bundled runtime does).
+``apply`` before sharding, to the blocks it finds or to those passed as ``blocks=[...]`` (in
+forward order): ``checkpoint_wrapper`` on every block, on the first K blocks (the planner's
+convention), or on every block with a selective-checkpointing ``context_fn`` that keeps the
+outputs of the matmuls and of attention ("op", as the bundled runtime does). Each wrapper
+replaces its block in the block's parent module and is that block's FSDP unit. ``apply``
+raises ValueError rather than shard without the plan's checkpointing: a block to wrap that is
+not a submodule of the model, or a plan's K larger than the model's blocks (``strict``).
 
 Tensor parallelism (a plan with tp = T > 1): the module also holds ``TP_SIZE`` and its
 ``build_mesh`` makes the (replicate, shard, tp) mesh with TP innermost (a TP group is T
@@ -161,30 +165,85 @@ def _op_policy(ctx, func, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if func in keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def checkpoint_blocks(model, setting=ACTIVATION_CHECKPOINTING):
-    """Wrap the blocks (see block_container) for recomputation: all of them (True), the
-    first K (an int), or all with op-level selective checkpointing ("op")."""
+def checkpoint_count(n_blocks: int, setting=ACTIVATION_CHECKPOINTING, strict: bool = True) -> int:
+    """How many blocks, the first ones, the plan checkpoints out of `n_blocks`: all of them
+    (True, "op"), none (False), or K. K > n_blocks is a model that is not the plan's: ValueError,
+    or with strict=False (a small test model) every block."""
+    if setting is True or setting == "op":
+        return n_blocks
+    if not setting:
+        return 0
+    k = int(setting)
+    if k > n_blocks and strict:
+        raise ValueError(f"the plan checkpoints the first {k} blocks (ACTIVATION_CHECKPOINTING) "
+                         f"but the model has {n_blocks}: pass all of its blocks, in forward "
+                         "order, or pass strict=False")
+    return min(k, n_blocks)
+
+
+def _parents(model) -> dict:
+    """id(module) -> (parent, attribute name) for every submodule of `model`."""
+    out = {}
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            out.setdefault(id(child), (parent, name))
+    return out
+
+
+def checkpoint_blocks(model, blocks=None, setting=ACTIVATION_CHECKPOINTING, strict: bool = True):
+    """Apply the plan's activation checkpointing to the blocks and return them as FSDP units.
+
+    blocks: in forward order; None for the model's own (see block_container). The first
+    checkpoint_count(len(blocks)) of them are wrapped with checkpoint_wrapper (non-reentrant
+    torch.utils.checkpoint), each wrapper replacing its block in the block's parent module, with
+    the selective-checkpointing context_fn for "op". A block already wrapped is kept as it is.
+    ValueError (nothing changed) when a block to wrap is not a submodule of `model`: it could not
+    be replaced, and its activations would be kept although the plan recomputes them.
+    """
     import functools
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    container = block_container(model)
-    children = list(container.named_children())
-    count = len(children) if setting is True or setting == "op" else int(setting)
+    units = default_blocks(model) if blocks is None else list(blocks)
     kw = {}
     if setting == "op":
         kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _op_policy)
-    for name, child in children[:count]:
-        setattr(container, name, checkpoint_wrapper(child, **kw))
+    for i, parent, name in wrap_targets(model, units, setting, strict):
+        units[i] = checkpoint_wrapper(units[i], **kw)
+        setattr(parent, name, units[i])
+    return units
+
+
+def wrap_targets(model, units, setting=ACTIVATION_CHECKPOINTING, strict: bool = True) -> list:
+    """(index, parent, attribute name) of each block checkpoint_blocks wraps (not those already
+    wrapped); ValueError, before anything changes, where the plan's checkpointing cannot be
+    applied (see checkpoint_blocks and checkpoint_count)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    parents = _parents(model)
+    out = []
+    for i, block in enumerate(units[:checkpoint_count(len(units), setting, strict)]):
+        if isinstance(block, CheckpointWrapper):
+            continue
+        if id(block) not in parents:
+            raise ValueError(
+                f"blocks[{i}] ({type(block).__name__}) is not a submodule of the model, so it "
+                f"cannot be wrapped for the plan's activation checkpointing "
+                f"(ACTIVATION_CHECKPOINTING={setting!r}): pass the model's own blocks")
+        out.append((i, *parents[id(block)]))
+    return out
 
 
 def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
-    """fully_shard each block, then the root, with the plan's settings; returns the model.
+    """Checkpoint the plan's blocks (checkpoint_blocks), fully_shard each block, then the root,
+    with the plan's settings; returns the model.
 
     world_mesh: a 2-D (replicate, shard) or 1-D (shard) DeviceMesh, or None to build the
-    plan's. strict=False accepts another mesh (e.g. one process in a test) and falls back to
-    reshard_after_forward=True when the plan's int does not divide its shard size.
+    plan's. blocks: the transformer blocks in forward order (default: found, block_container).
+    strict=False accepts another mesh (e.g. one process in a test), falls back to
+    reshard_after_forward=True when the plan's int does not divide its shard size, and
+    checkpoints every block of a model with fewer blocks than the plan's K.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -196,10 +255,9 @@ def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
     reshard = RESHARD_AFTER_FORWARD
     if not isinstance(reshard, bool) and not (1 < reshard < shape[1] and shape[1] % reshard == 0):
         reshard = True
-    if ACTIVATION_CHECKPOINTING and blocks is None:
-        checkpoint_blocks(model)
+    units = checkpoint_blocks(model, blocks, strict=strict)
     policy = mp_policy()
-    for block in (default_blocks(model) if blocks is None else blocks):
+    for block in units:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     return model
@@ -259,8 +317,9 @@ def tp_plan(block) -> dict:
 
 
 def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
-    """parallelize_module on the "tp" dimension, then fully_shard each block and the root on
-    the (replicate, shard) dimensions; returns the model."""
+    """parallelize_module on the "tp" dimension, the plan's checkpointing (checkpoint_blocks),
+    then fully_shard each block and the root on the (replicate, shard) dimensions; returns the
+    model."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -269,12 +328,11 @@ def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
     if strict and shape != (*MESH_SHAPE, TP_SIZE):
         raise ValueError(f"mesh {shape} is not the plan's (replicate, shard, tp) "
                          f"{(*MESH_SHAPE, TP_SIZE)}: launch {NUM_GPUS} ranks or pass strict=False")
-    todo = default_blocks(model) if blocks is None else blocks
+    todo = default_blocks(model) if blocks is None else list(blocks)
+    wrap_targets(model, todo, strict=strict)  # refuse before parallelize_module changes them
     for block in todo:
         parallelize_module(block, mesh["tp"], tp_plan(block))
-    if ACTIVATION_CHECKPOINTING and blocks is None:
-        checkpoint_blocks(model)
-        todo = default_blocks(model)
+    todo = checkpoint_blocks(model, todo, strict=strict)
     dp = mesh["replicate", "shard"]
     reshard = RESHARD_AFTER_FORWARD
     if not isinstance(reshard, bool) and not (1 < reshard < shape[1] and shape[1] % reshard == 0):
@@ -295,7 +353,8 @@ def render(job: Job, s: Strategy) -> str:
         "",
         "    import amsp_fsdp2",
         "    mesh = amsp_fsdp2.build_mesh()          # after init_process_group",
-        "    amsp_fsdp2.apply(model, mesh)           # fully_shard each block, then the root",
+        "    amsp_fsdp2.apply(model, mesh)           # checkpoint the plan's blocks,",
+        "                                            # fully_shard each, then the root",
         "    for i, batch in enumerate(micro_batches):",
         "        amsp_fsdp2.set_micro_batch(model, i)",
         "        loss(model(batch)).backward()",

@@ -1,26 +1,27 @@
 """Checking a generated FSDP2 module with torch: apply it on a tiny model and report what
 FSDP2 built (``amsp export --to fsdp2 --check``, and the tests).
 
-``check_with_torch`` imports the module text (``load_module``), makes a one-rank gloo group on
-CPU and the module's mesh at size 1, applies it (with TP_SIZE > 1: on a tiny torchtitan-named
-MLP block, so the module's TP plan is exercised) with ``strict=False``, runs one forward and
-backward, and returns the sharded parameters' mesh and placements, the checkpoint wrappers and
-the module's own settings. ``check_in_child`` runs it in a fresh process. torch is imported
-inside the functions (the runtime extra); ``exports/fsdp2.py`` writes the module.
+``check_with_torch`` imports the module text (``load_module``), makes a one-rank gloo group on CPU
+and the module's mesh at size 1, applies it (with TP_SIZE > 1: on a tiny torchtitan-named MLP
+block, so the module's TP plan is exercised) with ``strict=False``, runs one forward and backward,
+and returns the sharded parameters' mesh and placements, the checkpoint wrappers, how often each
+block ran forward (recomputation runs it twice) and the module's own settings. ``check_in_child``
+runs it in a fresh process. torch is imported inside the functions (the runtime extra);
+``exports/fsdp2.py`` writes the module.
 """
 
 from __future__ import annotations
 
 
-def _Tiny():
+def _Tiny(layers: int = 2):
     import torch
 
     class Tiny(torch.nn.Module):
-        """Two blocks in .layers, as apply() expects of a transformer."""
+        """`layers` blocks in .layers, as apply() expects of a transformer."""
 
         def __init__(self):
             super().__init__()
-            self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)])
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(layers)])
             self.head = torch.nn.Linear(16, 4)
 
         def forward(self, x):
@@ -31,7 +32,7 @@ def _Tiny():
     return Tiny()
 
 
-def _TinyTP():
+def _TinyTP(layers: int = 2):
     import torch
 
     class FeedForward(torch.nn.Module):
@@ -56,7 +57,7 @@ def _TinyTP():
     class Tiny(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.layers = torch.nn.ModuleList([Block(), Block()])
+            self.layers = torch.nn.ModuleList([Block() for _ in range(layers)])
             self.head = torch.nn.Linear(16, 4)
 
         def forward(self, x):
@@ -67,13 +68,15 @@ def _TinyTP():
     return Tiny()
 
 
-def check_with_torch(text: str) -> dict:
+def check_with_torch(text: str, layers: int = 2, given_blocks: bool = False) -> dict:
     """Import the generated module and apply it with FSDP2 on a tiny model, in this process.
 
     One-rank gloo group on CPU (created here when none exists, on an in-memory store), mesh
-    (1, 1), strict=False;
-    runs one forward and backward. Returns what FSDP2 built: the sharded parameters' mesh
-    shape and placements, and the module's own settings. Needs torch (the runtime extra).
+    (1, 1), strict=False; a model of `layers` blocks, passed to ``apply`` as ``blocks=[...]``
+    when `given_blocks`; runs one forward and backward. Returns what FSDP2 built: the sharded
+    parameters' mesh shape and placements, which blocks are checkpoint wrappers, how many times
+    each block's forward ran (2 where backward recomputed it), and the module's own settings.
+    Needs torch (the runtime extra).
     """
 
     import torch
@@ -92,8 +95,11 @@ def check_with_torch(text: str) -> dict:
     else:
         mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
-    model = _TinyTP() if tp else _Tiny()
-    mod.apply(model, mesh, strict=False)
+    model = _TinyTP(layers) if tp else _Tiny(layers)
+    calls = [0] * layers
+    for i, block in enumerate(model.layers):  # counts forwards, recomputation included
+        block.register_forward_pre_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
+    mod.apply(model, mesh, strict=False, blocks=list(model.layers) if given_blocks else None)
     mod.set_micro_batch(model, mod.GRAD_ACCUM - 1)
     x = torch.randn(2, 4, 16) if tp else torch.randn(4, 16)  # TP: (batch, sequence, hidden)
     model(x).float().sum().backward()
@@ -111,6 +117,7 @@ def check_with_torch(text: str) -> dict:
         "module_mesh_for_plan": mod.mesh_shape(mod.NUM_GPUS),
         "reshard_after_forward": mod.RESHARD_AFTER_FORWARD,
         "checkpointed": [isinstance(b, CheckpointWrapper) for b in model.layers],
+        "forward_calls": calls,
         "selective": [getattr(b, "checkpoint_fn", None) is not None
                       and "context_fn" in getattr(b.checkpoint_fn, "keywords", {})
                       for b in model.layers],
