@@ -56,3 +56,18 @@ def assert_user_error(code: int, out: str, err: str, *needles: str) -> str:
     for n in needles:
         assert n in line, (n, line)
     return line
+
+
+NO_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch imported on the planner path")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+"""
+"""The head of a `python -c` script: a finder that refuses torch, so a script that reaches for
+it fails loudly."""

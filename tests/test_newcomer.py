@@ -175,4 +175,4 @@ def test_whatif_doc_describes_the_markers_the_plot_draws(tmp_path):
     assert letters and all(t.isalpha() for t in letters)  # letters, no rings
     doc = " ".join((DOCS / "whatif.md").read_text().split())
     assert "ringed" not in doc and "a cross" not in doc
-    assert "hollow triangles (▽)" in doc and "letter" in doc
+    assert "hollow triangle at the top edge" in doc and "bold letter" in doc

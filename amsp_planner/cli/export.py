@@ -93,7 +93,7 @@ def run_check(target: str, result, job) -> str:
         if target == "fsdp2":
             import importlib.util
 
-            from amsp_planner.exports.fsdp2 import check_in_child
+            from amsp_planner.exports.fsdp2_check import check_in_child
 
             if importlib.util.find_spec("torch") is None:
                 raise ImportError(name="torch")

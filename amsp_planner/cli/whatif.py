@@ -17,12 +17,14 @@ import click
 from amsp_planner.cli.options import choice_options, ckpt_option, engine_option
 from amsp_planner.errors import AmspUserError
 from amsp_planner.report.grid import format_option
+from amsp_planner.whatif_grid import MAX_POINTS, MAX_POINTS_CEILING, check_list_length
 
 
 def split_list(text: str | None, conv, option: str) -> tuple:
     """'64,128' -> (64, 128) with `conv` per item; one clear error naming the option."""
     if text is None:
         return (None,)
+    check_list_length(str(text), option)
     items = [t.strip() for t in str(text).split(",")]
     if not all(items):
         raise AmspUserError(f"{option} '{text}': an empty item: write values separated by commas")
@@ -138,11 +140,16 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
 @format_option(json_flag=False)
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None,
               help="Processes (default: the cores this process may use).")
+@click.option("--max-points", type=click.IntRange(1, MAX_POINTS_CEILING), default=MAX_POINTS,
+              show_default=True, help="Refuse a sweep of more points than this, before any work.")
+@click.option("--progress/--no-progress", default=None,
+              help="Show progress on stderr (default: on a terminal, for 8 points or more; "
+                   "--progress off a terminal prints a line per tenth of the points).")
 def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, global_batches,
            global_batch_seqs, memory_limits, micro_batch, activation_checkpointing,
            no_flash_attention, precision, grad_accum_dtype, no_zeropp, engine, objective, solver,
            time_limit, gpu_hour_price, csv_path, json_path, plot_path, x_axis, fmt, wide,
-           workers, headroom, quantization, tie_band):
+           workers, max_points, progress, headroom, quantization, tie_band):
     """Sweep GPU counts, models, clusters and cluster edits; the optimal plan at every point."""
     from amsp_planner import whatif as w
     from amsp_planner.report.grid import pick_format
@@ -188,17 +195,18 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
         memory_limits_gib=split_list(memory_limits, _pos_float, "--memory-limit"),
         options=opts,
     )
+    sweep.check_size(max_points)
     from amsp_planner.report import whatif_report as rep
 
     rep.check_outputs({"--csv": csv_path, "--json": json_path, "--plot": plot_path})
-    w.validate(sweep)
+    w.validate(sweep, max_points)
     from amsp_planner.cli.options import warn_seq_len
     from amsp_planner.specs import load_model
 
     for m in sweep.models:
         warn_seq_len(load_model(m), max(sweep.seq_lens), "seq_lens")
     x = pick_x_axis(sweep, x_axis)
-    rows = _run_with_progress(w, sweep, workers)
+    rows = _run_with_progress(w, sweep, workers, max_points, progress)
 
     if csv_path:
         rep.write("--csv", csv_path, rep.csv_text(rows))
@@ -239,15 +247,52 @@ def pick_x_axis(sweep, x_axis: str | None) -> str:
     return "gpus" if "gpus" in numeric or not numeric else numeric[0]
 
 
-def _run_with_progress(w, sweep, workers):
+def _run_with_progress(w, sweep, workers, max_points: int, show: bool | None):
+    """Solve the sweep; progress on stderr (rich's bar on a terminal, plain lines with
+    --progress elsewhere). Ctrl-C ends the workers and exits 130 with one line, before any
+    output file is written."""
     n = len(sweep)
-    if n < 8 or not sys.stderr.isatty():
-        return w.run(sweep, workers)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    tty = sys.stderr.isatty()
+    show = (n >= 8 and tty) if show is None else show
+    done = [0]
 
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=Console(file=sys.stderr),
-                  transient=True) as prog:
-        task = prog.add_task("solving", total=n)
-        return w.run(sweep, workers, progress=lambda k: prog.advance(task, k))
+    def count(k: int) -> None:
+        done[0] += k
+
+    try:
+        if not show:
+            return w.run(sweep, workers, progress=count, max_points=max_points)
+        if not tty:
+            return w.run(sweep, workers, progress=_lines(n, count), max_points=max_points)
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=Console(file=sys.stderr), transient=True) as prog:
+            task = prog.add_task("solving", total=n)
+
+            def advance(k: int) -> None:
+                count(k)
+                prog.advance(task, k)
+
+            return w.run(sweep, workers, progress=advance, max_points=max_points)
+    except KeyboardInterrupt:
+        click.echo(f"interrupted: {done[0]:,} of {n:,} points solved; no file written",
+                   err=True)
+        sys.exit(130)
+
+
+def _lines(n: int, count):
+    """A progress callback printing 'solved k of n points' at each further tenth."""
+    step = max(1, n // 10)
+    state = {"done": 0, "next": step}
+
+    def report(k: int) -> None:
+        count(k)
+        state["done"] += k
+        if state["done"] >= state["next"] or state["done"] == n:
+            click.echo(f"solved {state['done']:,} of {n:,} points", err=True)
+            state["next"] = (state["done"] // step + 1) * step
+
+    return report

@@ -12,7 +12,7 @@ from amsp_planner.errors import AmspUserError
 from amsp_planner.outfile import check_output, contains, write_output
 from amsp_planner.report.fmt import secs
 from amsp_planner.report.grid import Col, Grid
-from amsp_planner.whatif import Row, Sweep
+from amsp_planner.whatif_grid import Row, Sweep
 
 FORMAT = "amsp-whatif"
 VERSION = 1
