@@ -139,7 +139,7 @@ BAD_INPUTS = [
     (["--model", "tiny", "--gpus", "eight"], "--gpus"),
     (["--model", "tiny"], "--gpus"),
     (["--model", "tiny", "--gpus", "2048"], "multiple of 2048"),  # 4M tokens = 1024 sequences
-    (["--model", "tiny", "--gpus", "8", "--seq-len", "3000"], "seq_len"),
+    (["--model", "tiny", "--gpus", "8", "--seq-len", "3000"], "--seq-len 3000"),
     (["--model", "tiny", "--gpus", "8", "--global-batch", "4Q"], "--global-batch"),
     (["--model", "tiny", "--gpus", "8", "--global-batch", "4M", "--global-batch-seqs", "8"],
      "not both"),

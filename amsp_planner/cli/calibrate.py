@@ -17,6 +17,7 @@ import sys
 
 import click
 
+from amsp_planner.cli.options import Number
 from amsp_planner.errors import AmspUserError
 
 
@@ -34,7 +35,7 @@ from amsp_planner.errors import AmspUserError
               show_default=True, help="Collectives to measure, comma-separated.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
               help="Element type of the measured tensors and matmuls.")
-@click.option("--seconds-per-point", type=click.FloatRange(min=0.0), default=0.25,
+@click.option("--seconds-per-point", type=Number(0, 3600), default=0.25,
               show_default=True, help="Time budget of the timed calls of one message size, per pass.")
 @click.option("--passes", type=click.IntRange(min=1), default=3, show_default=True,
               help="Passes over all sizes; each figure is the median over passes.")
@@ -48,7 +49,7 @@ from amsp_planner.errors import AmspUserError
               help="With --model: sequences per forward+backward.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: nccl on CUDA, gloo otherwise.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1.0), default=60.0,
+@click.option("--timeout", "timeout_s", type=Number(1, 86400), default=60.0,
               show_default=True, help="Seconds the ranks wait for a lost rank before failing.")
 @click.option("--nproc", type=click.IntRange(min=1), default=None,
               help="Not under torchrun: launch torchrun on this host with this many ranks per node.")
