@@ -40,8 +40,9 @@ def Real(lo: float, hi: float, lo_open: bool = False):  # noqa: N802 (a type)
 
 Rate = Real(MIN_RATE, MAX_RATE)
 """A bandwidth or a throughput: ``MIN_RATE`` to ``MAX_RATE``."""
-Fraction = Real(0.0, 1.0, lo_open=True)
-"""A fraction of something, above 0 and at most 1."""
+Fraction = Real(MIN_RATE, 1.0)
+"""A fraction of a peak or of a spec that divides a time: ``MIN_RATE`` to 1 (a subnormal one
+would turn the time into infinity)."""
 Flag = Annotated[bool, Strict()]
 """true or false only (not 1, "false" or "yes")."""
 
