@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 
 from amsp_planner.cost.job import Job
 from amsp_planner.specs import ModelSpec, TrainingSpec, load_cluster
@@ -56,3 +57,31 @@ def assert_user_error(code: int, out: str, err: str, *needles: str) -> str:
     for n in needles:
         assert n in line, (n, line)
     return line
+
+
+def doc_paths(doc, prefix=()) -> list[tuple]:
+    """Every key path of a JSON-like document (mapping keys and list indices), parents first."""
+    if isinstance(doc, dict):
+        items = doc.items()
+    elif isinstance(doc, list):
+        items = enumerate(doc)
+    else:
+        return []
+    out = []
+    for k, v in items:
+        out.append(prefix + (k,))
+        out += doc_paths(v, prefix + (k,))
+    return out
+
+
+def get(doc, path):
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def put(doc, path, value):
+    """A copy of `doc` with the value at `path` replaced by `value`."""
+    doc = json.loads(json.dumps(doc))
+    get(doc, path[:-1])[path[-1]] = value
+    return doc

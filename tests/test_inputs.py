@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from amsp_testlib import assert_user_error, run_cli
+from amsp_testlib import assert_user_error, doc_paths, get, put, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -256,24 +256,10 @@ ZERO_SIZES = {"num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hid
               "size_bytes"}
 
 
-def _numeric_paths(doc, prefix=()):
+def _numeric_paths(doc):
     """Key paths of every number in a document (not booleans)."""
-    if isinstance(doc, dict):
-        items = doc.items()
-    elif isinstance(doc, list):
-        items = enumerate(doc)
-    else:
-        return [prefix] if isinstance(doc, int | float) and not isinstance(doc, bool) else []
-    return [p for k, v in items for p in _numeric_paths(v, prefix + (k,))]
-
-
-def _with(doc, path, marker="__BAD__"):
-    doc = json.loads(json.dumps(doc))
-    target = doc
-    for k in path[:-1]:
-        target = target[k]
-    target[path[-1]] = marker
-    return doc
+    return [p for p in doc_paths(doc) if isinstance(get(doc, p), int | float)
+            and not isinstance(get(doc, p), bool)]
 
 
 CLUSTER_FULL = json.loads(json.dumps(load_cluster("cpu-local").model_dump(mode="json")))
@@ -307,7 +293,7 @@ def test_a_bad_number_in_any_spec_field_is_refused_naming_it(case):
         text_value = {"yes": '"yes"', "on": '"on"', ".nan": "NaN", ".inf": "Infinity"}.get(
             text_value, text_value if bad not in ("nan", "inf") else
             {"nan": "NaN", "inf": "Infinity"}[bad])
-    text = json.dumps(_with(doc, path), indent=1).replace('"__BAD__"', text_value)
+    text = json.dumps(put(doc, path, "__BAD__"), indent=1).replace('"__BAD__"', text_value)
     with tempfile.TemporaryDirectory() as tmp:
         f = Path(tmp) / f"spec{suffix}"
         f.write_text(text)
@@ -379,14 +365,6 @@ def _dump_twice(doc, path, value) -> str:
                            for i, v in enumerate(doc)) + "]"
 
 
-def _key_paths(doc, prefix=()):
-    if isinstance(doc, dict):
-        return [p for k, v in doc.items() for p in [prefix + (k,), *_key_paths(v, prefix + (k,))]]
-    if isinstance(doc, list):
-        return [p for i, v in enumerate(doc) for p in _key_paths(v, prefix + (i,))]
-    return []
-
-
 DS = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
       "zero_optimization": {"stage": 3, "overlap_comm": True}, "bf16": {"enabled": True}}
 DUP_INPUTS = {
@@ -400,7 +378,7 @@ DUP_INPUTS = {
 def duplicated(draw):
     kind = draw(st.sampled_from(sorted(DUP_INPUTS)))
     doc = DUP_INPUTS[kind][0]
-    return kind, draw(st.sampled_from(_key_paths(doc)))
+    return kind, draw(st.sampled_from([p for p in doc_paths(doc) if isinstance(p[-1], str)]))
 
 
 @SETTINGS(50)
