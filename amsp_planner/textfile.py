@@ -19,6 +19,7 @@ of hanging whatever walks it next).
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import math
 import os
@@ -128,9 +129,17 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+# YAML 1.2's floats: PyYAML (YAML 1.1) reads '1e6' or '4e2' as a string, which a number field
+# would refuse; 1.1's own forms ('1.0e+6', '.5', '.inf') stay as PyYAML resolves them
+_FLOAT_12 = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+
+
+@functools.lru_cache(maxsize=1)
 def _yaml_loader():
     """A yaml SafeLoader that refuses a key given twice in one mapping (naming it) and nesting
-    deeper than MAX_DEPTH."""
+    deeper than MAX_DEPTH, and reads YAML 1.2 exponent floats ('1e6') as numbers."""
+    import re
+
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -165,6 +174,8 @@ def _yaml_loader():
                     seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_12),
+                                 list("-+0123456789."))
     return Loader
 
 

@@ -303,6 +303,22 @@ def test_a_bad_number_in_any_spec_field_is_refused_naming_it(case):
     assert field in line or (bad in ("nan", "inf") and str(f) in line), (path, bad, line)
 
 
+def test_strict_types_take_every_spelling_of_a_number_and_no_other_type(tmp_path):
+    from amsp_planner.specs import load_model
+
+    f = tmp_path / "m.yaml"
+    f.write_text(yaml.safe_dump({**MODEL, "rope_theta": "__X__"}).replace("__X__", "1e6"))
+    assert load_model(str(f)).rope_theta == 1e6  # YAML 1.2's exponent float, an int for a float
+    c = tmp_path / "c.yaml"
+    c.write_text(yaml.safe_dump({**CLUSTER, "nic_gbit_per_s": 200}))
+    assert load_cluster(str(c)).nic_gbit_per_s == 200.0
+    for value in ("yes", "on", "true"):
+        f.write_text(yaml.safe_dump({**MODEL, "num_layers": "__X__"}).replace("__X__", value))
+        load_model.cache_clear()
+        assert_user_error(*cli(["compare", "--model", f, "--cluster", "cpu-local", *JOB]),
+                          "num_layers", "boolean")
+
+
 SET_FIELDS = ["gpus_per_node", "intra_gbyte_per_s", "nics_per_node", "nic_gbit_per_s",
               "nodes_per_leaf", "oversubscription", "bus_efficiency", "intra_latency_us",
               "gpu.memory_gib", "gpu.peak_bf16_tflop_per_s", "gpu.hbm_gbyte_per_s",
