@@ -37,22 +37,18 @@ class Number(click.ParamType):
 
     name = "number"
 
-    def __init__(self, lo: float, hi: float, lo_open: bool = False, integer: bool = False):
-        self.lo, self.hi, self.lo_open, self.integer = lo, hi, lo_open, integer
-        self.name = "integer" if integer else "number"
+    def __init__(self, lo: float, hi: float, lo_open: bool = False):
+        self.lo, self.hi, self.lo_open = lo, hi, lo_open
 
     def _range(self) -> str:
         return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            v = value
-        else:
-            try:
-                v = int(str(value).strip()) if self.integer else float(str(value).strip())
-            except ValueError:
-                self.fail(f"{shown(value)!r} is not {'an integer' if self.integer else 'a number'}"
-                          f": give one in {self._range()}", param, ctx)
+        try:
+            v = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            self.fail(f"{shown(value)!r} is not a number: give one in {self._range()}", param,
+                      ctx)
         low = v <= self.lo if self.lo_open else v < self.lo
         if not math.isfinite(v) or low or v > self.hi:
             self.fail(f"{shown(value)} is not a finite number in {self._range()}: give one in "
