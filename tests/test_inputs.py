@@ -356,6 +356,8 @@ def test_a_hf_config_value_of_the_wrong_type_or_zero_is_refused_naming_its_key(
     (["whatif", *TINY, "--time-limit", "nan"], "--time-limit"),
     (["calibrate", "--seconds-per-point", "nan"], "--seconds-per-point"),
     (["calibrate", "--timeout", "inf"], "--timeout"),
+    (["calibrate", "--passes", "100000"], "--passes"),
+    (["calibrate", "--matmul-size", "10000000"], "--matmul-size"),
 ])
 def test_a_non_finite_or_huge_option_is_refused_naming_it(argv, option):
     assert_user_error(*cli(argv), option)

@@ -103,7 +103,7 @@ def job_options(f):
     opts = [
         click.option("--model", "-m", required=True,
                      help="Model preset name or spec file (YAML, or a Hugging Face config.json)."),
-        click.option("--gpus", "-n", required=True, type=click.IntRange(min=1),
+        click.option("--gpus", "-n", required=True, type=click.IntRange(1, 2**20),
                      help="Number of GPUs (data-parallel ranks)."),
         click.option("--cluster", "-c", default=None,
                      help="Cluster preset or spec file (default: dgx-a100-hdr)."),
