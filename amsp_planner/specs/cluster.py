@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from amsp_planner.specs.fields import Flag, Fraction, Int, Rate, Real, Text
+from amsp_planner.specs.fields import Flag, Fraction, Int, Maybe, Rate, Real, Text
 
 GIB = 1024**3
 
@@ -37,15 +37,15 @@ class GpuSpec(BaseModel):
     """Device memory in GiB."""
     peak_bf16_tflop_per_s: Rate
     """Dense 16-bit tensor-core peak, TFLOP/s (V100: its fp16 peak)."""
-    peak_fp32_tflop_per_s: Rate | None = None
+    peak_fp32_tflop_per_s: Maybe(Rate) = None
     """fp32 matmul peak, TFLOP/s (PyTorch's default: no TF32 for matmuls); None: the bf16 peak
     (CPU processes, where both are the same cores)."""
-    hbm_gbyte_per_s: Rate | None = None
+    hbm_gbyte_per_s: Maybe(Rate) = None
     """Memory bandwidth the memory-bound (elementwise) kernels reach, GB/s; None: those kernels
     are not priced apart (CPU processes: ``achievable_fraction`` covers them)."""
     achievable_fraction: Fraction = 0.55
     """Fraction of peak that large training matmuls reach (cost/compute.py)."""
-    attention_fraction: Fraction | None = None
+    attention_fraction: Maybe(Fraction) = None
     """Fraction of peak that the flash-attention kernels reach; None: ``achievable_fraction``."""
     kernel_overhead_us: Real(0, 1e5) = 0.0
     """Fixed time per matmul kernel (launch and tail), microseconds: small matmuls run below

@@ -16,7 +16,7 @@ The CLI's numeric options use the same rule (``amsp_planner/cli/options.py``: ``
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, get_args
 
 from pydantic import Field, Strict
 
@@ -50,3 +50,10 @@ Flag = Annotated[bool, Strict()]
 def Text(hi: int = 200):  # noqa: N802 (a type)
     """A non-empty string of at most `hi` characters (not a number)."""
     return Annotated[str, Strict(), Field(min_length=1, max_length=hi)]
+
+
+def Maybe(t):  # noqa: N802 (a type)
+    """`t` or null, its constraints kept on the field itself (where ``report/explain.py``
+    reads a field's bound)."""
+    base, *meta = get_args(t)
+    return Annotated[base | None, *meta]

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from amsp_planner.errors import AmspUserError, format_validation_error
-from amsp_planner.specs.fields import Flag, Int, Real, Text
+from amsp_planner.specs.fields import Flag, Int, Maybe, Real, Text
 
 # model_type -> what its config leaves implicit: biases, MLP activation, norms, tied defaults.
 # 'bias_key': the config flag that adds biases ('all': q, k, v and o; 'qkv': q, k, v only).
@@ -77,17 +77,17 @@ class HfNumbers(BaseModel):
     num_hidden_layers: Int(1, 1024)
     hidden_size: Int(8, 131072)
     num_attention_heads: Int(1, 4096)
-    num_key_value_heads: Int(1, 4096) | None = None
+    num_key_value_heads: Maybe(Int(1, 4096)) = None
     intermediate_size: Int(1, 1048576)
     vocab_size: Int(2, 4194304)
-    head_dim: Int(1, 65536) | None = None
-    max_position_embeddings: Int(1, 1048576) | None = None
-    rope_theta: Real(1.0, 1e12) | None = None
-    tie_word_embeddings: Flag | None = None
-    attention_bias: Flag | None = None
-    mlp_bias: Flag | None = None
-    hidden_act: Text(100) | None = None
-    hidden_activation: Text(100) | None = None
+    head_dim: Maybe(Int(1, 65536)) = None
+    max_position_embeddings: Maybe(Int(1, 1048576)) = None
+    rope_theta: Maybe(Real(1.0, 1e12)) = None
+    tie_word_embeddings: Maybe(Flag) = None
+    attention_bias: Maybe(Flag) = None
+    mlp_bias: Maybe(Flag) = None
+    hidden_act: Maybe(Text(100)) = None
+    hidden_activation: Maybe(Text(100)) = None
 
 
 def _numbers(cfg: dict[str, Any], source: str) -> dict[str, Any]:

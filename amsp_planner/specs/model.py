@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
 
-from amsp_planner.specs.fields import Flag, Int, Real, Text
+from amsp_planner.specs.fields import Flag, Int, Maybe, Real, Text
 
 
 class ModelSpec(BaseModel):
@@ -43,7 +43,7 @@ class ModelSpec(BaseModel):
     """Model width h."""
     num_heads: Int(1, 4096)
     """Query heads a."""
-    num_kv_heads: Int(1, 4096) | None = None
+    num_kv_heads: Maybe(Int(1, 4096)) = None
     """Key/value heads (GQA); defaults to num_heads (MHA)."""
     ffn_hidden_size: Int(1, 1048576)
     """MLP inner width f."""
@@ -65,7 +65,7 @@ class ModelSpec(BaseModel):
     """Bias on the MLP projections (GPT)."""
     rope_theta: Real(1.0, 1e12) = 10000.0
     """RoPE base, used by the runtime (at least 1: the longest wavelength is 2*pi*theta)."""
-    head_dim: Int(1, 65536) | None = None
+    head_dim: Maybe(Int(1, 65536)) = None
     """Width of one attention head; defaults to hidden_size / num_heads (Gemma, Qwen3 and
     Mistral-Nemo set it apart)."""
     qk_norm: Literal["none", "head", "full"] = "none"

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from amsp_planner.specs.fields import Flag, Int
+from amsp_planner.specs.fields import Flag, Int, Maybe
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20  # "4M" tokens
 
@@ -18,11 +18,11 @@ class TrainingSpec(BaseModel):
 
     seq_len: Int(1, 1048576) = 4096
     """Tokens per sequence."""
-    global_batch_seqs: Int(1, 2**40) | None = None
+    global_batch_seqs: Maybe(Int(1, 2**40)) = None
     """Global batch in sequences; give this or global_batch_tokens (default 4M tokens)."""
-    global_batch_tokens: Int(1, 2**50) | None = None
+    global_batch_tokens: Maybe(Int(1, 2**50)) = None
     """Global batch in tokens; must be a multiple of seq_len."""
-    micro_batch: Int(1, 65536) | None = None
+    micro_batch: Maybe(Int(1, 65536)) = None
     """Sequences per GPU per micro-batch; None lets the planner choose (compare uses 1)."""
     activation_checkpointing: Flag | Int(0, 2**20) | Literal["op"] | None = None
     """true: recompute every block; false: none; K: the first K blocks; 'op': op-level
