@@ -58,8 +58,6 @@ class Number(click.ParamType):
 
 MEMORY_GIB = Number(0, 4096, lo_open=True)
 """--memory-limit: GiB per GPU, as a GPU spec's memory_gib."""
-FRACTION = Number(0, 1)
-"""--headroom, --tie-band: fractions (the planner's Preference refuses 1 itself)."""
 SECONDS = Number(0.1, 7 * 86400)
 """--time-limit: seconds, at most a week."""
 
@@ -140,13 +138,13 @@ def job_options(f):
 def choice_options(f):
     """--headroom, --quantization and --tie-band: how the planner chooses among candidates."""
     opts = [
-        click.option("--headroom", type=FRACTION, default=0.10, show_default=True,
+        click.option("--headroom", type=float, default=0.10, show_default=True,
                      help="Fraction of the memory limit a plan must leave free (0 allowed)."),
         click.option("--quantization", type=click.Choice(["auto", "on", "off"]), default="auto",
                      show_default=True,
                      help="qwZ/qgZ: auto = only when faster than the best lossless plan by more "
                           "than the band; on = like any option; off = never."),
-        click.option("--tie-band", type=FRACTION, default=None,
+        click.option("--tie-band", type=float, default=None,
                      help="Relative step-time difference below which candidates are "
                           "equivalent (default: the validated band, docs/validation.md)."),
     ]
