@@ -42,7 +42,7 @@ def _why(e: OSError) -> str:
     return (e.strerror or str(e)).lower()
 
 
-def _probe(folder: Path, option: str, path) -> None:
+def probe_folder(folder: Path, option: str, path) -> None:
     """Refuse a folder this process cannot create files in (read-only file system, no write
     permission, no space left), naming the cause: before any work, as a write would fail."""
     try:
@@ -50,8 +50,8 @@ def _probe(folder: Path, option: str, path) -> None:
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        raise AmspUserError(f"{option} {shown(path)}: cannot write in folder {shown(folder)} "
-                            f"({_why(e)}): choose a writable folder") from None
+        raise AmspUserError(f"{option} {shown(path)}: {_why(e)} (in {shown(folder)}): choose "
+                            "a writable folder") from None
 
 
 def check_output(path: str | Path, option: str, what: str,
@@ -85,7 +85,7 @@ def check_output(path: str | Path, option: str, what: str,
     if st is not None and not earlier(p):
         raise AmspUserError(f"{option} {shown(path)}: exists and is not {what}; refusing to "
                             "overwrite it: choose another path or remove it first")
-    _probe(parent, option, path)
+    probe_folder(parent, option, path)
     return p
 
 

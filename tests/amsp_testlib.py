@@ -85,3 +85,24 @@ def put(doc, path, value):
     doc = json.loads(json.dumps(doc))
     get(doc, path[:-1])[path[-1]] = value
     return doc
+
+
+@contextlib.contextmanager
+def tmpfs(folder, size: str = "2m", read_only: bool = False):
+    """A tmpfs of `size` mounted on `folder` (made if missing) for the body, optionally
+    read-only: real ENOSPC and EROFS. Skips the test where mounting is not allowed (not root)."""
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if read_only else "")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(folder)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or 'not root'})")
+    try:
+        yield Path(folder)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

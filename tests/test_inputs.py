@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from amsp_testlib import assert_user_error, doc_paths, get, put, run_cli
+from amsp_testlib import assert_user_error, doc_paths, get, put, run_cli, tmpfs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -212,6 +212,26 @@ def test_the_default_plan_json_in_a_read_only_folder_is_refused_before_the_searc
     monkeypatch.setattr(solver, "solve", no_search)
     assert_user_error(*cli(["plan", *TINY]), "plan.json", "read-only file system")
     assert os.listdir(tmp_path) == []
+
+
+def test_real_full_and_read_only_file_systems(tmp_path):
+    """On a 64 kB tmpfs: a plan that does not fit is one line, the earlier plan kept and no
+    temporary file left; on a read-only one, -o and --csv are refused before any work."""
+    with tmpfs(tmp_path / "full", "64k") as mnt:
+        target = mnt / "plan.json"
+        target.write_text(PLAN_TEXT)
+        filler = mnt / "filler"
+        with open(filler, "wb") as f:  # leave less room than a plan takes
+            with contextlib.suppress(OSError):
+                f.write(b"\0" * 64 * 1024)
+        line = assert_user_error(*cli(["plan", *TINY, "-o", target]), "no space left")
+        assert str(target) in line
+        assert target.read_text() == PLAN_TEXT
+        assert sorted(os.listdir(mnt)) == ["filler", "plan.json"]
+    with tmpfs(tmp_path / "ro", "64k", read_only=True) as mnt:
+        for argv in (["plan", *TINY, "-o", mnt / "p.json"], ["whatif", *TINY, "--csv",
+                                                            mnt / "w.csv"]):
+            assert_user_error(*cli(argv), "read-only file system", str(mnt))
 
 
 @pytest.mark.parametrize("outputs", [
