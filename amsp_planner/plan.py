@@ -306,8 +306,10 @@ class Plan:
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
+    from amsp_planner.textfile import read_text
+
     try:
-        text = path.read_text()
+        text = read_text(path, fix="give the plan file amsp plan -o wrote")
     except OSError as e:
         raise AmspUserError(f"{path}: cannot read the plan ({e.strerror}): check the path") from None
     except UnicodeDecodeError:

@@ -207,7 +207,8 @@ def test_plot_is_a_real_png(tmp_path):
 # ----- bad input: one line, exit code 2 ---------------------------------------------------------
 @pytest.mark.parametrize("argv, needles", [
     (["--set", "nic_gbit=100"], ["--set nic_gbit", "no such cluster field", "node_gbit_per_s"]),
-    (["--set", "nic_gbit_per_s=100,-5"], ["nic_gbit_per_s", "greater than 0"]),
+    (["--set", "nic_gbit_per_s=100,-5"],
+     ["--set nic_gbit_per_s=-5", "greater than or equal to 0.000001"]),
     (["--set", "gpu.memory=40"], ["--set gpu.memory", "no such GPU field"]),
     (["--set", "node_gbit_per_s=fast"], ["node_gbit_per_s=fast", "positive number"]),
     (["--set", "gpus_per_node=8,8"], ["given twice"]),

@@ -135,11 +135,12 @@ def earlier_export(target: str, text: str):
     keys = set(json.loads(text))
 
     def earlier(path) -> bool:
-        from amsp_planner.textfile import BadContent, parse
+        from amsp_planner.errors import AmspUserError
+        from amsp_planner.textfile import BadContent, parse, read_text
 
         try:
-            doc = parse(path.read_text(), "json")
-        except (OSError, UnicodeDecodeError, BadContent):
+            doc = parse(read_text(path), "json")
+        except (AmspUserError, BadContent):
             return False
         return isinstance(doc, dict) and "zero_optimization" in doc and set(doc) <= keys \
             and "auto" not in json.dumps(doc)

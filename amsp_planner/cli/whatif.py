@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from amsp_planner.cli.options import choice_options, ckpt_option, engine_option
+from amsp_planner.cli.options import SECONDS, choice_options, ckpt_option, engine_option
 from amsp_planner.errors import AmspUserError
 from amsp_planner.report.grid import format_option
 from amsp_planner.whatif_grid import MAX_POINTS, MAX_POINTS_CEILING, check_list_length
@@ -124,7 +124,7 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
 @click.option("--solver", type=click.Choice(["highs", "cbc", "exhaustive"]), default="exhaustive",
               show_default=True, help="The exact enumeration over the ILP's tables (fast on many "
               "points), or the ILP on HiGHS or CBC: the same decisions (docs/planner.md).")
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+@click.option("--time-limit", type=SECONDS, default=30.0, show_default=True,
               help="Solver time limit per point, seconds.")
 @click.option("--gpu-hour-price", default=None, metavar="USD[,USD...]",
               help="Price of one GPU-hour: one for all clusters, or one per cluster; adds "
@@ -156,6 +156,9 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
 
     if json_path == "-":
         fmt = pick_format(fmt, True)
+    from amsp_planner.report import whatif_report as rep
+
+    check_output_paths(rep, {"--csv": csv_path, "--json": json_path, "--plot": plot_path})
     if compare_clusters and clusters:
         raise AmspUserError("give --cluster or --compare-clusters, not both")
     cl = split_list(compare_clusters or clusters, _name, "--compare-clusters"
@@ -196,9 +199,6 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
         options=opts,
     )
     sweep.check_size(max_points)
-    from amsp_planner.report import whatif_report as rep
-
-    rep.check_outputs({"--csv": csv_path, "--json": json_path, "--plot": plot_path})
     w.validate(sweep, max_points)
     from amsp_planner.cli.options import warn_seq_len
     from amsp_planner.specs import load_model
@@ -229,6 +229,15 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
     grid = rep.compare_grid(sweep, rows) if compare_clusters else rep.sweep_grid(sweep, rows)
     wrote = [f"wrote {p}" for p in (csv_path, json_path, plot_path) if p and p != "-"]
     emit([grid, *rep.footnotes(rows), *wrote], fmt, wide)
+
+
+def check_output_paths(rep, paths: dict[str, str | None]) -> None:
+    """Before any work: no two outputs on one path, each writable and not something else
+    (``outfile.check_outputs``), and a plot format matplotlib writes."""
+    from amsp_planner.outfile import check_outputs
+
+    check_outputs({o: (p, *rep.OUTPUTS[o]) for o, p in paths.items()})
+    rep.check_outputs(paths)
 
 
 def pick_x_axis(sweep, x_axis: str | None) -> str:

@@ -104,11 +104,14 @@ class Job:
         if num_gpus > r and num_gpus % r:
             raise AmspUserError(
                 f"--gpus {num_gpus} is not a whole number of {r}-GPU nodes on {cluster.name}: "
-                f"use a multiple of {r}"
+                f"use a multiple of {r}, or give --set gpus_per_node=N for nodes of N GPUs (N "
+                f"dividing {num_gpus})"
             )
         if num_gpus < r and r % num_gpus:
             raise AmspUserError(
-                f"--gpus {num_gpus}: a partial node must hold a divisor of {r} GPUs: use one"
+                f"--gpus {num_gpus}: a partial node of {cluster.name} must hold a divisor of "
+                f"{r} GPUs ({', '.join(str(d) for d in range(1, r) if r % d == 0)}): use one, "
+                f"or give --set gpus_per_node={num_gpus} for nodes of {num_gpus} GPUs"
             )
         b = training.batch_seqs
         eng = profile(engine)

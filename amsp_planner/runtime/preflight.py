@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from amsp_planner.errors import AmspUserError
@@ -127,13 +126,9 @@ def _available_memory() -> int | None:
 
 def _probe(folder: Path, option: str, path) -> None:
     """Refuse a folder this process cannot create files in, naming the reason."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".amsp-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as e:
-        raise AmspUserError(f"{option} {path}: {(e.strerror or str(e)).lower()} (in {folder}): "
-                            "choose a writable folder") from None
+    from amsp_planner.outfile import probe_folder
+
+    probe_folder(folder, option, path)
 
 
 def _existing(p: Path) -> Path:
