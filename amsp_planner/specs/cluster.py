@@ -92,7 +92,7 @@ def resolve_gpu(data: dict) -> dict:
         table = gpu_presets()
         if gpu not in table:
             from amsp_planner.errors import shown
-            from amsp_planner.specs.loader import suggest
+            from amsp_planner.specs.fields import suggest
 
             near = suggest(gpu, list(table))
             hint = f"did you mean {near}? " if near else ""

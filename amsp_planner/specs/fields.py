@@ -57,3 +57,17 @@ def Maybe(t):  # noqa: N802 (a type)
     reads a field's bound)."""
     base, *meta = get_args(t)
     return Annotated[base | None, *meta]
+
+
+def suggest(name: str, names: list[str], aliases: dict[str, str] | None = None) -> str | None:
+    """The name meant by `name`: its alias, the same name in other case, or the closest by
+    ``difflib`` (None when nothing is close)."""
+    import difflib
+
+    if aliases and name in aliases:
+        return aliases[name]
+    lower = {n.lower(): n for n in names}
+    if name.lower() in lower:
+        return lower[name.lower()]
+    close = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.75)
+    return lower[close[0]] if close else None

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from amsp_planner.errors import AmspUserError, format_validation_error, readable, shown
 from amsp_planner.specs.cluster import ClusterSpec, resolve_gpu
+from amsp_planner.specs.fields import suggest  # noqa: F401 - also this module's API
 from amsp_planner.specs.hf import model_data
 from amsp_planner.specs.model import ModelSpec
 from amsp_planner.textfile import load, path_too_long
@@ -50,20 +51,6 @@ ALIASES = {
 }
 """Other names users write for presets (docs and papers say llama-70b). None is taken
 silently: each is refused with its preset as the suggestion, as any near miss is."""
-
-
-def suggest(name: str, names: list[str], aliases: dict[str, str] | None = None) -> str | None:
-    """The name meant by `name`: its alias, the same name in other case, or the closest by
-    ``difflib`` (None when nothing is close)."""
-    import difflib
-
-    if aliases and name in aliases:
-        return aliases[name]
-    lower = {n.lower(): n for n in names}
-    if name.lower() in lower:
-        return lower[name.lower()]
-    close = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.75)
-    return lower[close[0]] if close else None
 
 
 def _unknown(name: str, kind: str) -> AmspUserError:
