@@ -43,7 +43,8 @@ from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule import CLASSES
 from amsp_planner.cost.step_time import stage_time, stages
 from amsp_planner.solver.brute import MEMORY_RTOL
-from amsp_planner.solver.ilp import GIB, IlpSolution, IlpStats, _Tables, _tables
+from amsp_planner.solver.solution import IlpSolution, IlpStats
+from amsp_planner.solver.tables import GIB, Tables, tables_for
 from amsp_planner.solver.space import (
     FASTEST,
     GROUPS,
@@ -76,7 +77,7 @@ class Configs:
     per-unit communication and kernel seconds per class (model time units, as the ILP's
     tables), the once-per-step terms, the model-state GiB and the process groups."""
 
-    def __init__(self, job: Job, space: SearchSpace, T: _Tables):
+    def __init__(self, job: Job, space: SearchSpace, T: Tables):
         self.tp = space.tp
         F = space.factors
         triples = space.triples
@@ -167,7 +168,7 @@ class Configs:
                         tp=self.tp, micro_batch=mb, **ckpt_fields(ck, num_layers))
 
 
-def _prunes_blocks(pref: Preference, T: _Tables) -> bool:
+def _prunes_blocks(pref: Preference, T: Tables) -> bool:
     """Whether only the smallest fitting K of a block range can be chosen (module docstring)."""
     tb = pref.tie_breaks
     if RECOMPUTE not in tb or MEMORY in tb and tb.index(MEMORY) < tb.index(RECOMPUTE):
@@ -180,7 +181,7 @@ class Candidates:
     """The fitting candidates, flat: configuration index, option, K, and per candidate its
     compute per class, activation GiB, recompute, micro-batches and memory."""
 
-    def __init__(self, job: Job, T: _Tables, cf: Configs, usable_gib: float, prune: bool):
+    def __init__(self, job: Job, T: Tables, cf: Configs, usable_gib: float, prune: bool):
         gpu = job.cluster.gpu
         frag = 1 + gpu.fragmentation_fraction
         base = cf.states * frag + cf.comms + gpu.context_reserve_gib  # (C,)
@@ -237,7 +238,7 @@ class Candidates:
         return len(self.c)
 
 
-def _objective(job: Job, T: _Tables, cf: Configs, cand: Candidates, objective: str) -> np.ndarray:
+def _objective(job: Job, T: Tables, cf: Configs, cand: Candidates, objective: str) -> np.ndarray:
     """Step time (or all collective time) of every candidate, in model time units: the ILP's
     expressions (solver/ilp.py ``_add_time``) on arrays."""
     c = cand.c
@@ -286,11 +287,11 @@ depend on the memory limit (a what-if sweep over limits solves one job several t
 is held so that its id is not reused while cached."""
 
 
-def _priced(job: Job, space: SearchSpace) -> tuple[_Tables, Configs]:
+def _priced(job: Job, space: SearchSpace) -> tuple[Tables, Configs]:
     key = (id(job), space)
     hit = _PRICED.get(key)
     if hit is None:
-        T = _tables(job, space)
+        T = tables_for(job, space)
         hit = _PRICED[key] = (job, T, Configs(job, space, T))
         while len(_PRICED) > PRICED_SPACES:
             _PRICED.popitem(last=False)
