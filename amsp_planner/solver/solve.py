@@ -16,8 +16,8 @@ from amsp_planner.errors import AmspUserError, InfeasibleError
 from amsp_planner.solver.ilp import StrategyIlp
 from amsp_planner.solver.rounds import solve_models
 from amsp_planner.solver.solution import IlpStats, SolverError
-from amsp_planner.solver.tables import GIB
 from amsp_planner.solver.space import FASTEST, Preference, SearchSpace, objective_value
+from amsp_planner.solver.tables import GIB
 
 AGREE_RTOL = 1e-6
 SOLVERS = ("highs", "cbc", "exhaustive")
