@@ -69,7 +69,7 @@ class StrategyIlp(Formulation):
         pulp = self.pulp
         t0 = _time.perf_counter()
         self.T = tables_for(self.job, self.space)
-        self._session = open_session(pulp, self.solver_name, self._solver)
+        self._session = open_session(pulp, self.solver_name)
         self.prob = pulp.LpProblem("amsp_strategy", pulp.LpMinimize)
         self._build()
         self.stats = IlpStats(solver=self.solver_name, build_time_s=_time.perf_counter() - t0,
@@ -95,7 +95,7 @@ class StrategyIlp(Formulation):
             if self.solver_name == "highs":
                 status = self._run_highs()
             else:
-                status = self._session.solve(self.prob)
+                status = self._session.solve(self.prob, self._solver)
         self.stats.solve_time_s += _time.perf_counter() - t0
         self.stats.solves += 1
         self.stats.status = pulp.LpStatus[status]
@@ -112,7 +112,7 @@ class StrategyIlp(Formulation):
 
     def _run_highs(self) -> int:
         """One solve in the kept HiGHS instance (``session.HighsSession``)."""
-        return self._session.solve(self.prob)
+        return self._session.solve(self.prob, self._solver)
 
     def _solution(self) -> IlpSolution:
         ones = tuple(v for v in self._decision_vars() if (self.pulp.value(v) or 0) > 0.5)

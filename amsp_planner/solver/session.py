@@ -1,10 +1,11 @@
 """The solver session: one PuLP problem solved again and again as the choice rule changes its
 objective, bounds and rows, and the silencing of what solver libraries print.
 
-A session has one method, ``solve(prob) -> PuLP status``, which solves the problem as it is
-now and leaves the solution in the PuLP variables (``pulp.value`` works as after
-``prob.solve``), and one attribute, ``api`` (the kept solver instance, None until the first
-solve or where none is kept):
+A session has one method, ``solve(prob, make_solver) -> PuLP status``, which solves the
+problem as it is now (with a solver object from `make_solver` where it needs a new one) and
+leaves the solution in the PuLP variables (``pulp.value`` works as after ``prob.solve``), and
+one attribute, ``api`` (the kept solver instance, None until the first solve or where none is
+kept). It holds nothing of the model that owns it (no reference cycle):
 
 - ``HighsSession``: one HiGHS instance kept across the problem's re-solves (built once from
   PuLP's own HiGHS interface, then only what changed is passed on: the objective, changed
@@ -90,19 +91,18 @@ class Session(Protocol):
 
     api: object | None
 
-    def solve(self, prob) -> int:
+    def solve(self, prob, make_solver: Callable[[], object]) -> int:
         """Solve `prob` as it is now; the PuLP status, the solution in its variables."""
 
 
 class PulpSession:
     """PuLP's own path: a fresh solver from `make_solver` at every solve (CBC)."""
 
-    def __init__(self, pulp, make_solver: Callable[[], object]):
-        self.make_solver = make_solver
+    def __init__(self, pulp):
         self.api = None
 
-    def solve(self, prob) -> int:
-        return prob.solve(self.make_solver())
+    def solve(self, prob, make_solver: Callable[[], object]) -> int:
+        return prob.solve(make_solver())
 
 
 class HighsSession:
@@ -112,14 +112,14 @@ class HighsSession:
     a no-good cut is a new row). PuLP's `prob.solve` would rebuild the whole HiGHS model from
     Python each time. The solution is read back into the PuLP variables by column index."""
 
-    def __init__(self, pulp, make_solver: Callable[[], object]):
-        self.pulp, self.make_solver = pulp, make_solver
+    def __init__(self, pulp):
+        self.pulp = pulp
         self.api = None
 
-    def solve(self, prob) -> int:
+    def solve(self, prob, make_solver: Callable[[], object]) -> int:
         api = self.api
         if api is None:
-            api = self.api = self.make_solver()
+            api = self.api = make_solver()
             api.createAndConfigureSolver(prob)
             api.buildSolverModel(prob)
             self._cols = prob.variables()
@@ -166,6 +166,6 @@ class HighsSession:
             self._rows += 1
 
 
-def open_session(pulp, name: str, make_solver: Callable[[], object]) -> Session:
+def open_session(pulp, name: str) -> Session:
     """The session for solver `name`: HiGHS kept across re-solves, any other through PuLP."""
-    return (HighsSession if name == "highs" else PulpSession)(pulp, make_solver)
+    return (HighsSession if name == "highs" else PulpSession)(pulp)
