@@ -38,6 +38,7 @@ one-factor rows and the link rows of their nesting pairs are built by one loop o
 (with its tables), not a copy of these rows.
 
 Memory per GPU (GiB), every term linear:
+  tensors = sum_f xP_f P(f) + sum_g xG_g G(g) + sum_o xO_o O(o) + sum_z h_z H(z)
           + sum_f (xPn_f B_ag(f) + xPq_f B_agq(f)) + sum_g (xGn_g B_gr(g) + xGq_g B_grq(g))
           + st + sum_GO zGO S_step(g, o) + sum_j (y_j A_j + k_j dA_j)  (A_j: activations + loss peak)
   st >= S_perm sum_{1<p<g} zPG_pg,  st >= S_perm sum_g xGq_g         [permuted gradient copy]
@@ -47,10 +48,6 @@ Memory per GPU (GiB), every term linear:
         zGO_go -> (o/g, g), xO_o -> (N/o, o), zPO_po -> (o/p, p)  (size > 1; world (N, 1) is
         always used, so its key has no u). Kinds on the same ranks share one communicator.
   [memory]  tensors (1 + frag) + comms + context <= limit
-
-Choice (``Preference``, docs/planner.md), by lexicographic re-solves: minimise step (or comm);
-when that optimum is quantized and the rule is "auto", again with xPq = xGq = 0, and keep the
-quantized optimum only if it is faster beyond the band; then with the objective capped at the
 """
 
 from __future__ import annotations

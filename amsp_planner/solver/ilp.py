@@ -77,7 +77,6 @@ class StrategyIlp(Formulation):
                               num_constraints=self.prob.numConstraints())
         self.built = True
 
-
     # ----- solving ----------------------------------------------------------------------------
     def _solver(self):
         """A fresh PuLP solver object for this model's solver (``session.pulp_solver``)."""
@@ -89,6 +88,8 @@ class StrategyIlp(Formulation):
         return self._session.api
 
     def _run(self) -> int:
+        """Solve the problem as it is now (stdout silenced, timed, counted); the PuLP status,
+        infeasible or optimal (anything else: ``SolverError``)."""
         pulp = self.pulp
         t0 = _time.perf_counter()
         with quiet_stdout():
@@ -108,7 +109,6 @@ class StrategyIlp(Formulation):
                 "raise --time-limit or try --solver cbc"
             )
         return status
-
 
     def _run_highs(self) -> int:
         """One solve in the kept HiGHS instance (``session.HighsSession``)."""
