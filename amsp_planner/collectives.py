@@ -82,6 +82,39 @@ ALGORITHMS = {
 
 
 @dataclass(frozen=True)
+class Network:
+    """What a network type does to NCCL's collectives beyond NCCL's own model."""
+
+    efficiency: float
+    """Bus bandwidth a ring reaches as a fraction of the NICs' line rate (two nodes)."""
+    loss_per_doubling: float
+    """Fraction of that bandwidth a ring over nodes loses per doubling of its nodes beyond two:
+    every step waits for the slowest of its links, and more flows collide in the fabric."""
+    source: str
+
+
+NETWORKS = {
+    "infiniband": Network(0.90, 0.03, "fitted to the H100 reduce-scatter bus bandwidths at 4-128 "
+                          "nodes of NVIDIA/nccl#1229 (360 down to 260 GB/s on 8x 400 Gb/s) and "
+                          "the two-node DGX-A100 all-reduces of NVIDIA/nccl#812, #1048"),
+    "roce": Network(0.65, 0.03, "fitted to the 32-node H100 all-gather over RoCE of "
+                    "NVIDIA/nccl#1218 (200 GB/s on 8x 400 Gb/s); loss as InfiniBand's"),
+    "efa": Network(0.62, 0.03, "fitted to the 3- and 4-node p4d all-reduces of NVIDIA/nccl#527 "
+                   "(31.8, 29.6 GB/s on 4x 100 Gb/s EFA); loss as InfiniBand's"),
+    "ethernet": Network(0.65, 0.03, "TCP/RoCE without tuning: RoCE's figures"),
+}
+"""Per network type (``ClusterSpec.network``); every figure fitted to presets/nccl_tests.yaml."""
+
+
+def scale_factor(network: str, nodes: int) -> float:
+    """The share of its two-node bandwidth a ring over `nodes` nodes keeps:
+    1 - loss x log2(nodes / 2), at least a half (``Network.loss_per_doubling``)."""
+    if nodes <= 2:
+        return 1.0
+    return max(0.5, 1.0 - NETWORKS[network].loss_per_doubling * math.log2(nodes / 2))
+
+
+@dataclass(frozen=True)
 class Fabric:
     """What NCCL's tuner knows about a rank group: its shape and the hardware under it."""
 

@@ -222,8 +222,8 @@ def test_cli_engine_note_and_bad_value(tmp_path):
     assert code == 0, err
     assert "torchtitan 0.3 reduces gradients in float32 only" in err
     for cmd in ("plan", "compare"):
-        code, out, err = run_cli([cmd, *args, "--engine", "megatron"])
-        assert_user_error(code, out, err, "--engine", "megatron", "deepspeed", "internevo")
+        code, out, err = run_cli([cmd, *args, "--engine", "colossalai"])
+        assert_user_error(code, out, err, "--engine", "colossalai", "deepspeed", "megatron")
     code, out, err = run_cli(["explain", str(GOLDEN / "tiny_cpu-local_8.json"), "--engine", "x"])
     assert_user_error(code, out, err, "--engine", "amsp")
 

@@ -148,6 +148,12 @@ class ClusterSpec(BaseModel):
     """Leaf downlink : uplink bandwidth ratio (1 = non-blocking fat tree)."""
     bus_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Measured bus bandwidth as a fraction of spec (nccl-tests reach about 0.8)."""
+    network: Literal["infiniband", "roce", "efa", "ethernet"] = "infiniband"
+    """The inter-node network: selects its protocol efficiency and its ring's loss per doubling
+    of nodes (``collectives.NETWORKS``)."""
+    nic_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """NIC bus bandwidth as a fraction of line rate; None: the network's figure
+    (``collectives.NETWORKS``), or ``bus_efficiency`` where the spec sets that."""
     overlap_efficiency: float = Field(default=1.0, ge=0, le=1)
     """Fraction of compute time that can hide communication: 1 when collectives run on their own
     engines (GPUs with NCCL), 0 when they compete for the same cores (CPU processes)."""
@@ -180,9 +186,21 @@ class ClusterSpec(BaseModel):
         return self.intra_gbyte_per_s * 1e9 * self.bus_efficiency
 
     @property
+    def nic_fraction(self) -> float:
+        """The fraction of NIC line rate a collective's ring reaches: ``nic_efficiency``, else
+        ``bus_efficiency`` where the spec gives it, else the network's (collectives.NETWORKS)."""
+        if self.nic_efficiency is not None:
+            return self.nic_efficiency
+        if "bus_efficiency" in self.model_fields_set:
+            return self.bus_efficiency
+        from amsp_planner.collectives import NETWORKS
+
+        return NETWORKS[self.network].efficiency
+
+    @property
     def node_nic_bytes_per_s(self) -> float:
-        """All NICs of a node together, bytes/s (spec x bus_efficiency)."""
-        return self.nics_per_node * self.nic_gbit_per_s * 1e9 / 8 * self.bus_efficiency
+        """All NICs of a node together, bytes/s (line rate x ``nic_fraction``)."""
+        return self.nics_per_node * self.nic_gbit_per_s * 1e9 / 8 * self.nic_fraction
 
     @property
     def peak_flop_per_s(self) -> float:
