@@ -126,7 +126,7 @@ class Topology:
         c = self.cluster
         g = nx.DiGraph()
         nodes = min(self.num_nodes, 2 * c.nodes_per_leaf)
-        nic_bw = c.nic_gbit_per_s * 1e9 / 8 * c.bus_efficiency
+        nic_bw = c.nic_gbit_per_s * 1e9 / 8 * c.nic_fraction
         uplink = c.nodes_per_leaf * c.node_nic_bytes_per_s / c.oversubscription
         for node in range(nodes):
             leaf = f"leaf{node // c.nodes_per_leaf}"

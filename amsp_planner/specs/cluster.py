@@ -147,13 +147,14 @@ class ClusterSpec(BaseModel):
     oversubscription: float = Field(default=1.0, ge=1, le=64)
     """Leaf downlink : uplink bandwidth ratio (1 = non-blocking fat tree)."""
     bus_efficiency: float = Field(default=0.8, gt=0, le=1)
-    """Measured bus bandwidth as a fraction of spec (nccl-tests reach about 0.8)."""
+    """Measured in-node bus bandwidth as a fraction of spec (nccl-tests reach about 0.8); the
+    NICs take ``nic_efficiency``."""
     network: Literal["infiniband", "roce", "efa", "ethernet"] = "infiniband"
     """The inter-node network: selects its protocol efficiency and its ring's loss per doubling
     of nodes (``collectives.NETWORKS``)."""
     nic_efficiency: float | None = Field(default=None, gt=0, le=1)
     """NIC bus bandwidth as a fraction of line rate; None: the network's figure
-    (``collectives.NETWORKS``), or ``bus_efficiency`` where the spec sets that."""
+    (``collectives.NETWORKS``)."""
     overlap_efficiency: float = Field(default=1.0, ge=0, le=1)
     """Fraction of compute time that can hide communication: 1 when collectives run on their own
     engines (GPUs with NCCL), 0 when they compete for the same cores (CPU processes)."""
@@ -188,10 +189,11 @@ class ClusterSpec(BaseModel):
     @property
     def nic_fraction(self) -> float:
         """The fraction of NIC line rate a collective's ring reaches: ``nic_efficiency``, else
-        ``bus_efficiency`` where the spec gives it, else the network's (collectives.NETWORKS)."""
+        the network's (collectives.NETWORKS: NCCL's figures); CPU processes (gloo on shared
+        memory) keep ``bus_efficiency``."""
         if self.nic_efficiency is not None:
             return self.nic_efficiency
-        if "bus_efficiency" in self.model_fields_set:
+        if self.intra_fabric == "shm":
             return self.bus_efficiency
         from amsp_planner.collectives import NETWORKS
 
