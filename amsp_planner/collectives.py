@@ -11,6 +11,7 @@ Which algorithms each collective may use (NCCL's list; SHARP ones only when the 
 them):
 
 =============  =================================================================
+broadcast      ring (algorithm bandwidth = bus bandwidth: one buffer down the ring)
 all_gather     ring; PAT when every member is on its own node; NVLS (NVLink
 reduce_scatter SHARP) inside one node
 all_reduce     ring, tree; NVLS inside one node, NVLS-tree across nodes (NVLink
@@ -20,8 +21,8 @@ all_to_all     pairwise point-to-point sends (NCCL has no collective algorithm)
 
 Per algorithm and protocol (LL, LL128, Simple), with m ranks on g nodes, k per node:
 
-- ring: nsteps = 2(m-1) for all-reduce, m-1 for all-gather/reduce-scatter; inter-node steps
-  2(g-1) / g-1; latency = base + (nsteps - inter) x intraLat + inter x interLat; bus bandwidth
+- ring: nsteps = 2(m-1) for all-reduce, m-1 for all-gather/reduce-scatter, m for broadcast;
+  inter-node steps 2(g-1) / g-1 / g; latency = base + (nsteps - inter) x intraLat + inter x interLat; bus bandwidth
   B for Simple, min(llMax, B/2) for LL, 0.92 B for LL128 (NVLink systems only); algorithm
   bandwidth = bus x m / nsteps. Simple all-reduce across nodes: latency x 1.4 ("plateau").
 - tree (all-reduce): latency = base + 2((k-1) intraLat + floor(log2 g) interLat); bus 0.92 B
@@ -78,6 +79,7 @@ ALGORITHMS = {
     "all_gather": ("ring", "pat", "nvls"),
     "reduce_scatter": ("ring", "pat", "nvls"),
     "all_reduce": ("ring", "tree", "nvls", "nvls_tree", "collnet_direct"),
+    "broadcast": ("ring",),
 }
 
 
@@ -165,7 +167,7 @@ def _latencies(f: Fabric, algo: str, p: str) -> tuple[float, float]:
 
 def _ring(op: str, f: Fabric, p: str, nbytes: float) -> float | None:
     m, g = f.ranks, f.nodes
-    nsteps = 2 * (m - 1) if op == "all_reduce" else m - 1
+    nsteps = 2 * (m - 1) if op == "all_reduce" else m if op == "broadcast" else m - 1
     bus = f.bus_bw
     if p == "LL":
         bus = min(_ll_max(f), bus * 0.5)
@@ -176,7 +178,8 @@ def _ring(op: str, f: Fabric, p: str, nbytes: float) -> float | None:
     intra, inter = _latencies(f, "ring", p)
     if g > 1:
         intra = max(intra, NET_OVERHEAD_US * (3 if p == "Simple" else 1))
-    n_inter = 0 if g == 1 else (2 * (g - 1) if op == "all_reduce" else g - 1)
+    n_inter = 0 if g == 1 else (2 * (g - 1) if op == "all_reduce" else g if op == "broadcast"
+                                else g - 1)
     lat = BASE_LATENCY_US["ring"][_proto(p)] + (nsteps - n_inter) * intra + n_inter * inter
     if op == "all_reduce" and p == "Simple" and g > 1:
         lat *= RING_PLATEAU.get(f.arch, 1.4)

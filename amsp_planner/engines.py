@@ -72,6 +72,10 @@ class Execution:
     sync_overlap: bool = True
     """The once-per-step gradient reduction runs during the last backward, overlapped with it
     (True), or after backward, before the step (False: exposed)."""
+    update_collective: str = "all_gather"
+    """How the updated parameter shards reach the ranks that hold them: 'all_gather' (one
+    collective per bucket), or 'broadcast' (one broadcast per rank of the group, each of that
+    rank's shard of the whole model: NCCL's ring broadcast, its latency paid once per rank)."""
     update_overlap: bool = False
     """The all-gather of updated parameters after the step overlaps the next forward (True) or
     runs before it (False: exposed). Every profile's default is False, the only case priced."""
@@ -306,13 +310,14 @@ PROFILES = {
         tp_note="InternEvo's own tensor parallelism (parallel.tensor) is not described by this "
                 "profile: plan with --engine torchtitan or fsdp2 for tp > 1",
         execution=Execution(
-            reduce_bucket=512 * 1024 * 1024, update_bucket=512 * 1024 * 1024,
+            reduce_bucket=512 * 1024 * 1024, update_collective="broadcast",
             replicated_reduce="all_reduce", sync_overlap=True,
             sources=(
+                ("update_collective", "internlm/solver/optimizer/hybrid_zero_optim.py "
+                 "broadcast_params: for each rank of the zero1 group, dist.broadcast of that "
+                 "rank's flat fp16 shard (src = the rank)"),
                 ("reduce_bucket", "https://github.com/InternLM/InternEvo configs/7B_sft.py "
                  "hybrid_zero_optimizer.reduce_bucket_size = 512 * 1024 * 1024"),
-                ("update_bucket", "the same buckets: internlm/solver/optimizer/"
-                 "hybrid_zero_optim.py broadcasts the updated shards bucket by bucket"),
                 ("replicated_reduce", "internlm/solver/optimizer/hybrid_zero_optim.py "
                  "_store_and_try_reduce_grads_by_bucket(reduce_rank=None) -> utils.py "
                  "reduce_tensor: 'if dst_rank is None, all-reduce is used'"),

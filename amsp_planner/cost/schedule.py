@@ -215,6 +215,11 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
                               for k, f in call_groups(job, role, c, u, tp)) if u else 0.0
 
     unit_t = tuple(seconds(c, u) for c, u in enumerate(sizes))
+    if role == "update" and job.profile.execution.update_collective == "broadcast" and size > 1:
+        # one broadcast per member of its shard of the whole model; each unit its share
+        whole = sum(c * full(u) for c, u in zip(counts, sizes, strict=True))
+        per = size * (topo.collective_time("broadcast", size, stride, whole / size) + launch)
+        unit_t = tuple(per * full(u) / whole for u in sizes)
 
     def kernel(u: int) -> float:
         if kernel_elements:
