@@ -173,3 +173,28 @@ def test_deepspeed_and_fsdp2_differ_where_they_execute_differently():
     assert gather and all(a.time_s > b.time_s for a, b in gather)
     assert ds.step_s > fs.step_s
     assert not math.isclose(ds.step_s, fs.step_s, rel_tol=1e-3)
+
+
+def test_internevo_broadcasts_each_ranks_shard():
+    # ZeRO-1 over 16 ranks on InternEvo: the updated parameters reach the others as 16
+    # broadcasts, one per rank, each of that rank's 1/16 of the whole model (bf16); each unit
+    # is charged its share. NCCL's ring broadcast: algorithm bandwidth = bus bandwidth.
+    n = 16
+    job = make_job(n, model=load_model("llama-7b"), batch_seqs=n).for_engine("internevo")
+    s = Strategy(s_p=1, s_g=1, s_os=n)
+    (upd,) = [e for e in evaluate(job, s).schedule if e.group == "P_update"]
+    whole = job.phi * job.training.param_bytes
+    want = n * job.topology.collective_time("broadcast", n, 1, whole / n)
+    assert upd.time_s == pytest.approx(want)
+    assert upd.unit_time_s[0] == pytest.approx(job.units[0] / job.phi * want)
+
+
+def test_ring_broadcast_by_hand():
+    from amsp_planner.collectives import Fabric, best
+
+    # 16 ranks on 2 nodes, 1 GiB: ring/Simple, m = 16 steps, 2 of them across nodes:
+    # 8.4 + 14 x max(3.4, 3 x 1) + 2 x 14 = 84 us; algorithm bandwidth = bus = 20 GB/s
+    f = Fabric(ranks=16, nodes=2, per_node=8, bus_bw=20e9, intra_bw=240e9, net_bw=20e9)
+    c = best("broadcast", f, 2**30)
+    assert (c.algorithm, c.protocol) == ("ring", "Simple")
+    assert c.seconds == pytest.approx(84e-6 + 2**30 / 20e9)
