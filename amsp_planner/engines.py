@@ -82,6 +82,11 @@ class Execution:
     launch_us: float = 0.0
     """Host time the engine adds per collective call (hooks, bucket bookkeeping, the launch),
     microseconds: it delays the call."""
+    reduce_host_us: float = 0.0
+    """Host time per (member of the group x parameter tensor) of a gradient reduce-scatter,
+    microseconds: an engine that interleaves every tensor's per-rank chunks into the send
+    buffer in Python pays it on the thread that launches the backward kernels, so it adds to
+    the backward's critical path (compute stream)."""
     sources: tuple[tuple[str, str], ...] = ()
     """(field, where it is written) for every value above that is not the default."""
 
@@ -193,6 +198,9 @@ class EngineProfile:
             self.reduce_dtype or "", "in the dtype configured")
 
 
+REDUCE_HOST_US = 20.0
+"""DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted)."""
+
 _FSDP2_SOURCES = (
     ("gather_grouping", "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: one "
      "FSDPParamGroup (one all-gather, one reduce-scatter) per fully_shard module"),
@@ -240,8 +248,13 @@ PROFILES = {
         execution=Execution(
             gather_grouping="module", persistence_threshold=100_000, prefetch_bucket=50_000_000,
             reduce_bucket=500_000_000, update_bucket=500_000_000, replicated_reduce="all_reduce",
-            sync_overlap=False,
+            sync_overlap=False, reduce_host_us=REDUCE_HOST_US,
             sources=(
+                ("reduce_host_us", "deepspeed/runtime/comm/coalesced_collectives.py "
+                 "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
+                 "world_sz x tensors slices every tensor into per-rank chunks and interleaves "
+                 "them (with padding) for one torch.cat; the time per (rank, tensor) is fitted "
+                 "to the published ZeRO-3 runs at 384-2,240 GPUs (docs/cost-model.md)"),
                 ("gather_grouping", "deepspeed/runtime/zero/partitioned_param_coordinator.py "
                  "fetch_sub_module: the parameters of each submodule fetched on its pre-forward/"
                  "pre-backward hook, the next ones prefetched together (__all_gather_params)"),

@@ -198,3 +198,21 @@ def test_ring_broadcast_by_hand():
     c = best("broadcast", f, 2**30)
     assert (c.algorithm, c.protocol) == ("ring", "Simple")
     assert c.seconds == pytest.approx(84e-6 + 2**30 / 20e9)
+
+
+def test_deepspeed_reduce_scatter_host_time_grows_with_ranks_and_tensors():
+    # DeepSpeed's stage-3 reduce-scatter interleaves every tensor's per-rank chunks in Python:
+    # per call, reduce_host_us x members x tensors of the unit on the backward's critical path
+    # (its compute stream), besides the copy-in. A LLaMA block has 9 tensors (q, k, v, o,
+    # gate, up, down, 2 norms).
+    from amsp_planner.cost.schedule import unit_tensor_counts
+
+    m = load_model("llama-7b")
+    assert unit_tensor_counts(m) == (1, 9, 2)
+    us = PROFILES["deepspeed"].execution.reduce_host_us
+    for n in (16, 64):
+        job = make_job(n, model=m, batch_seqs=n)
+        s = Strategy(s_p=n, s_g=n, s_os=n)
+        ds = {e.group: e for e in evaluate(job.for_engine("deepspeed"), s).schedule}["G"]
+        am = {e.group: e for e in evaluate(job, s).schedule}["G"]
+        assert ds.unit_kernel_s[1] - am.unit_kernel_s[1] == pytest.approx(us * 1e-6 * n * 9)

@@ -150,6 +150,20 @@ def unit_tensors(model) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ..
     return tuple(emb), tuple(block), tuple(head)
 
 
+def unit_tensor_counts(model) -> tuple[int, int, int]:
+    """Parameter tensors of (the embedding, a block, the head): weights, biases and norm
+    weights (and biases) apart, as an engine that reduces tensor by tensor sees them."""
+    m = model
+    norm = 2 if m.norm_type == "layernorm" else 1
+    biases = (3 if m.attention_bias in ("qkv", "all") else 0) + (
+        1 if m.attention_bias == "all" else 0) + (m.ffn_matrices if m.mlp_bias else 0)
+    qk = 2 if m.qk_norm in ("head", "full") else 0
+    block = 4 + m.ffn_matrices + biases + norm * (4 if m.post_norms else 2) + qk
+    emb = 1 + (1 if m.position_embedding == "learned" else 0)
+    head = norm + (0 if m.tied_embeddings else 1)
+    return emb, block, head
+
+
 def _buckets(fraction_per_call: float) -> tuple[tuple[float, float], ...]:
     """(calls, fraction of the unit per call) when calls carry `fraction_per_call` of a unit:
     a bucket larger than the unit is one call of the bucket charged in part (u / B of it)."""
@@ -221,14 +235,20 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
         per = size * (topo.collective_time("broadcast", size, stride, whole / size) + launch)
         unit_t = tuple(per * full(u) / whole for u in sizes)
 
-    def kernel(u: int) -> float:
+    host = job.profile.execution.reduce_host_us * 1e-6 * size
+    tensors = unit_tensor_counts(job.model)
+
+    def kernel(u: int, c: int = 0) -> float:
         if kernel_elements:
             return kernel_elements(u) * 2 / rate
+        if host and op == "reduce_scatter" and copies:  # the engine's per-rank interleave
+            return host * tensors[c] + (2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)
+                                        if gpu.hbm_gbyte_per_s else 0.0)
         if copies and gpu.hbm_gbyte_per_s and op in ("all_gather", "reduce_scatter"):
             return 2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in of the buffer
         return 0.0
 
-    unit_k = tuple(kernel(u) * per_unit for u in sizes)
+    unit_k = tuple(kernel(u, c) * per_unit for c, u in enumerate(sizes))
     total = n_micro * sum(c * full(u) for c, u in zip(counts, sizes, strict=True)) * per_unit
     intra, inter = split_bytes(op, total, lay)
     time = n_micro * sum(c * t for c, t in zip(counts, unit_t, strict=True))
