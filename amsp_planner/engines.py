@@ -254,7 +254,10 @@ PROFILES = {
                  "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
                  "world_sz x tensors slices every tensor into per-rank chunks and interleaves "
                  "them (with padding) for one torch.cat; the time per (rank, tensor) is fitted "
-                 "to the published ZeRO-3 runs at 384-2,240 GPUs (docs/cost-model.md)"),
+                 "to the published ZeRO-3 runs at 384-1,536 GPUs (docs/cost-model.md); the "
+                 "function itself, run with 9 tensors and a stub for the collective, took "
+                 "45 us more per (rank, tensor) from 256 to 1,024 ranks on a shared 2-core "
+                 "development machine"),
                 ("gather_grouping", "deepspeed/runtime/zero/partitioned_param_coordinator.py "
                  "fetch_sub_module: the parameters of each submodule fetched on its pre-forward/"
                  "pre-backward hook, the next ones prefetched together (__all_gather_params)"),
