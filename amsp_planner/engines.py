@@ -381,6 +381,28 @@ PROFILES = {
 }
 
 
+def execution_differences(a: EngineProfile, b: EngineProfile) -> list[str]:
+    """'field x -> y' for every execution value (``Execution``) in which engine `b` runs a
+    plan differently from engine `a`: what separates their predictions beyond the strategy
+    and the gradient dtype (each value's source is ``b.execution.source(field)``)."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(Execution):
+        x, y = getattr(a.execution, f.name), getattr(b.execution, f.name)
+        if f.name != "sources" and x != y:
+            out.append(f"{f.name} {_words(x)} -> {_words(y)}")
+    return out
+
+
+def _words(v) -> str:
+    if v is None:
+        return "per unit"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
 def profile(engine: str) -> EngineProfile:
     """The profile of an engine name; AmspUserError naming --engine and the choices."""
     try:

@@ -238,3 +238,17 @@ def test_compare_at_1024_gpus_prices_each_engine_as_it_executes():
     assert ds["zero1"]["time"]["step_s"] > fs["zero1"]["time"]["step_s"]
     # the same sharding, the same bytes where the collectives are the same
     assert ds["zero3"]["inter_bytes_per_rank_per_step"] == fs["zero3"]["inter_bytes_per_rank_per_step"]
+
+
+def test_execution_differences_name_each_separating_value():
+    from amsp_planner.engines import execution_differences
+
+    got = execution_differences(PROFILES["fsdp2"], PROFILES["deepspeed"])
+    assert "gather_grouping unit -> module" in got
+    assert "reduce_bucket per unit -> 500,000,000" in got
+    assert "replicated_reduce reduce_scatter -> all_reduce" in got
+    assert "sync_overlap on -> off" in got
+    assert execution_differences(PROFILES["fsdp2"], PROFILES["torchtitan"]) == []
+    # every listed difference is a value with a source in the target's profile
+    for line in got:
+        assert PROFILES["deepspeed"].execution.source(line.split()[0])

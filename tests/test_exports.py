@@ -55,7 +55,12 @@ def _strategy(text: str) -> Strategy:
 def test_deepspeed_exact_round_trip_prices_the_same(job, text):
     s = _strategy(text)
     r = ds.export(job, s)
-    assert r.exact and r.closest == s and r.differences == ()
+    assert r.exact and r.closest == s
+    # an amsp plan on DeepSpeed: the same strategy, executed as DeepSpeed does (its execution
+    # profile), which the export says and prices
+    *changes, cost = r.differences
+    assert len(changes) == 1 and changes[0].startswith("DeepSpeed 0.19 executes ")
+    assert cost.startswith("cost model: step time")
     back = ds.strategy_from_ds_config(json.loads(r.text), N, R, ckpt=s.ckpt_value)
     assert back.with_(grad_accum=None) == s.with_(grad_accum=None)
     assert back.grad_accum == job.n_micro(s)
