@@ -11,6 +11,7 @@ Which algorithms each collective may use (NCCL's list; SHARP ones only when the 
 them):
 
 =============  =================================================================
+broadcast      ring (algorithm bandwidth = bus bandwidth: one buffer down the ring)
 all_gather     ring; PAT when every member is on its own node; NVLS (NVLink
 reduce_scatter SHARP) inside one node
 all_reduce     ring, tree; NVLS inside one node, NVLS-tree across nodes (NVLink
@@ -20,8 +21,8 @@ all_to_all     pairwise point-to-point sends (NCCL has no collective algorithm)
 
 Per algorithm and protocol (LL, LL128, Simple), with m ranks on g nodes, k per node:
 
-- ring: nsteps = 2(m-1) for all-reduce, m-1 for all-gather/reduce-scatter; inter-node steps
-  2(g-1) / g-1; latency = base + (nsteps - inter) x intraLat + inter x interLat; bus bandwidth
+- ring: nsteps = 2(m-1) for all-reduce, m-1 for all-gather/reduce-scatter, m for broadcast;
+  inter-node steps 2(g-1) / g-1 / g; latency = base + (nsteps - inter) x intraLat + inter x interLat; bus bandwidth
   B for Simple, min(llMax, B/2) for LL, 0.92 B for LL128 (NVLink systems only); algorithm
   bandwidth = bus x m / nsteps. Simple all-reduce across nodes: latency x 1.4 ("plateau").
 - tree (all-reduce): latency = base + 2((k-1) intraLat + floor(log2 g) interLat); bus 0.92 B
@@ -78,7 +79,41 @@ ALGORITHMS = {
     "all_gather": ("ring", "pat", "nvls"),
     "reduce_scatter": ("ring", "pat", "nvls"),
     "all_reduce": ("ring", "tree", "nvls", "nvls_tree", "collnet_direct"),
+    "broadcast": ("ring",),
 }
+
+
+@dataclass(frozen=True)
+class Network:
+    """What a network type does to NCCL's collectives beyond NCCL's own model."""
+
+    efficiency: float
+    """Bus bandwidth a ring reaches as a fraction of the NICs' line rate (two nodes)."""
+    loss_per_doubling: float
+    """Fraction of that bandwidth a ring over nodes loses per doubling of its nodes beyond two:
+    every step waits for the slowest of its links, and more flows collide in the fabric."""
+    source: str
+
+
+NETWORKS = {
+    "infiniband": Network(0.90, 0.03, "fitted to the H100 reduce-scatter bus bandwidths at 4-128 "
+                          "nodes of NVIDIA/nccl#1229 (360 down to 260 GB/s on 8x 400 Gb/s) and "
+                          "the two-node DGX-A100 all-reduces of NVIDIA/nccl#812, #1048"),
+    "roce": Network(0.65, 0.03, "fitted to the 32-node H100 all-gather over RoCE of "
+                    "NVIDIA/nccl#1218 (200 GB/s on 8x 400 Gb/s); loss as InfiniBand's"),
+    "efa": Network(0.62, 0.03, "fitted to the 3- and 4-node p4d all-reduces of NVIDIA/nccl#527 "
+                   "(31.8, 29.6 GB/s on 4x 100 Gb/s EFA); loss as InfiniBand's"),
+    "ethernet": Network(0.65, 0.03, "TCP/RoCE without tuning: RoCE's figures"),
+}
+"""Per network type (``ClusterSpec.network``); every figure fitted to presets/nccl_tests.yaml."""
+
+
+def scale_factor(network: str, nodes: int) -> float:
+    """The share of its two-node bandwidth a ring over `nodes` nodes keeps:
+    1 - loss x log2(nodes / 2), at least a half (``Network.loss_per_doubling``)."""
+    if nodes <= 2:
+        return 1.0
+    return max(0.5, 1.0 - NETWORKS[network].loss_per_doubling * math.log2(nodes / 2))
 
 
 @dataclass(frozen=True)
@@ -132,7 +167,7 @@ def _latencies(f: Fabric, algo: str, p: str) -> tuple[float, float]:
 
 def _ring(op: str, f: Fabric, p: str, nbytes: float) -> float | None:
     m, g = f.ranks, f.nodes
-    nsteps = 2 * (m - 1) if op == "all_reduce" else m - 1
+    nsteps = 2 * (m - 1) if op == "all_reduce" else m if op == "broadcast" else m - 1
     bus = f.bus_bw
     if p == "LL":
         bus = min(_ll_max(f), bus * 0.5)
@@ -143,7 +178,8 @@ def _ring(op: str, f: Fabric, p: str, nbytes: float) -> float | None:
     intra, inter = _latencies(f, "ring", p)
     if g > 1:
         intra = max(intra, NET_OVERHEAD_US * (3 if p == "Simple" else 1))
-    n_inter = 0 if g == 1 else (2 * (g - 1) if op == "all_reduce" else g - 1)
+    n_inter = 0 if g == 1 else (2 * (g - 1) if op == "all_reduce" else g if op == "broadcast"
+                                else g - 1)
     lat = BASE_LATENCY_US["ring"][_proto(p)] + (nsteps - n_inter) * intra + n_inter * inter
     if op == "all_reduce" and p == "Simple" and g > 1:
         lat *= RING_PLATEAU.get(f.arch, 1.4)

@@ -15,6 +15,8 @@ any       every nested p | g | os                    amsp (the bundled runtime)
 stages    (1,1,1), (1,1,N), (1,N,N), (N,N,N)         DeepSpeed ZeRO stages 0-3
 tied      (s, s, s)                                  FSDP2 / HSDP mesh (N/s, s); torchtitan
 zero1     (1, 1, s) or (s, s, s)                     InternEvo zero1.size = s, zero1.fsdp
+os        (1, 1, s)                                  Megatron-Core: DDP (s = 1) or the
+                                                     distributed optimizer over N/s instances
 ========  =========================================  ==========================================
 
 Tensor (+ sequence) parallelism inside the node (``tp``): amsp (``amsp train``, runtime/tp.py;
@@ -35,8 +37,67 @@ from dataclasses import dataclass
 from amsp_planner.errors import AmspUserError
 from amsp_planner.strategy import factor_options
 
-ENGINES = ("amsp", "deepspeed", "fsdp2", "torchtitan", "internevo")
+ENGINES = ("amsp", "deepspeed", "fsdp2", "torchtitan", "internevo", "megatron")
 DEFAULT_ENGINE = "amsp"
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How an engine turns the schedule's collectives into calls, and when it runs them: data
+    the step model reads (cost/schedule.py ``call_groups``, docs/cost-model.md "Engines as they
+    execute"). Every value is the engine's default; ``sources`` says where each is written."""
+
+    gather_grouping: str = "unit"
+    """'unit': one all-gather per unit (a block, the embedding, the head); 'module': one fetch
+    per parameter-holding module, the modules fetched together coalesced into calls of at most
+    ``prefetch_bucket`` elements; tensors under ``persistence_threshold`` elements are kept
+    whole and never gathered."""
+    persistence_threshold: int = 0
+    """Parameters with fewer elements stay whole on every rank (not gathered)."""
+    prefetch_bucket: int | None = None
+    """Elements gathered ahead in one call ('module' grouping); None: one unit."""
+    prefetch_depth: int = 1
+    """Units gathered ahead of the one computing (the step model prices one)."""
+    reduce_bucket: int | None = None
+    """Elements per gradient-reduction call; None: one call per unit. A bucket larger than a
+    unit reduces several units' gradients at once: each unit is charged its share of the call."""
+    reduce_bucket_per_rank: int = 0
+    """The bucket grows with the data-parallel ranks d: max(reduce_bucket, this x d)."""
+    update_bucket: int | None = None
+    """Elements per all-gather call of the updated parameters after the step; None: per unit."""
+    replicated_reduce: str = "reduce_scatter"
+    """How gradients that are not sharded during backward (s_G = 1: DDP, ZeRO-1) reach the
+    optimizer shard: 'reduce_scatter', or 'all_reduce' (the whole buffer is all-reduced and each
+    rank keeps its slice: twice the bytes)."""
+    sync_overlap: bool = True
+    """The once-per-step gradient reduction runs during the last backward, overlapped with it
+    (True), or after backward, before the step (False: exposed)."""
+    update_collective: str = "all_gather"
+    """How the updated parameter shards reach the ranks that hold them: 'all_gather' (one
+    collective per bucket), or 'broadcast' (one broadcast per rank of the group, each of that
+    rank's shard of the whole model: NCCL's ring broadcast, its latency paid once per rank)."""
+    update_overlap: bool = False
+    """The all-gather of updated parameters after the step overlaps the next forward (True) or
+    runs before it (False: exposed). Every profile's default is False, the only case priced."""
+    launch_us: float = 0.0
+    """Host time the engine adds per collective call (hooks, bucket bookkeeping, the launch),
+    microseconds: it delays the call."""
+    reduce_host_us: float = 0.0
+    """Host time per (member of the group x parameter tensor) of a gradient reduce-scatter,
+    microseconds: an engine that interleaves every tensor's per-rank chunks into the send
+    buffer in Python pays it on the thread that launches the backward kernels, so it adds to
+    the backward's critical path (compute stream)."""
+    sources: tuple[tuple[str, str], ...] = ()
+    """(field, where it is written) for every value above that is not the default."""
+
+    def source(self, name: str) -> str:
+        return dict(self.sources).get(name, "")
+
+    def reduce_elements(self, dp_ranks: int) -> int | None:
+        """Elements per gradient-reduction call with `dp_ranks` data-parallel ranks."""
+        if self.reduce_bucket is None:
+            return None
+        return max(self.reduce_bucket, self.reduce_bucket_per_rank * dp_ranks)
 
 
 @dataclass(frozen=True)
@@ -70,6 +131,9 @@ class EngineProfile:
     """Tensor (+ sequence) parallelism inside the node (t > 1)."""
     tp_note: str = ""
     """Why it does not run t > 1 (when ``tp`` is off), or how it does."""
+    execution: Execution = Execution(sources=(
+        ("gather_grouping", "amsp_planner/runtime/engine.py: one flat buffer per unit"),))
+    """How it groups and overlaps its collectives (``Execution``)."""
 
     # ----- the search space ------------------------------------------------------------------
     def runs_ckpt(self, value, num_layers: int) -> bool:
@@ -98,6 +162,8 @@ class EngineProfile:
             return tuple(dict.fromkeys(stages))
         if self.shapes == "tied":
             return tuple((s, s, s) for s in fs)
+        if self.shapes == "os":
+            return tuple((1, 1, s) for s in fs)
         assert self.shapes == "zero1", self.shapes
         return tuple(dict.fromkeys(t for s in fs for t in ((1, 1, s), (s, s, s))))
 
@@ -131,6 +197,18 @@ class EngineProfile:
         return {"fp32": "in float32 only", "param": "in the parameters' dtype"}.get(
             self.reduce_dtype or "", "in the dtype configured")
 
+
+REDUCE_HOST_US = 20.0
+"""DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted)."""
+
+_FSDP2_SOURCES = (
+    ("gather_grouping", "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: one "
+     "FSDPParamGroup (one all-gather, one reduce-scatter) per fully_shard module"),
+    ("prefetch_depth", "torch/distributed/fsdp/_fully_shard/_fsdp_state.py: implicit prefetch "
+     "of the next module's all-gather (set_modules_to_forward_prefetch for more)"),
+    ("sync_overlap", "_fsdp_param_group.py: reduce_scatter_stream / all_reduce_stream, "
+     "overlapped with the next module's backward"),
+)
 
 PROFILES = {
     "amsp": EngineProfile(
@@ -167,6 +245,38 @@ PROFILES = {
                  "deepspeed/runtime/config.py (rejects mics_shard_size: MiCS removed)",
                  "deepspeed/runtime/engine.py _do_optimizer_sanity_check (no ZeRO: bf16 parameters need "
                  "bf16 grad_accum_dtype)"),
+        execution=Execution(
+            gather_grouping="module", persistence_threshold=100_000, prefetch_bucket=50_000_000,
+            reduce_bucket=500_000_000, update_bucket=500_000_000, replicated_reduce="all_reduce",
+            sync_overlap=False, reduce_host_us=REDUCE_HOST_US,
+            sources=(
+                ("reduce_host_us", "deepspeed/runtime/comm/coalesced_collectives.py "
+                 "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
+                 "world_sz x tensors slices every tensor into per-rank chunks and interleaves "
+                 "them (with padding) for one torch.cat; the time per (rank, tensor) is fitted "
+                 "to the published ZeRO-3 runs at 384-1,536 GPUs (docs/cost-model.md); the "
+                 "function itself, run with 9 tensors and a stub for the collective, took "
+                 "45 us more per (rank, tensor) from 256 to 1,024 ranks on a shared 2-core "
+                 "development machine"),
+                ("gather_grouping", "deepspeed/runtime/zero/partitioned_param_coordinator.py "
+                 "fetch_sub_module: the parameters of each submodule fetched on its pre-forward/"
+                 "pre-backward hook, the next ones prefetched together (__all_gather_params)"),
+                ("persistence_threshold", "deepspeed/runtime/zero/config.py "
+                 "param_persistence_threshold (stage3_param_persistence_threshold) = 1e5"),
+                ("prefetch_bucket", "deepspeed/runtime/zero/config.py prefetch_bucket_size "
+                 "(stage3_prefetch_bucket_size) = 5e7"),
+                ("reduce_bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8"),
+                ("update_bucket", "deepspeed/runtime/zero/config.py allgather_bucket_size = 5e8"),
+                ("replicated_reduce", "deepspeed/runtime/zero/config.py "
+                 "use_multi_rank_bucket_allreduce = True; stage_1_and_2.py average_tensor: the "
+                 "bucket is all-reduced (allreduce_and_scatter), each rank keeps its partition"),
+                ("sync_overlap", "deepspeed/runtime/zero/config.py overlap_comm_valid: overlap_comm "
+                 "defaults to stage == 3, so stages 1-2 reduce on the current stream; "
+                 "deepspeed/runtime/engine.py allreduce_gradients: stage 1 reduces at the "
+                 "accumulation boundary, after backward (reduce_gradients)"),
+                ("update_overlap", "deepspeed/runtime/zero/stage_1_and_2.py step: "
+                 "all_gather_dp_groups of the updated partitions before step() returns")),
+        ),
     ),
     "fsdp2": EngineProfile(
         name="fsdp2", title="FSDP2", shapes="tied", hpz=True, qwz=False, qgz=False,
@@ -182,6 +292,7 @@ PROFILES = {
                  "(parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel)"),
         tp=True, tp_note="parallelize_module on the 'tp' dimension of a 2-D mesh, then fully_shard "
                          "on the data-parallel dimension",
+        execution=Execution(sources=_FSDP2_SOURCES),
     ),
     "torchtitan": EngineProfile(
         name="torchtitan", title="torchtitan 0.3", shapes="tied", hpz=False, qwz=False,
@@ -198,6 +309,7 @@ PROFILES = {
                  "mixed_precision_reduce; apply_tp: ColwiseParallel/RowwiseParallel with "
                  "SequenceParallel norms)"),
         tp=True, tp_note="parallelism.tensor_parallel_degree, enable_async_tensor_parallel off",
+        execution=Execution(sources=_FSDP2_SOURCES),
     ),
     "internevo": EngineProfile(
         name="internevo", title="InternEvo", shapes="zero1", hpz=False, qwz=False, qgz=False,
@@ -213,8 +325,82 @@ PROFILES = {
                  "gradient's own dtype, the model dtype)"),
         tp_note="InternEvo's own tensor parallelism (parallel.tensor) is not described by this "
                 "profile: plan with --engine torchtitan or fsdp2 for tp > 1",
+        execution=Execution(
+            reduce_bucket=512 * 1024 * 1024, update_collective="broadcast",
+            replicated_reduce="all_reduce", sync_overlap=True,
+            sources=(
+                ("update_collective", "internlm/solver/optimizer/hybrid_zero_optim.py "
+                 "broadcast_params: for each rank of the zero1 group, dist.broadcast of that "
+                 "rank's flat fp16 shard (src = the rank)"),
+                ("reduce_bucket", "https://github.com/InternLM/InternEvo configs/7B_sft.py "
+                 "hybrid_zero_optimizer.reduce_bucket_size = 512 * 1024 * 1024"),
+                ("replicated_reduce", "internlm/solver/optimizer/hybrid_zero_optim.py "
+                 "_store_and_try_reduce_grads_by_bucket(reduce_rank=None) -> utils.py "
+                 "reduce_tensor: 'if dst_rank is None, all-reduce is used'"),
+                ("sync_overlap", "configs/7B_sft.py hybrid_zero_optimizer.overlap_sync_grad = "
+                 "True (reduced in backward as buckets fill)"),
+                ("update_overlap", "configs/7B_sft.py hybrid_zero_optimizer.overlap_sync_param "
+                 "= False")),
+        ),
+    ),
+    "megatron": EngineProfile(
+        name="megatron", title="Megatron-Core", shapes="os", hpz=False, qwz=False, qgz=False,
+        qgz_needs_p=False, reduce_dtype="fp32",
+        gathers="parameters whole on every data-parallel rank (DDP, or the distributed optimizer: "
+                "optimizer states sharded over the data-parallel ranks, gradients "
+                "reduce-scattered and updated parameters all-gathered in buckets, once per step)",
+        checkpointing="--recompute-granularity full --recompute-method block "
+                      "--recompute-num-layers K (the first K of L blocks) or all; selective "
+                      "recomputation recomputes attention's core only (not op-level)",
+        ckpt_kinds=frozenset({"none", "full", "blocks"}),
+        sources=(
+            "megatron/core/distributed/distributed_data_parallel_config.py "
+            "(use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather, bucket_size, "
+            "grad_reduce_in_fp32)",
+            "megatron/training/arguments.py (bf16: accumulate_allreduce_grads_in_fp32 = True; "
+            "--num-distributed-optimizer-instances)",
+            "https://docs.nvidia.com/megatron-core/developer-guide/latest/api-guide/"
+            "dist_optimizer.html"),
+        tp=True, tp_note="--tensor-model-parallel-size T --sequence-parallel inside the node",
+        execution=Execution(
+            reduce_bucket=40_000_000, reduce_bucket_per_rank=1_000_000,
+            update_bucket=40_000_000, sync_overlap=False,
+            sources=(
+                ("reduce_bucket", "megatron/core/distributed/distributed_data_parallel_config.py "
+                 "bucket_size: default max(40000000, 1000000 * dp_size) parameters"),
+                ("reduce_bucket_per_rank", "the same: 1000000 * dp_size"),
+                ("update_bucket", "megatron/core/distributed/param_and_grad_buffer.py: the "
+                 "parameters are all-gathered per bucket of the same buffer"),
+                ("sync_overlap", "distributed_data_parallel_config.py overlap_grad_reduce = "
+                 "False (--overlap-grad-reduce is opt-in): the reduce-scatter runs after backward "
+                 "(finish_grad_sync)"),
+                ("update_overlap", "distributed_data_parallel_config.py overlap_param_gather = "
+                 "False (--overlap-param-gather is opt-in)")),
+        ),
     ),
 }
+
+
+def execution_differences(a: EngineProfile, b: EngineProfile) -> list[str]:
+    """'field x -> y' for every execution value (``Execution``) in which engine `b` runs a
+    plan differently from engine `a`: what separates their predictions beyond the strategy
+    and the gradient dtype (each value's source is ``b.execution.source(field)``)."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(Execution):
+        x, y = getattr(a.execution, f.name), getattr(b.execution, f.name)
+        if f.name != "sources" and x != y:
+            out.append(f"{f.name} {_words(x)} -> {_words(y)}")
+    return out
+
+
+def _words(v) -> str:
+    if v is None:
+        return "per unit"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 def profile(engine: str) -> EngineProfile:

@@ -126,7 +126,7 @@ class Topology:
         c = self.cluster
         g = nx.DiGraph()
         nodes = min(self.num_nodes, 2 * c.nodes_per_leaf)
-        nic_bw = c.nic_gbit_per_s * 1e9 / 8 * c.bus_efficiency
+        nic_bw = c.nic_gbit_per_s * 1e9 / 8 * c.nic_fraction
         uplink = c.nodes_per_leaf * c.node_nic_bytes_per_s / c.oversubscription
         for node in range(nodes):
             leaf = f"leaf{node // c.nodes_per_leaf}"
@@ -222,7 +222,8 @@ class Topology:
         net = 0.0
         if layout.nodes > 1:
             node = self.node_bw_cross_leaf if layout.spans_leaves else self.node_bw
-            net = node * layout.members_per_node / self.gpus_per_node
+            net = (node * layout.members_per_node / self.gpus_per_node
+                   * collectives.scale_factor(c.network, layout.nodes))
         bus = min(self.intra_bw, net) if layout.nodes > 1 else self.intra_bw
         return collectives.Fabric(
             ranks=layout.size, nodes=layout.nodes, per_node=layout.members_per_node,
@@ -251,6 +252,12 @@ class Topology:
         if hit is None:
             hit = self._times[key] = self._collective_time(op, size, stride, full_bytes, calls)
         return hit
+
+    def bus_bandwidth(self, op: str, size: int, stride: int, full_bytes: float) -> float:
+        """Bus bandwidth (bytes/s, the nccl-tests convention: the ring bytes of a rank over the
+        time) of one collective of `full_bytes` over a group: what nccl-tests prints as busbw."""
+        return BUS_FACTOR[op](size) * full_bytes / self.collective_time(op, size, stride,
+                                                                          full_bytes)
 
     def _collective_time(self, op: str, size: int, stride: int, full_bytes: float,
                          calls: int) -> float:

@@ -34,11 +34,13 @@ def test_in_node_all_gather_is_ring_simple_for_large_messages():
 def test_cross_node_replica_all_reduce_by_hand():
     topo = Topology(A100, 16)
     full = 2**30
-    # 2 members at stride 8 (one per node): 8 such groups share each node's 160 GB/s, so a
-    # rank's bus bandwidth is 20 GB/s. Ring/Simple: 2 steps, both across nodes, each at the
-    # tree's network latency (one rank per node): 8.4 + 2 x 14 = 36.4 us, x 1.4 (the ring
-    # all-reduce plateau across nodes) = 50.96 us; algorithm bandwidth 20 GB/s x 2/2.
-    assert topo.collective_time("all_reduce", 2, 8, full) == pytest.approx(50.96e-6 + full / 20e9)
+    # 2 members at stride 8 (one per node): 8 such groups share each node's 180 GB/s (8 HDR
+    # NICs at InfiniBand's 0.9), so a rank's bus bandwidth is 22.5 GB/s. Ring/Simple: 2 steps,
+    # both across nodes, each at the tree's network latency (one rank per node): 8.4 + 2 x 14 =
+    # 36.4 us, x 1.4 (the ring all-reduce plateau across nodes) = 50.96 us; algorithm
+    # bandwidth 22.5 GB/s x 2/2.
+    assert topo.collective_time("all_reduce", 2, 8, full) == pytest.approx(
+        50.96e-6 + full / 22.5e9)
 
 
 def test_small_all_reduce_over_the_world_takes_the_tree():
@@ -58,7 +60,7 @@ def test_world_all_gather_pays_the_ring_latency():
     # but at most 20.4 GB/s; NCCL has no tree for all-gather.
     c = topo.algorithm("all_gather", 1024, 1, 1e6)
     ll = 1245.5e-6 + 1e6 * 1023 / 1024 / 20.4e9
-    ll128 = 2224.4e-6 + 1e6 * 1023 / 1024 / (0.92 * 160e9)
+    ll128 = 2224.4e-6 + 1e6 * 1023 / 1024 / (0.92 * 180e9 * 0.82)  # 128 nodes: 0.82 of 180
     assert c.seconds == pytest.approx(min(ll, ll128))
     assert c.algorithm == "ring"
 
@@ -66,10 +68,11 @@ def test_world_all_gather_pays_the_ring_latency():
 def test_one_rank_per_node_all_gather_takes_pat():
     topo = Topology(A100, 1024)
     # 128 members at stride 8 (one per node), 4 KiB: PAT 8 + log2(128) x 14 / 3.5 + 128 x 2.8
-    # = 394.4 us at 0.75 x 20 GB/s; ring/LL would pay 6.6 + 127 x 5 = 641.6 us.
+    # = 394.4 us at 0.75 x a rank's 22.5 GB/s x (1 - 0.03 x log2(128 / 2)) = 0.82 of it over
+    # 128 nodes; ring/LL would pay 6.6 + 127 x 5 = 641.6 us.
     c = topo.algorithm("all_gather", 128, 8, 4096)
     assert c.algorithm == "pat"
-    assert c.seconds == pytest.approx(394.4e-6 + 4096 / (0.75 * 20e9))
+    assert c.seconds == pytest.approx(394.4e-6 + 4096 / (0.75 * 22.5e9 * 0.82))
 
 
 def test_nvlink_sharp_is_an_option_and_only_helps():

@@ -17,7 +17,7 @@ from amsp_testlib import assert_user_error, make_job, run_cli
 
 from amsp_planner.cost.evaluate import evaluate
 from amsp_planner.errors import AmspUserError
-from amsp_planner.exports import TARGETS, fsdp2, internevo, target_module, torchtitan
+from amsp_planner.exports import TARGETS, fsdp2, internevo, megatron, target_module, torchtitan
 from amsp_planner.exports import deepspeed as ds
 from amsp_planner.exports.common import rank_key, try_evaluate
 from amsp_planner.specs import load_model
@@ -55,7 +55,12 @@ def _strategy(text: str) -> Strategy:
 def test_deepspeed_exact_round_trip_prices_the_same(job, text):
     s = _strategy(text)
     r = ds.export(job, s)
-    assert r.exact and r.closest == s and r.differences == ()
+    assert r.exact and r.closest == s
+    # an amsp plan on DeepSpeed: the same strategy, executed as DeepSpeed does (its execution
+    # profile), which the export says and prices
+    *changes, cost = r.differences
+    assert len(changes) == 1 and changes[0].startswith("DeepSpeed 0.19 executes ")
+    assert cost.startswith("cost model: step time")
     back = ds.strategy_from_ds_config(json.loads(r.text), N, R, ckpt=s.ckpt_value)
     assert back.with_(grad_accum=None) == s.with_(grad_accum=None)
     assert back.grad_accum == job.n_micro(s)
@@ -100,12 +105,14 @@ def test_deepspeed_mics_plan_exports_closest_and_prices_it(job):
     plan = _strategy("mics-16")
     r = ds.export(job, plan)
     assert not r.exact
-    # the closest is the cost model's best among all DeepSpeed can express, by enumeration
-    evals = [e for e in (try_evaluate(job, c, None) for c in ds.candidates(job, plan)) if e]
+    # the closest is the cost model's best among all DeepSpeed can express, by enumeration,
+    # each priced as DeepSpeed executes it (its execution profile)
+    tjob = job.for_engine("deepspeed")
+    evals = [e for e in (try_evaluate(tjob, c, None) for c in ds.candidates(job, plan)) if e]
     best = min(evals, key=rank_key)
     assert r.closest == best.strategy and r.closest.s_p in (1, N)
     # the stated differences are real: each knob line and the cost line's numbers
-    pe, ce = evaluate(job, plan), evaluate(job, r.closest)
+    pe, ce = evaluate(job, plan), evaluate(tjob, r.closest)
     for name, a, b in (("s_P", plan.s_p, r.closest.s_p), ("s_OS", plan.s_os, r.closest.s_os)):
         assert any(d.startswith(f"{name} {a} -> {b}") for d in r.differences) == (a != b)
     cost = r.differences[-1]
@@ -346,6 +353,9 @@ def test_every_target_renders_every_candidate(job, target):
             torchtitan.check(text, N)
         elif target == "internevo":
             internevo.check(text, N, 1024)
+        elif target == "megatron":
+            got = megatron.check(text, N, 1024)
+            assert (got["tp"], got["os"], got["micro_batch"]) == (c.tp, c.s_os, c.micro_batch)
         elif target == "fsdp2":
             assert fsdp2.load_module(text).MESH_SHAPE == (N // c.s_p, c.s_p)
 
@@ -393,8 +403,8 @@ def test_cli_export_writes_and_explains(plan_file, tmp_path):
 def test_cli_export_bad_input(plan_file, tmp_path):
     code, out, err = run_cli(["export", str(tmp_path / "nope.json"), "--to", "deepspeed"])
     assert_user_error(code, out, err, "nope.json")
-    code, out, err = run_cli(["export", str(plan_file), "--to", "megatron"])
-    assert_user_error(code, out, err, "megatron")
+    code, out, err = run_cli(["export", str(plan_file), "--to", "colossalai"])
+    assert_user_error(code, out, err, "colossalai")
 
 
 def test_cli_compare_strategy_from(tmp_path, job):
@@ -415,6 +425,7 @@ def test_cli_compare_strategy_from(tmp_path, job):
 @pytest.mark.parametrize("target, needle", [
     ("torchtitan", "check: torchtitan's ConfigManager parsed the overrides"),
     ("internevo", "check: exec'd it"),
+    ("megatron", "check: parsed the arguments back"),
     ("deepspeed", "check: DeepSpeedConfig/DeepSpeedZeroConfig accepted it: {'stage': "),
 ])
 def test_cli_export_check(plan_file, tmp_path, target, needle):
@@ -477,3 +488,20 @@ def test_fsdp2_check_exits_cleanly_every_time(plan_file):
                            capture_output=True, timeout=300)
         assert r.returncode == 0 and "terminate called" not in r.stderr, r.stderr
         assert "check: fully_shard applied it" in r.stderr
+
+
+def test_megatron_distributed_optimizer_tp_and_recompute():
+    job = make_job(64, model=load_model("llama-7b"), seq_len=4096, batch_seqs=1024)
+    s = Strategy(s_os=8, micro_batch=2, tp=2, ckpt_blocks=5)
+    r = megatron.export(job, s)
+    assert r.exact and r.closest == s
+    got = megatron.check(r.text, 64, 1024)
+    # 64 GPUs / tp 2 = 32 data-parallel ranks; optimizer sharded over 8: 4 instances
+    assert got == {"tp": 2, "micro_batch": 2, "dp": 32, "os": 8, "recompute_layers": 5}
+    assert "--num-distributed-optimizer-instances 4" in r.text
+    assert "--sequence-parallel" in r.text and "--recompute-method block" in r.text
+    # ZeRO-3 is not expressible: parameters whole, the closest is a (1, 1, s) point, priced
+    r = megatron.export(job, Strategy(s_p=64, s_g=64, s_os=64, micro_batch=1))
+    assert not r.exact and (r.closest.s_p, r.closest.s_g) == (1, 1)
+    assert any("keeps parameters whole" in d for d in r.differences)
+    assert any("float32" in d for d in r.differences)  # bf16 gradients -> fp32 on Megatron

@@ -194,10 +194,14 @@ def test_cluster_presets_carry_published_link_speeds():
     a100, h100 = load_cluster("dgx-a100-hdr"), load_cluster("dgx-h100-ndr")
     assert (a100.intra_gbyte_per_s, a100.nic_gbit_per_s) == (300, 200)
     assert (h100.intra_gbyte_per_s, h100.nic_gbit_per_s) == (450, 400)
-    # Default to measured bus bandwidth, about 80% of spec: 8 HDR NICs = 200 GB/s -> 160 GB/s.
-    assert a100.bus_efficiency == 0.8
-    assert a100.node_nic_bytes_per_s == pytest.approx(160e9)
+    # NVLink at the measured bus bandwidth, about 80% of spec; InfiniBand NICs at 90 % of line
+    # rate (fitted to published nccl-tests rows): 8 HDR NICs = 200 GB/s -> 180 GB/s.
+    assert a100.bus_efficiency == 0.8 and a100.network == "infiniband"
+    assert a100.node_nic_bytes_per_s == pytest.approx(180e9)
     assert a100.intra_bytes_per_s == pytest.approx(240e9)
+    # EFA and RoCE reach less of their line rate: p4d's 4x 100 Gb/s = 50 GB/s -> 31 GB/s
+    assert load_cluster("aws-p4d").node_nic_bytes_per_s == pytest.approx(31e9)
+    assert load_cluster("aws-p5").nics_per_node * load_cluster("aws-p5").nic_gbit_per_s == 3200
     for name in list_presets("cluster"):
         assert isinstance(load_cluster(name), ClusterSpec)
 

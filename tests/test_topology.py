@@ -107,17 +107,17 @@ def test_graph_bandwidths_by_hand():
     topo = Topology(A100, 64)
     # One GPU's NVSwitch port: 300 GB/s x 0.8.
     assert topo.intra_bw == pytest.approx(240e9)
-    # Node to node under one leaf: 8 NICs x 200 Gb/s / 8 x 0.8 = 160 GB/s.
-    assert topo.node_bw == pytest.approx(160e9)
+    # Node to node under one leaf: 8 NICs x 200 Gb/s / 8 x 0.9 (InfiniBand) = 180 GB/s.
+    assert topo.node_bw == pytest.approx(180e9)
     # Non-blocking fat tree: crossing the spine costs nothing extra.
-    assert Topology(A100, 8 * 32).node_bw_cross_leaf == pytest.approx(160e9)
+    assert Topology(A100, 8 * 32).node_bw_cross_leaf == pytest.approx(180e9)
 
 
 def test_oversubscribed_spine_halves_cross_leaf_bandwidth():
     c = load_cluster("dgx-a100-hdr", {"oversubscription": 2.0, "nodes_per_leaf": 4})
     topo = Topology(c, 8 * 8)  # two leaves of 4 nodes
-    assert topo.node_bw == pytest.approx(160e9)
-    assert topo.node_bw_cross_leaf == pytest.approx(80e9)
+    assert topo.node_bw == pytest.approx(180e9)
+    assert topo.node_bw_cross_leaf == pytest.approx(90e9)
 
 
 # ----- collective time -------------------------------------------------------------------------

@@ -52,6 +52,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, **opts):
 
         doc = {
             "model": job.model.name, "cluster": job.cluster.name, "gpus": job.num_gpus,
+            "engine": job.engine,
             "params": job.model.num_params, "padded_params": job.phi,
             "batch_tokens": t.batch_tokens, "seq_len": t.seq_len,
             "rows": [{"name": n, **e.to_dict()} for n, e in rows],
@@ -67,7 +68,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, **opts):
              + (f", tp={tp} x {job.num_gpus // tp} data-parallel ranks" if tp > 1 else ""))
     fitting = [e for _, e in rows if e.fits]
     ref = min(fitting, key=lambda e: e.step_s) if fitting else None
-    out = [compare_grid(rows, title, ref=ref)]
+    out = [compare_grid(rows, title, ref=ref, job=job)]
     skipped = inapplicable_line(job, tp)
     if skipped:
         out.append(skipped)

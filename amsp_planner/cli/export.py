@@ -1,4 +1,5 @@
-"""amsp export: a plan in another trainer's format (DeepSpeed, FSDP2, torchtitan, InternEvo).
+"""amsp export: a plan in another trainer's format (DeepSpeed, FSDP2, torchtitan, InternEvo,
+Megatron-Core).
 
     amsp export plan.json --to deepspeed -o ds_config.json
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-TARGET_CHOICES = ("deepspeed", "fsdp2", "torchtitan", "internevo")
+TARGET_CHOICES = ("deepspeed", "fsdp2", "torchtitan", "internevo", "megatron")
 
 
 def summary_lines(result, out_name: str | None) -> list[str]:
@@ -111,6 +112,11 @@ def run_check(target: str, result, job) -> str:
                 raise AmspUserError(f"--check: torchtitan parsed {got}, the export says {want}")
             return ("check: torchtitan's ConfigManager parsed the overrides onto "
                     "llama3_debugmodel; every field holds the value written")
+        if target == "megatron":
+            from amsp_planner.exports.megatron import check as megatron_check
+
+            got = megatron_check(result.text, job.num_gpus, job.training.batch_seqs)
+            return f"check: parsed the arguments back; they are consistent: {got}"
         from amsp_planner.exports.internevo import check
 
         check(result.text, job.num_gpus, job.training.batch_seqs)
@@ -158,7 +164,7 @@ def earlier_export(target: str, text: str):
               help="Also parse the result with the target's own config classes (DeepSpeed, "
                    "FSDP2: needs them installed).")
 def export(plan_file, target, output, do_check):
-    """Export a plan's strategy to DeepSpeed, FSDP2, torchtitan or InternEvo.
+    """Export a plan's strategy to DeepSpeed, FSDP2, torchtitan, InternEvo or Megatron-Core.
 
     When the target cannot express the plan, exports the strategy the cost model rates best among
     those it can, and says what differs and what it costs.

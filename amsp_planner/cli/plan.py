@@ -151,6 +151,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     from amsp_planner.report.plan_report import components_grid, time_lines
     from amsp_planner.report.tables import (
         compare_grid,
+        engine_line,
         inapplicable_line,
         memory_grid,
         schedule_grid,
@@ -159,20 +160,21 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     m, t = job.model, job.training
     out: list = [f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "
                  f"{job.cluster.name}: {t.batch_tokens:,} tokens/step, seq {t.seq_len}, "
-                 f"{t.precision}"]
+                 f"{t.precision}; {engine_line(job)}"]
     if best.strategy.tp > 1:
         out.append(tp_line(job, best))
     if not best.fits:
         out.append(f"WARNING: the given strategy does not fit: {best.memory.total / 2**30:.2f} "
                    f"GiB > {limit / 2**30:.2f} GiB per GPU")
-    out += [components_grid(best, job.gpus_per_node), memory_grid(best), schedule_grid(best)]
+    out += [components_grid(best, job.gpus_per_node), memory_grid(best, job),
+            schedule_grid(best, job)]
     out += time_lines(best, best_bl, job, pref, refs)
     rows = [("chosen", best)] + [(k.replace("_", " "), e) for k, e in refs.items()
                                  if str(e.strategy) != str(best.strategy)]
     rows += [(f"next {i + 1}", e) for i, e in enumerate(runners)]
     rows += list(baselines.items())
     table = compare_grid(rows, "chosen, fastest candidates and named baselines", ref=best,
-                         band=pref.band)
+                         band=pref.band, job=job)
     out.append(table)
     skipped = inapplicable_line(job, best.strategy.tp)
     if skipped:

@@ -69,6 +69,7 @@ call.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -127,35 +128,133 @@ def unit_elements(job: Job, tp: int = 1) -> tuple[int, int, int]:
     return u[0], u[1] if len(u) > 2 else 0, u[-1]
 
 
+def unit_tensors(model) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Elements of each parameter-holding module of (the embedding, a block, the head), in
+    execution order, as an engine that fetches per module sees them: a linear layer with its
+    bias, a norm, the embedding table (and learned positions), the LM head. They sum to
+    ``ModelSpec.unit_params``."""
+    m = model
+    h, f, q, kv = m.hidden_size, m.ffn_hidden_size, m.q_dim, m.kv_dim
+    qkv_b = m.attention_bias in ("qkv", "all")
+    attn = [h * q + (q if qkv_b else 0), h * kv + (kv if qkv_b else 0),
+            h * kv + (kv if qkv_b else 0), q * h + (h if m.attention_bias == "all" else 0)]
+    up = [h * f + (f if m.mlp_bias else 0)] * (m.ffn_matrices - 1)
+    mlp = up + [f * h + (h if m.mlp_bias else 0)]
+    norm = m._norm_params()
+    qk = ([m.head_dim] * 2 if m.qk_norm == "head" else
+          [q, kv] if m.qk_norm == "full" else [])
+    post = [norm] * 2 if m.post_norms else []
+    block = [norm, *attn, *qk, *post, norm, *mlp]
+    emb = [m.vocab_size * h] + ([m.max_seq_len * h] if m.position_embedding == "learned" else [])
+    head = [norm] + ([] if m.tied_embeddings else [m.vocab_size * h])
+    return tuple(emb), tuple(block), tuple(head)
+
+
+def unit_tensor_counts(model) -> tuple[int, int, int]:
+    """Parameter tensors of (the embedding, a block, the head): weights, biases and norm
+    weights (and biases) apart, as an engine that reduces tensor by tensor sees them."""
+    m = model
+    norm = 2 if m.norm_type == "layernorm" else 1
+    biases = (3 if m.attention_bias in ("qkv", "all") else 0) + (
+        1 if m.attention_bias == "all" else 0) + (m.ffn_matrices if m.mlp_bias else 0)
+    qk = 2 if m.qk_norm in ("head", "full") else 0
+    block = 4 + m.ffn_matrices + biases + norm * (4 if m.post_norms else 2) + qk
+    emb = 1 + (1 if m.position_embedding == "learned" else 0)
+    head = norm + (0 if m.tied_embeddings else 1)
+    return emb, block, head
+
+
+def _buckets(fraction_per_call: float) -> tuple[tuple[float, float], ...]:
+    """(calls, fraction of the unit per call) when calls carry `fraction_per_call` of a unit:
+    a bucket larger than the unit is one call of the bucket charged in part (u / B of it)."""
+    if fraction_per_call >= 1:
+        return ((1 / fraction_per_call, fraction_per_call),)
+    k = math.ceil(1 / fraction_per_call - 1e-9)
+    return ((k, 1 / k),)
+
+
+def call_groups(job: Job, role: str, cls: int, unit: int, tp: int = 1
+                ) -> tuple[tuple[float, float], ...]:
+    """How the job's engine issues one unit's collective of `role` ('gather', 'reduce',
+    'update'): (calls, fraction of the unit's full tensor per call) pairs, from its execution
+    profile (``engines.Execution``). `cls` indexes ``CLASSES``; `unit` is the unit's padded
+    elements. The fractions sum to the share of the unit the engine moves (tensors it keeps
+    whole are not gathered)."""
+    ex = job.profile.execution
+    if role == "gather" and ex.gather_grouping == "module":
+        mods = unit_tensors(job.model)[cls]
+        total = sum(mods) or 1
+        scale = unit / total  # a TP rank's shard and the padding, spread over the modules
+        sizes = [x * scale for x in mods if x >= ex.persistence_threshold]
+        cap = ex.prefetch_bucket or unit
+        calls: list[float] = []
+        for x in sizes:  # consecutive modules coalesced into calls of at most `cap` elements
+            if calls and calls[-1] + x <= cap:
+                calls[-1] += x
+            else:
+                calls.append(x)
+        return tuple((1, x / unit) for x in calls)
+    bucket = {"reduce": ex.reduce_elements(job.num_gpus // tp),
+              "update": ex.update_bucket}.get(role)
+    if bucket is None or not unit:
+        return ((1, 1.0),)
+    return _buckets(bucket / unit)
+
+
 def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dtype: str,
            per_unit: int, n_micro: int, full: Callable[[int], int],
            kernel_elements: Callable[[int], int] | None = None,
-           copies: bool = False, tp: int = 1) -> ScheduleEntry:
+           copies: bool = False, tp: int = 1, role: str = "gather",
+           exposed: bool = False) -> ScheduleEntry:
     """One entry: `per_unit` calls per unit and micro-batch (``n_micro`` of them), each call
     moving ``full(unit elements)`` bytes; ``kernel_elements(unit elements)``: the 16-bit
     elements the (de)quantization kernels read or write per call, at the GPU's
     ``quant_gbyte_per_s``. With `copies`, unquantized all-gathers and reduce-scatters of a
     micro-batch on GPUs copy their buffer once (the gathered unit out to the parameters, the gradients into the send buffer:
-    read + write of the full tensor at ``hbm_gbyte_per_s``), as FSDP's copy-out / copy-in do."""
+    read + write of the full tensor at ``hbm_gbyte_per_s``), as FSDP's copy-out / copy-in do.
+
+    The engine issues each unit's call as ``call_groups(role)`` says, each call delayed by its
+    ``launch_us``. `exposed`: the engine runs these collectives after backward, before the
+    step; their seconds are charged to the embedding, the last unit of backward, whose
+    reduction the step model exposes whole (cost/step_time.py)."""
     topo, gpu = job.topology, job.cluster.gpu
     rate = gpu.quant_gbyte_per_s * 1e9
     lay = topo.layout(size, stride)
     sizes = unit_elements(job, tp)
     counts = (1, job.model.num_layers, 1)
-    unit_t = tuple(topo.collective_time(op, size, stride, full(u)) * per_unit for u in sizes)
+    launch = job.profile.execution.launch_us * 1e-6 if size > 1 else 0.0
 
-    def kernel(u: int) -> float:
+    def seconds(c: int, u: int) -> float:
+        return per_unit * sum(k * (topo.collective_time(op, size, stride, full(u) * f) + launch)
+                              for k, f in call_groups(job, role, c, u, tp)) if u else 0.0
+
+    unit_t = tuple(seconds(c, u) for c, u in enumerate(sizes))
+    if role == "update" and job.profile.execution.update_collective == "broadcast" and size > 1:
+        # one broadcast per member of its shard of the whole model; each unit its share
+        whole = sum(c * full(u) for c, u in zip(counts, sizes, strict=True))
+        per = size * (topo.collective_time("broadcast", size, stride, whole / size) + launch)
+        unit_t = tuple(per * full(u) / whole for u in sizes)
+
+    host = job.profile.execution.reduce_host_us * 1e-6 * size
+    tensors = unit_tensor_counts(job.model)
+
+    def kernel(u: int, c: int = 0) -> float:
         if kernel_elements:
             return kernel_elements(u) * 2 / rate
+        if host and op == "reduce_scatter" and copies:  # the engine's per-rank interleave
+            return host * tensors[c] + (2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)
+                                        if gpu.hbm_gbyte_per_s else 0.0)
         if copies and gpu.hbm_gbyte_per_s and op in ("all_gather", "reduce_scatter"):
             return 2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in of the buffer
         return 0.0
 
-    unit_k = tuple(kernel(u) * per_unit for u in sizes)
+    unit_k = tuple(kernel(u, c) * per_unit for c, u in enumerate(sizes))
     total = n_micro * sum(c * full(u) for c, u in zip(counts, sizes, strict=True)) * per_unit
     intra, inter = split_bytes(op, total, lay)
     time = n_micro * sum(c * t for c, t in zip(counts, unit_t, strict=True))
     kern = n_micro * sum(c * k for c, k in zip(counts, unit_k, strict=True))
+    if exposed:
+        unit_t = (sum(c * t for c, t in zip(counts, unit_t, strict=True)), 0.0, 0.0)
     algo = _algorithm_name(job, op, size, stride, full(max(sizes)))
     calls = per_unit * n_micro * job.num_units
     return ScheduleEntry(phase, op, group, size, stride, lay.members_per_node, dtype, calls,
@@ -177,9 +276,14 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     blk = s.quant_block
     out: list[ScheduleEntry] = []
 
+    ex = job.profile.execution
+
     def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True):
+        role = {"forward": "gather", "backward": "gather" if op == "all_gather" else "reduce",
+                "grad_sync": "reduce", "update": "update"}[phase]
         out.append(_entry(job, phase, op, group, size, stride * tp, dtype, 1,
-                          n_micro if per_mb else 1, full, kernel, copies=per_mb, tp=tp))
+                          n_micro if per_mb else 1, full, kernel, copies=per_mb, tp=tp,
+                          role=role, exposed=phase == "grad_sync" and not ex.sync_overlap))
 
     if s.s_p > 1 and per_micro_batch:
         if s.qwz:
@@ -204,8 +308,9 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
         else:
             add("backward", "reduce_scatter", "G", s.s_g, 1, gdt, lambda u: u * gb)
     k = s.s_os // s.s_g
-    if k > 1:
-        add("grad_sync", "reduce_scatter", "OS_shard", k, s.s_g, gdt,
+    if k > 1:  # unsharded gradients: the engine's replicated_reduce (engines.Execution)
+        add("grad_sync", ex.replicated_reduce if s.s_g == 1 else "reduce_scatter", "OS_shard",
+            k, s.s_g, gdt,
             lambda u: u // s.s_g * gb, per_mb=False)
     r = N // s.s_os
     if r > 1:

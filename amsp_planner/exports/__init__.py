@@ -12,7 +12,7 @@ import importlib
 
 from amsp_planner.exports.common import ExportResult
 
-TARGETS = ("deepspeed", "fsdp2", "torchtitan", "internevo")
+TARGETS = ("deepspeed", "fsdp2", "torchtitan", "internevo", "megatron")
 
 
 def target_module(name: str):

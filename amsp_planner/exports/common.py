@@ -105,12 +105,22 @@ def expressible(job: Job, plan: Strategy) -> list[Strategy]:
 
 
 def behaviour_differences(job: Job, target_job: Job) -> list[str]:
-    """What the target engine runs differently from the plan's job, beyond the strategy."""
+    """What the target engine runs differently from the plan's job, beyond the strategy: its
+    gradient dtype, and the execution-profile values that separate the two engines' prices
+    (engines.execution_differences)."""
+    from amsp_planner.engines import execution_differences
+
     a, b = job.training, target_job.training
-    if a.grad_accum_dtype == b.grad_accum_dtype:
-        return []
-    return [f"gradient dtype {a.grad_dtype_name} -> {b.grad_dtype_name}: "
-            f"{target_job.profile.title} reduces gradients {target_job.profile.reduce_source}"]
+    out = []
+    if a.grad_accum_dtype != b.grad_accum_dtype:
+        out.append(f"gradient dtype {a.grad_dtype_name} -> {b.grad_dtype_name}: "
+                   f"{target_job.profile.title} reduces gradients "
+                   f"{target_job.profile.reduce_source}")
+    ex = execution_differences(job.profile, target_job.profile)
+    if ex:
+        out.append(f"{target_job.profile.title} executes {', '.join(ex)} (its execution profile, "
+                   "amsp_planner/engines.py)")
+    return out
 
 
 def translate(job: Job, plan: Strategy, engine: str, memory_limit: float | None,

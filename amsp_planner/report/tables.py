@@ -51,8 +51,21 @@ def _vs_csv(key: str, v) -> dict:
     return {key: None if gain is None else round(gain * 100, 3), "within_band": tie}
 
 
+def engine_line(job) -> str:
+    """Which engine every number is for (its execution profile, engines.py), in words."""
+    p = job.profile
+    return f"numbers for {p.title} as it executes (--engine {p.name})"
+
+
+def _with_engine(g: Grid, job) -> Grid:
+    """The grid with its caption naming the engine its numbers are for."""
+    if job is not None:
+        g.caption = "; ".join(x for x in (g.caption, f"engine: {job.engine}") if x)
+    return g
+
+
 def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation | None = None,
-                 band: float | None = None) -> Grid:
+                 band: float | None = None, job=None) -> Grid:
     """The rows side by side; with `ref`, a column of tokens/s margins marked 'tie' within
     `band` (default: the validated step-time band): the chosen row's over each row when a row
     is named 'chosen', else each row's against `ref` (the fastest)."""
@@ -78,7 +91,7 @@ def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation
     if ref is not None:
         g.caption = (f"tie: within the +/-{band * 100:.0f} % band of the step-time model "
                      "(docs/validation.md), which cannot tell such rows apart")
-    return g
+    return _with_engine(g, job)
 
 
 SCHEDULE_COLS = [
@@ -94,10 +107,10 @@ SCHEDULE_COLS = [
 ]
 
 
-def schedule_grid(e: Evaluation) -> Grid:
+def schedule_grid(e: Evaluation, job=None) -> Grid:
     g = Grid("collective schedule (per step, per GPU)", SCHEDULE_COLS)
     g.rows = [[getattr(s, c.key) for c in SCHEDULE_COLS] for s in e.schedule]
-    return g
+    return _with_engine(g, job)
 
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "hpz", "gather_buffers", "grad_buffers",
@@ -105,12 +118,12 @@ MEMORY_TERMS = ("params", "grads", "optimizer", "hpz", "gather_buffers", "grad_b
                 "communicators", "context")
 
 
-def memory_grid(e: Evaluation) -> Grid:
+def memory_grid(e: Evaluation, job=None) -> Grid:
     g = Grid("memory per GPU", [Col("term", "term", right=False), Col("GiB", "bytes", gib)])
     m = e.memory
     g.rows = [[name, getattr(m, name)] for name in MEMORY_TERMS if getattr(m, name)]
     g.rows += [["total", m.total], ["limit", e.memory_limit]]
-    return g
+    return _with_engine(g, job)
 
 
 def inapplicable_line(job, tp: int = 1) -> str | None:

@@ -154,7 +154,14 @@ class ClusterSpec(BaseModel):
     oversubscription: Real(1, 64) = 1.0
     """Leaf downlink : uplink bandwidth ratio (1 = non-blocking fat tree)."""
     bus_efficiency: Fraction = 0.8
-    """Measured bus bandwidth as a fraction of spec (nccl-tests reach about 0.8)."""
+    """Measured in-node bus bandwidth as a fraction of spec (nccl-tests reach about 0.8); the
+    NICs take ``nic_efficiency``."""
+    network: Literal["infiniband", "roce", "efa", "ethernet"] = "infiniband"
+    """The inter-node network: selects its protocol efficiency and its ring's loss per doubling
+    of nodes (``collectives.NETWORKS``)."""
+    nic_efficiency: Maybe(Fraction) = None
+    """NIC bus bandwidth as a fraction of line rate; None: the network's figure
+    (``collectives.NETWORKS``)."""
     overlap_efficiency: Real(0, 1) = 1.0
     """Fraction of compute time that can hide communication: 1 when collectives run on their own
     engines (GPUs with NCCL), 0 when they compete for the same cores (CPU processes)."""
@@ -187,9 +194,22 @@ class ClusterSpec(BaseModel):
         return self.intra_gbyte_per_s * 1e9 * self.bus_efficiency
 
     @property
+    def nic_fraction(self) -> float:
+        """The fraction of NIC line rate a collective's ring reaches: ``nic_efficiency``, else
+        the network's (collectives.NETWORKS: NCCL's figures); CPU processes (gloo on shared
+        memory) keep ``bus_efficiency``."""
+        if self.nic_efficiency is not None:
+            return self.nic_efficiency
+        if self.intra_fabric == "shm":
+            return self.bus_efficiency
+        from amsp_planner.collectives import NETWORKS
+
+        return NETWORKS[self.network].efficiency
+
+    @property
     def node_nic_bytes_per_s(self) -> float:
-        """All NICs of a node together, bytes/s (spec x bus_efficiency)."""
-        return self.nics_per_node * self.nic_gbit_per_s * 1e9 / 8 * self.bus_efficiency
+        """All NICs of a node together, bytes/s (line rate x ``nic_fraction``)."""
+        return self.nics_per_node * self.nic_gbit_per_s * 1e9 / 8 * self.nic_fraction
 
     @property
     def peak_flop_per_s(self) -> float:

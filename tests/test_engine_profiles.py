@@ -1,0 +1,254 @@
+"""Engine execution profiles (engines.Execution): each value against its source, and each rule
+of how the step model prices a plan as the engine executes it, derived by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from amsp_testlib import make_job
+
+from amsp_planner import engines
+from amsp_planner.cost.evaluate import evaluate
+from amsp_planner.cost.schedule import call_groups, unit_tensors
+from amsp_planner.engines import ENGINES, PROFILES, Execution
+from amsp_planner.specs import load_model
+from amsp_planner.strategy import Strategy
+
+
+# ----- the values against their sources -------------------------------------------------------
+def test_deepspeed_values_are_its_own_config_defaults():
+    zc = pytest.importorskip("deepspeed.runtime.zero.config")
+    ex = PROFILES["deepspeed"].execution
+    stage1 = zc.DeepSpeedZeroConfig(stage=1)
+    stage3 = zc.DeepSpeedZeroConfig(stage=3)
+    assert ex.reduce_bucket == stage1.reduce_bucket_size
+    assert ex.update_bucket == stage1.allgather_bucket_size
+    assert ex.prefetch_bucket == stage3.prefetch_bucket_size
+    assert ex.persistence_threshold == stage3.param_persistence_threshold
+    # stages 1-2 all-reduce the bucket (multi-rank bucket all-reduce), on the current stream
+    assert stage1.use_multi_rank_bucket_allreduce and ex.replicated_reduce == "all_reduce"
+    assert stage1.overlap_comm is False and ex.sync_overlap is False
+    assert stage3.overlap_comm is True  # stage 3 overlaps: no once-per-step sync exists there
+
+
+def test_fsdp2_reduces_on_its_own_streams():
+    pytest.importorskip("torch")
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
+
+    src = open(pg.__file__).read()
+    assert "reduce_scatter_stream" in src and "all_gather_stream" in src
+    for name in ("fsdp2", "torchtitan"):
+        ex = PROFILES[name].execution
+        assert ex.gather_grouping == "unit" and ex.sync_overlap and ex.reduce_bucket is None
+
+
+def test_megatron_bucket_is_its_documented_default():
+    # distributed_data_parallel_config.py: bucket_size default max(40000000, 1000000 * dp_size)
+    ex = PROFILES["megatron"].execution
+    assert ex.reduce_elements(8) == 40_000_000
+    assert ex.reduce_elements(1024) == 1_024_000_000
+    assert ex.sync_overlap is False and ex.update_overlap is False  # both opt-in flags
+    assert PROFILES["megatron"].reduce_dtype == "fp32"  # bf16 forces fp32 accumulation
+    assert PROFILES["megatron"].triples(64, 8, None) == tuple((1, 1, s) for s in
+                                                              (1, 2, 4, 8, 16, 32, 64))
+
+
+def test_internevo_values_are_its_config_defaults():
+    ex = PROFILES["internevo"].execution
+    assert ex.reduce_bucket == 512 * 1024 * 1024  # hybrid_zero_optimizer.reduce_bucket_size
+    assert ex.sync_overlap and not ex.update_overlap  # overlap_sync_grad, overlap_sync_param
+    assert ex.replicated_reduce == "all_reduce"  # reduce_tensor(dst_rank=None)
+
+
+def test_every_value_that_is_not_the_default_has_a_source():
+    base = Execution()
+    for name in ENGINES:
+        ex = PROFILES[name].execution
+        for f in dataclasses.fields(Execution):
+            if f.name != "sources" and getattr(ex, f.name) != getattr(base, f.name):
+                assert ex.source(f.name), (name, f.name)
+        assert all(src for _, src in ex.sources)
+
+
+# ----- the rules, by hand ---------------------------------------------------------------------
+def test_unit_tensors_sum_to_the_units():
+    for name in ("llama-7b", "llama3-8b", "gpt3-175b"):
+        m = load_model(name)
+        emb, block, head = unit_tensors(m)
+        assert (sum(emb), sum(block), sum(head)) == (m.embedding_params(), m.block_params(),
+                                                     m.head_params())
+
+
+def test_module_grouping_coalesces_modules_up_to_the_prefetch_bucket():
+    # LLaMA-7B block: norm 4096 (kept whole: under 1e5), q, k, v, o 4096^2 = 16.8M each, norm,
+    # gate, up, down 4096 x 11008 = 45.1M each. In calls of at most 5e7: [q, k], [v, o],
+    # [gate], [up], [down]: five calls per block, the two norms never gathered.
+    job = make_job(16, model=load_model("llama-7b")).for_engine("deepspeed")
+    u = job.units[1]
+    got = call_groups(job, "gather", 1, u)
+    scale = u / job.model.block_params()
+    a, f = 4096 * 4096, 4096 * 11008
+    want = [2 * a, 2 * a, f, f, f]
+    assert [k for k, _ in got] == [1] * 5
+    assert [x for _, x in got] == pytest.approx([w * scale / u for w in want])
+    assert call_groups(job.for_engine("fsdp2"), "gather", 1, u) == ((1, 1.0),)
+
+
+def test_a_bucket_larger_than_a_unit_charges_each_unit_its_share():
+    # Megatron's bucket on 64 data-parallel ranks: max(4e7, 6.4e7) = 6.4e7 elements; a block of
+    # LLaMA-7B (2.02e8) takes ceil(2.02e8 / 6.4e7) = 4 calls of a quarter; the embedding
+    # (1.31e8) 3 calls; a 10x smaller unit a share 1/x of one bucket call
+    job = make_job(64, model=load_model("llama-7b")).for_engine("megatron")
+    u = job.units[1]
+    assert call_groups(job, "reduce", 1, u) == ((4, 0.25),)
+    k, frac = call_groups(job, "reduce", 1, 6_400_000)[0]
+    assert (k, frac) == (pytest.approx(0.1), pytest.approx(10.0))
+
+
+def test_zero1_on_deepspeed_all_reduces_and_exposes_the_reduction():
+    # DeepSpeed ZeRO-1 (1, 1, N), one micro-batch: the gradient reduction is an all-reduce of
+    # the whole gradient (twice a reduce-scatter's bytes), run after backward: the step's
+    # exposed backward is exactly its time; amsp overlaps its reduce-scatter with backward
+    n = 16
+    s = Strategy(s_p=1, s_g=1, s_os=n)
+    base = make_job(n, model=load_model("llama-7b"), batch_seqs=n)
+    ds, am = evaluate(base.for_engine("deepspeed"), s), evaluate(base, s)
+    (e_ds,) = [e for e in ds.schedule if e.group == "OS_shard"]
+    (e_am,) = [e for e in am.schedule if e.group == "OS_shard"]
+    assert (e_ds.op, e_am.op) == ("all_reduce", "reduce_scatter")
+    assert e_ds.bytes_per_rank_per_step == pytest.approx(2 * e_am.bytes_per_rank_per_step)
+    # every unit is under DeepSpeed's 5e8-element bucket: each is charged u / 5e8 of one
+    # all-reduce of a full bucket
+    topo, gb, bucket = base.topology, base.training.grad_bytes, 500_000_000
+    full = topo.collective_time("all_reduce", n, 1, bucket * gb)
+    assert e_ds.time_s == pytest.approx(sum(u / bucket * full for u in base.units))
+    assert ds.time.exposed_backward_s == pytest.approx(e_ds.time_s)
+    assert am.time.exposed_backward_s < e_am.time_s  # overlapped with the backward
+
+
+def test_megatron_sync_after_backward_equals_a_sync_overlap_false_amsp(monkeypatch):
+    # the rule is data: amsp with sync_overlap off prices ZeRO-1 exactly as the step with its
+    # whole sync added after backward (one micro-batch: nothing else in flight in backward)
+    n = 16
+    s = Strategy(s_p=1, s_g=1, s_os=n)
+    job = make_job(n, model=load_model("llama-7b"), batch_seqs=n)
+    on = evaluate(job, s)
+    amsp = PROFILES["amsp"]
+    off = dataclasses.replace(amsp, execution=dataclasses.replace(amsp.execution,
+                                                                  sync_overlap=False))
+    monkeypatch.setitem(engines.PROFILES, "amsp", off)
+    got = evaluate(job, s)
+    sync = sum(e.time_s for e in got.schedule if e.phase == "grad_sync")
+    assert got.time.exposed_backward_s == pytest.approx(sync)
+    assert got.step_s == pytest.approx(on.step_s - on.time.exposed_backward_s
+                                       - on.time.contention_s + got.time.contention_s + sync)
+
+
+def test_launch_overhead_adds_per_call(monkeypatch):
+    n = 16
+    s = Strategy(s_p=n, s_g=n, s_os=n)
+    job = make_job(n, model=load_model("llama-7b"), batch_seqs=n)
+    before = evaluate(job, s)
+    amsp = PROFILES["amsp"]
+    slow = dataclasses.replace(amsp, execution=dataclasses.replace(amsp.execution,
+                                                                   launch_us=100.0))
+    monkeypatch.setitem(engines.PROFILES, "amsp", slow)
+    after = evaluate(job, s)
+    for a, b in zip(before.schedule, after.schedule, strict=True):
+        if b.group == "world" or b.group_size <= 1:
+            assert a.time_s == b.time_s
+        else:  # one call per unit and micro-batch: units x n_micro calls, 100 us each
+            assert b.time_s - a.time_s == pytest.approx(b.calls_per_step * 100e-6)
+
+
+def test_deepspeed_and_fsdp2_differ_where_they_execute_differently():
+    job = make_job(64, model=load_model("llama-7b"), seq_len=4096, batch_seqs=256)
+    z3 = Strategy(s_p=64, s_g=64, s_os=64)
+    ds, fs = evaluate(job.for_engine("deepspeed"), z3), evaluate(job.for_engine("fsdp2"), z3)
+    # ZeRO-3's per-module gathers: more calls, more latency than FSDP2's one call per unit
+    gather = [(a, b) for a, b in zip(ds.schedule, fs.schedule, strict=True)
+              if a.op == "all_gather" and a.group == "P"]
+    assert gather and all(a.time_s > b.time_s for a, b in gather)
+    assert ds.step_s > fs.step_s
+    assert not math.isclose(ds.step_s, fs.step_s, rel_tol=1e-3)
+
+
+def test_internevo_broadcasts_each_ranks_shard():
+    # ZeRO-1 over 16 ranks on InternEvo: the updated parameters reach the others as 16
+    # broadcasts, one per rank, each of that rank's 1/16 of the whole model (bf16); each unit
+    # is charged its share. NCCL's ring broadcast: algorithm bandwidth = bus bandwidth.
+    n = 16
+    job = make_job(n, model=load_model("llama-7b"), batch_seqs=n).for_engine("internevo")
+    s = Strategy(s_p=1, s_g=1, s_os=n)
+    (upd,) = [e for e in evaluate(job, s).schedule if e.group == "P_update"]
+    whole = job.phi * job.training.param_bytes
+    want = n * job.topology.collective_time("broadcast", n, 1, whole / n)
+    assert upd.time_s == pytest.approx(want)
+    assert upd.unit_time_s[0] == pytest.approx(job.units[0] / job.phi * want)
+
+
+def test_ring_broadcast_by_hand():
+    from amsp_planner.collectives import Fabric, best
+
+    # 16 ranks on 2 nodes, 1 GiB: ring/Simple, m = 16 steps, 2 of them across nodes:
+    # 8.4 + 14 x max(3.4, 3 x 1) + 2 x 14 = 84 us; algorithm bandwidth = bus = 20 GB/s
+    f = Fabric(ranks=16, nodes=2, per_node=8, bus_bw=20e9, intra_bw=240e9, net_bw=20e9)
+    c = best("broadcast", f, 2**30)
+    assert (c.algorithm, c.protocol) == ("ring", "Simple")
+    assert c.seconds == pytest.approx(84e-6 + 2**30 / 20e9)
+
+
+def test_deepspeed_reduce_scatter_host_time_grows_with_ranks_and_tensors():
+    # DeepSpeed's stage-3 reduce-scatter interleaves every tensor's per-rank chunks in Python:
+    # per call, reduce_host_us x members x tensors of the unit on the backward's critical path
+    # (its compute stream), besides the copy-in. A LLaMA block has 9 tensors (q, k, v, o,
+    # gate, up, down, 2 norms).
+    from amsp_planner.cost.schedule import unit_tensor_counts
+
+    m = load_model("llama-7b")
+    assert unit_tensor_counts(m) == (1, 9, 2)
+    us = PROFILES["deepspeed"].execution.reduce_host_us
+    for n in (16, 64):
+        job = make_job(n, model=m, batch_seqs=n)
+        s = Strategy(s_p=n, s_g=n, s_os=n)
+        ds = {e.group: e for e in evaluate(job.for_engine("deepspeed"), s).schedule}["G"]
+        am = {e.group: e for e in evaluate(job, s).schedule}["G"]
+        assert ds.unit_kernel_s[1] - am.unit_kernel_s[1] == pytest.approx(us * 1e-6 * n * 9)
+
+
+def test_compare_at_1024_gpus_prices_each_engine_as_it_executes():
+    import json
+
+    from amsp_testlib import run_cli
+
+    args = ["compare", "--model", "llama-7b", "--gpus", "1024", "--json"]
+    rows = {}
+    for engine in ("deepspeed", "fsdp2"):
+        code, out, err = run_cli([*args, "--engine", engine])
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["engine"] == engine
+        rows[engine] = {r["name"]: r for r in doc["rows"]}
+    ds, fs = rows["deepspeed"], rows["fsdp2"]
+    # ZeRO-3: DeepSpeed's per-module gathers and per-rank interleave vs FSDP2's per-unit calls
+    assert ds["zero3"]["time"]["step_s"] > 1.5 * fs["zero3"]["time"]["step_s"]
+    # ZeRO-1: DeepSpeed all-reduces after backward; priced with FSDP2's profile, it overlaps
+    assert ds["zero1"]["time"]["step_s"] > fs["zero1"]["time"]["step_s"]
+    # the same sharding, the same bytes where the collectives are the same
+    assert ds["zero3"]["inter_bytes_per_rank_per_step"] == fs["zero3"]["inter_bytes_per_rank_per_step"]
+
+
+def test_execution_differences_name_each_separating_value():
+    from amsp_planner.engines import execution_differences
+
+    got = execution_differences(PROFILES["fsdp2"], PROFILES["deepspeed"])
+    assert "gather_grouping unit -> module" in got
+    assert "reduce_bucket per unit -> 500,000,000" in got
+    assert "replicated_reduce reduce_scatter -> all_reduce" in got
+    assert "sync_overlap on -> off" in got
+    assert execution_differences(PROFILES["fsdp2"], PROFILES["torchtitan"]) == []
+    # every listed difference is a value with a source in the target's profile
+    for line in got:
+        assert PROFILES["deepspeed"].execution.source(line.split()[0])
