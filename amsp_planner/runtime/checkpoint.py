@@ -26,6 +26,7 @@ runtime's byte counts; the runtime's collectives around it are.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -59,6 +60,8 @@ from amsp_planner.runtime.ckpt_files import (  # noqa: F401 - this module's API 
 )
 
 KEEP = 2
+METADATA_MAX = 256 * 2**20
+"""Bytes of a ``.metadata`` (a few KiB per rank and unit; far above any job's)."""
 
 
 class FlatShard:
@@ -314,6 +317,26 @@ def _storage(md, fqn: str, offset, path: Path, min_len: int):
     return f, o, k
 
 
+def _files_tiled(spans: list[tuple[Path, int, int]], entries: int) -> None:
+    """DCP writes a rank's items back to back: the storage entries of each file tile it
+    exactly, and there is no entry besides the tensors' and the run record's."""
+    if len(set(spans)) != entries:
+        raise _Damaged(f"lists {entries} storage entries for {len(set(spans))} stored items")
+    by_file: dict[Path, list[tuple[int, int]]] = {}
+    for f, o, k in set(spans):
+        by_file.setdefault(f, []).append((o, k))
+    for f, items in by_file.items():
+        end = 0
+        for o, k in sorted(items):
+            if o != end:
+                raise _Damaged(f"storage entries of {f.name} do not tile it (a gap or an overlap "
+                               f"at byte {min(o, end):,})")
+            end = o + k
+        if end != f.stat().st_size:
+            raise _Damaged(f"storage entries of {f.name} cover {end:,} of its "
+                           f"{f.stat().st_size:,} bytes")
+
+
 def _metadata(path: Path) -> tuple[dict, dict[str, int]]:
     """The checkpoint's meta (step, model, precision) and its tensors' sizes, read without
     running anything of the pickle but DCP's own metadata classes."""
@@ -324,12 +347,13 @@ def _metadata(path: Path) -> tuple[dict, dict[str, int]]:
     )
 
     f = path / METADATA
-    bad = file_kind_problem(f)
+    bad = file_kind_problem(f, METADATA_MAX)
     if bad:
         raise _Damaged(bad)
-    try:
-        with open(f, "rb") as fh:
-            md = _MetadataUnpickler(fh).load()
+    try:  # from memory: a damaged length asks for no more than the file holds; a damaged
+        # bytearray makes CPython print a SystemError of its own, kept off the terminal
+        with contextlib.redirect_stderr(io.StringIO()):
+            md = _MetadataUnpickler(io.BytesIO(f.read_bytes())).load()
     except Exception as e:  # noqa: BLE001 - any damage of the pickle is one line
         raise _Damaged(f"cannot be read ({type(e).__name__}: {str(e)[:80]})") from None
     sdm = getattr(md, "state_dict_metadata", None)
@@ -338,7 +362,7 @@ def _metadata(path: Path) -> tuple[dict, dict[str, int]]:
         raise _Damaged("is not a DCP metadata table")
     if not isinstance(sdm.get("meta"), BytesStorageMetadata):
         raise _Damaged("has no run record (meta)")
-    sizes = {}
+    sizes, spans = {}, []
     for fqn, tm in sdm.items():
         if fqn == "meta":
             continue
@@ -348,9 +372,11 @@ def _metadata(path: Path) -> tuple[dict, dict[str, int]]:
         n = tm.size[0]
         _chunks_tile(fqn, tm, n)
         for c in tm.chunks:
-            _storage(md, fqn, c.offsets, path, 4 * c.sizes[0])
+            spans.append(_storage(md, fqn, c.offsets, path, 4 * c.sizes[0]))
         sizes[fqn] = n
-    f, o, k = _storage(md, "meta", None, path, 1)
+    spans.append(_storage(md, "meta", None, path, 1))
+    _files_tiled(spans, len(md.storage_data))
+    f, o, k = spans[-1]
     with open(f, "rb") as fh:
         fh.seek(o)
         blob = fh.read(k)
