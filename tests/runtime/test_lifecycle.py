@@ -1,8 +1,8 @@
 """The training job's life cycle on 4 ranks (gloo): Ctrl-C, SIGTERM to the launcher and
 SIGKILL to the torchrun agent each end every process of the job within 10 s, keep the last
 complete checkpoint (and no partial one), and the checkpoints the interrupted jobs leave
-resume bit-exact: a chain of three interrupted jobs, each resuming the last, saves the same
-shard bytes at the same step as one uninterrupted run. A second job on the folder of a live
+resume bit-exact: a job stopped by Ctrl-C and its resumption stopped by SIGTERM save the same
+shard bytes (their SHA-256) at the same step as one uninterrupted run. A second job on the folder of a live
 job is refused in one line naming the folder and the holder.
 
 Every process of a job carries a tag in its environment, so the check for leftovers scans
@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -50,7 +51,7 @@ def _tagged(tag: str) -> list[int]:
 def _start(plan: Path, ck: Path, tag: str, *extra) -> subprocess.Popen:
     """`amsp train` in a process group of its own (as a shell's foreground job)."""
     args = [*AMSP, "train", str(plan), "--steps", str(STEPS), "--checkpoint-dir", str(ck),
-            "--checkpoint-every", "2", "--timeout", "30", *map(str, extra)]
+            "--checkpoint-every", "1", "--timeout", "30", *map(str, extra)]
     return subprocess.Popen(args, cwd=plan.parent, env={**env(), TAG: tag},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -78,10 +79,11 @@ def _wait_for_checkpoint(job: subprocess.Popen, ck: Path, after: int, timeout: f
 
 
 def _ended(job: subprocess.Popen, tag: str) -> tuple[int, str]:
-    """The job's exit code and stderr; no process of it is left LEFT_S after the signal."""
+    """The job's exit code and stderr (its stdout kept in ``job.out``); no process of it is
+    left LEFT_S after the signal."""
     t0 = time.monotonic()
     try:
-        _, err = job.communicate(timeout=LEFT_S)
+        job.out, err = job.communicate(timeout=LEFT_S)
     except subprocess.TimeoutExpired:
         job.kill()
         raise AssertionError("the launcher did not exit within 10 s") from None
@@ -140,15 +142,29 @@ def test_ctrl_c_sigterm_and_a_killed_agent_end_every_process_and_keep_the_checkp
     assert code == 130 and err.splitlines()[-1] == (
         f"interrupted: SIGINT (Ctrl-C): the job is stopped, every rank ended; last complete "
         f"checkpoint: {ck}/step_{k1}"), err[-3000:]
+    out = job.out
+    assert "note: the predicted step time" in out and "not calibrated for cpu-local" in out
+    assert not [x for x in out.splitlines() if x.startswith("step ") and "predicted" in x]
 
-    # SIGTERM to the launcher alone (a batch scheduler's stop), resuming the folder
-    job = _start(plan, ck, tag, "--resume")
-    _wait_for_checkpoint(job, ck, k1)
+    # SIGTERM to the launcher alone (a batch scheduler preempting the job), resuming the
+    # folder, --save-on-sigterm: the ranks save the step they run and stop
+    job = _start(plan, ck, tag, "--resume", "--save-on-sigterm")
+    seen = _wait_for_checkpoint(job, ck, k1)
     job.send_signal(signal.SIGTERM)
     code, err = _ended(job, tag)
     k2 = _sound(ck)
-    assert code == 143 and err.splitlines()[-1].startswith(
-        "interrupted: SIGTERM: the job is stopped, every rank ended"), err[-3000:]
+    assert code == 143 and k2 > seen and err.splitlines()[-1] == (
+        f"interrupted: SIGTERM: the job stopped after saving checkpoint {ck}/step_{k2} "
+        "(--save-on-sigterm)"), err[-3000:]
+
+    # the chain (a job stopped by Ctrl-C, resumed, stopped by SIGTERM) saved at step k2 what
+    # one uninterrupted run saves there: made while the next job runs
+    saved = _shards(ck / f"step_{k2}")
+    ref = tmp_path / "ref"
+    reference = subprocess.Popen([*AMSP, "train", str(plan), "--steps", str(k2),
+                                  "--checkpoint-dir", str(ref), "--checkpoint-every", str(k2)],
+                                 cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
 
     # SIGKILL to the torchrun agent: its ranks die with it, the launcher ends the job
     job = _start(plan, ck, tag, "--resume")
@@ -160,9 +176,62 @@ def test_ctrl_c_sigterm_and_a_killed_agent_end_every_process_and_keep_the_checkp
         "error: the torchrun agent was killed by signal 9, its ranks with it; last complete "
         f"checkpoint: {ck}/step_{k3}"), err[-3000:]
 
-    # the chain of interrupted, resumed jobs saved what one uninterrupted run saves
-    ref = tmp_path / "ref"
-    r = amsp("train", plan, "--steps", k3, "--checkpoint-dir", ref, "--checkpoint-every", k3,
-             cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert _shards(ck / f"step_{k3}") == _shards(ref / f"step_{k3}")
+    _, err = reference.communicate(timeout=180)
+    assert reference.returncode == 0, err[-3000:]
+    assert saved == _shards(ref / f"step_{k2}")
+
+
+# ----- single-process checks of the same machinery --------------------------------------------
+def _sleeper(new_session: bool = True) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                            start_new_session=new_session)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130),
+                                      (signal.SIGHUP, 129)])
+def test_a_signal_to_the_launcher_stops_every_agent(tmp_path, capsys, sig, code):
+    from amsp_planner.runtime import launch, lifecycle
+
+    agents = [_sleeper(), _sleeper()]
+    t0 = time.monotonic()
+    with lifecycle.Signals() as got:
+        os.kill(os.getpid(), sig)
+        launch.wait_all(agents, grace_s=2, signals=got, run=tmp_path)
+        assert got.received == [sig]
+    assert all(a.poll() is not None for a in agents) and time.monotonic() - t0 < 5
+    (tmp_path / "ck" / "step_3.tmp").mkdir(parents=True)  # a save the stop cut short
+    assert launch._interrupted(tmp_path, sig, {"checkpoint_dir": str(tmp_path / "ck")}) == code
+    assert capsys.readouterr().err.startswith(f"interrupted: {signal.Signals(sig).name}")
+    assert not (tmp_path / "ck" / "step_3.tmp").exists()
+
+
+def test_a_process_following_its_parent_dies_with_it(tmp_path):
+    """SIGKILL of a parent (the launcher, the agent) ends a child that set the parent-death
+    signal (lifecycle.follow_parent), which is what agents and ranks do."""
+    pidfile = tmp_path / "child.pid"
+    code = ("import os, signal, subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
+            "from amsp_planner.runtime import lifecycle; "
+            "lifecycle.follow_parent(signal.SIGKILL, \"PARENT\"); "
+            f"open(\"{pidfile}\", \"w\").write(str(os.getpid())); time.sleep(120)'],"
+            " env={**os.environ, 'PARENT': str(os.getpid())})\n"
+            "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], env=env())
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline, "the child did not start"
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and b"Z" not in _state(child):
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1][:3]
+    except OSError:
+        return b"Z"
