@@ -252,7 +252,8 @@ def _stopped(e: lifecycle.Stopped, rank: int, launched: bool) -> int:
                 json.dumps({"step": e.step, "path": e.path}))
         return 0
     if rank == 0:
-        print(f"interrupted: SIGTERM: {e} (--save-on-sigterm)", file=sys.stderr, flush=True)
+        print(f"interrupted: SIGTERM: the job stopped after saving checkpoint {e.path} "
+              "(--save-on-sigterm)", file=sys.stderr, flush=True)
     return lifecycle.EXIT_SIGNALLED[signal.SIGTERM]
 
 
