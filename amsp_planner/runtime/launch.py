@@ -397,16 +397,24 @@ def _last_checkpoint(opts: dict) -> str:
     return f"; last complete checkpoint: {ck}/step_{k}" if k is not None else ""
 
 
+def _remove_partial(opts: dict) -> None:
+    """Remove the save a stop cut short (``step_K.tmp``): every process of the job has ended
+    and the folder is still locked, so no other job is writing there."""
+    import shutil
+
+    ck = opts.get("checkpoint_dir")
+    if ck:
+        for partial in Path(ck).glob("step_*.tmp"):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
 def _interrupted(run: Path, signum: int, opts: dict) -> int:
     """A job stopped by a signal: its partial checkpoint removed (the folder is still locked,
     so no other job writes there), one line, exit 128 + the signal."""
     import shutil
 
     name = signal.Signals(signum).name
-    ck = opts.get("checkpoint_dir")
-    if ck:
-        for partial in Path(ck).glob("step_*.tmp"):
-            shutil.rmtree(partial, ignore_errors=True)
+    _remove_partial(opts)
     stopped = run / "stopped.json"
     if stopped.exists():
         doc = json.loads(stopped.read_text())
@@ -430,6 +438,7 @@ def _outcome(run: Path, code: int, log_text: str, world: int, opts: dict) -> int
         raise AmspUserError(refused[0]["message"])
     if code:
         if code < 0 and not recs:  # the agent itself was killed; its ranks died with it
+            _remove_partial(opts)
             line = (f"the torchrun agent was killed by signal {-code}, its ranks with it"
                     + _last_checkpoint(opts))
         else:
