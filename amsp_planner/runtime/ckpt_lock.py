@@ -5,7 +5,8 @@
 ``amsp train`` takes an exclusive ``flock`` on ``<folder>/.amsp-lock`` before anything
 reads or launches, and holds it for the job's life: its torchrun agents inherit the open lock
 (so it outlives a launcher killed before them), and the kernel releases it when the last of
-them ends, however it ends. Under an external launch rank 0 takes it. The file names its
+them ends, however it ends. On a cluster node 0's ``amsp train`` takes it (the nodes share
+the folder); under an external launch rank 0 does. The file names its
 holder (process, host, command, start time), which a refused job prints:
 
     error: --checkpoint-dir ck: in use by another job (pid 4242 on node1, amsp train p.json,

@@ -280,11 +280,11 @@ def _torchrun(nproc: int, nnodes: int, node_rank: int, addr: str, port: int, pla
 
 
 def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, ranks_here: int,
-              force: bool = False) -> int | None:
-    """Refuse what can be refused before starting any process (one line, exit 2), and take
-    the checkpoint folder's lock (before the checkpoint is read); returns the lock's file
-    descriptor (None without a checkpoint folder to guard). Only the host's checks may need
-    torch (on a host with GPU devices)."""
+              force: bool = False, lock: bool = True) -> int | None:
+    """Refuse what can be refused before starting any process (one line, exit 2), and, when
+    `lock` (the launcher of node 0: the other nodes' share the folder), take the checkpoint
+    folder's lock before the checkpoint is read; returns the lock's file descriptor (None
+    without one). Only the host's checks may need torch (on a host with GPU devices)."""
     from amsp_planner.runtime.ckpt_lock import lock_folder, release
     from amsp_planner.runtime.inputs import check_data
     from amsp_planner.runtime.preflight import (
@@ -307,9 +307,9 @@ def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, rank
     check_outputs(opts, [plan_path, opts.get("data")])
     check_data(opts.get("data"), job.model.vocab_size, job.training.seq_len)
     ck = opts.get("checkpoint_dir")
-    lock = None
-    if ck and (opts.get("checkpoint_every") or opts.get("resume")):
-        lock = lock_folder(ck, create=bool(opts.get("checkpoint_every")))
+    fd = None
+    if lock and ck and (opts.get("checkpoint_every") or opts.get("resume")):
+        fd = lock_folder(ck, create=bool(opts.get("checkpoint_every")))
     try:
         check_resume(job, opts)
         cuda = cuda_available() and not opts.get("cpu")
@@ -317,11 +317,11 @@ def preflight(plan, plan_path: str, opts: dict, nproc_per_node: int | None, rank
         if problems and not force:
             raise AmspUserError(f"{problems[0]}; or --force to run anyway")
     except BaseException:
-        release(lock)
+        release(fd)
         raise
     for p in problems:
         print(f"warning: --force: running although {p}", flush=True)
-    return lock
+    return fd
 
 
 def launch(plan_path: str, plan, opts: dict, *, local_nodes: bool = False,
@@ -344,7 +344,8 @@ def launch(plan_path: str, plan, opts: dict, *, local_nodes: bool = False,
     ranks = range(n) if local_nodes or n == 1 else [node_rank]
     if master_port is not None and 0 in ranks:  # this host serves the rendezvous
         check_port(master_port)
-    lock = preflight(plan, plan_path, opts, nproc_per_node, r * len(ranks), force)
+    lock = preflight(plan, plan_path, opts, nproc_per_node, r * len(ranks), force,
+                     lock=0 in ranks)
     try:
         return _run(plan_path, opts, job, ranks, master_addr, master_port, env, lock)
     finally:
