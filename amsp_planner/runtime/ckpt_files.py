@@ -41,6 +41,11 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, 
           (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
 
 
+def kind_of(mode: int) -> str:
+    """What a file of this mode is, in words ("a folder", "a FIFO", "a device", ...)."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
 def file_kind_problem(p: Path, limit: int | None = None) -> str | None:
     """Why `p` cannot be read as a checkpoint file (None: a regular file within `limit`
     bytes). Follows symbolic links, so a link to a device is refused as the device."""
@@ -51,8 +56,7 @@ def file_kind_problem(p: Path, limit: int | None = None) -> str | None:
     except OSError as e:
         return f"unreadable ({(e.strerror or str(e)).lower()})"
     if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-        return f"is {kind}, not a regular file"
+        return f"is {kind_of(st.st_mode)}, not a regular file"
     if limit is not None and st.st_size > limit:
         return f"is {st.st_size:,} bytes, more than the {limit:,} such a file can be"
     return None

@@ -48,10 +48,9 @@ def check_data(spec: str | None, vocab_size: int, seq_len: int) -> None:
     except OSError as e:
         raise AmspUserError(f"--data {spec}: {(e.strerror or str(e)).lower()}: {_FIX}") from None
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
-                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-                else "not a regular file")
-        raise AmspUserError(f"--data {spec}: is {kind}, not a token file: {_FIX}")
+        from amsp_planner.runtime.ckpt_files import kind_of
+
+        raise AmspUserError(f"--data {spec}: is {kind_of(st.st_mode)}, not a token file: {_FIX}")
     if not os.access(p, os.R_OK):
         raise AmspUserError(f"--data {spec}: permission denied: make it readable or {_FIX}")
     dtype = np.dtype(token_dtype(p))
