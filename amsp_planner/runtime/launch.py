@@ -463,7 +463,6 @@ def wait_all(procs: list[subprocess.Popen], grace_s: float = lifecycle.STOP_GRAC
     """Wait for every agent; when one fails, or a signal asks it, stop the others. Returns
     the first failure. With `save_on_sigterm` a first SIGTERM asks the ranks to save and stop
     (``lifecycle.ask_stop``) and waits up to ``SAVE_GRACE_S`` for them."""
-    code = 0
     live = list(procs)
     asked = 0
     save_deadline = None
@@ -477,21 +476,20 @@ def wait_all(procs: list[subprocess.Popen], grace_s: float = lifecycle.STOP_GRAC
                 save_deadline = time.monotonic() + SAVE_GRACE_S
             else:
                 stop_all(live, grace_s)
-                return code
+                return 0
         if save_deadline is not None and time.monotonic() > save_deadline:
             stop_all(live, grace_s)
-            return code
+            return 0
         for p in list(live):
             rc = p.poll()
             if rc is None:
                 continue
             live.remove(p)
-            if rc and not code:
-                code = rc
+            if rc:
                 stop_all(live, grace_s)
-                live = []
+                return rc
         time.sleep(0.1)
-    return code
+    return 0
 
 
 def stop_all(agents: list[subprocess.Popen], grace_s: float) -> None:

@@ -205,6 +205,16 @@ def test_a_signal_to_the_launcher_stops_every_agent(tmp_path, capsys, sig, code)
     assert not (tmp_path / "ck" / "step_3.tmp").exists()
 
 
+def test_a_failed_agent_stops_the_others():
+    from amsp_planner.runtime import launch
+
+    failed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5); exit(3)"])
+    others = [_sleeper(), _sleeper()]
+    t0 = time.monotonic()
+    assert launch.wait_all([others[0], failed, others[1]], grace_s=2) == 3
+    assert all(a.poll() is not None for a in others) and time.monotonic() - t0 < 10
+
+
 def test_a_process_following_its_parent_dies_with_it(tmp_path):
     """SIGKILL of a parent (the launcher, the agent) ends a child that set the parent-death
     signal (lifecycle.follow_parent), which is what agents and ranks do."""
