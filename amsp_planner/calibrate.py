@@ -7,6 +7,10 @@
 imported inside the functions, so the planner path never pays for it) and returns, on rank 0, a
 ``ClusterSpec`` with measured tables; ``write_spec`` then writes it atomically.
 
+This module runs the passes and builds and writes the spec; the options are in
+``calibrate_config.py``, the collective points in ``calibrate_comm.py``, the matmul, quantizer,
+optimizer and model timings in ``calibrate_compute.py``.
+
 What is measured (nccl-tests conventions: bus bandwidth = factor(m) * size / time, factor
 (m-1)/m for all-gather, reduce-scatter and all-to-all, 2(m-1)/m for all-reduce; ``size`` is the
 full tensor of one call: the gathered output, the reduce-scatter input, the all-reduce tensor,
@@ -41,61 +45,21 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from amsp_planner.calibrate_comm import measure_point, process_groups
+from amsp_planner.calibrate_compute import (  # noqa: F401 - CURVE_TOKENS, fit_*: this API too
+    CURVE_TOKENS,
+    fit_curve,
+    fit_rate,
+    measure_matmul,
+    measure_matmul_curve,
+    measure_optimizer,
+    measure_quant,
+    measure_slowdown,
+    measure_training,
+)
+from amsp_planner.calibrate_config import OPS, CalibrationConfig, World  # noqa: F401 - this API
 from amsp_planner.report.fmt import bytes_h
-
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-_BUS = {"all_gather": lambda m: (m - 1) / m, "reduce_scatter": lambda m: (m - 1) / m,
-        "all_to_all": lambda m: (m - 1) / m, "all_reduce": lambda m: 2 * (m - 1) / m}
-
-
-@dataclass
-class CalibrationConfig:
-    min_bytes: int = 4096
-    """Smallest full tensor of one call; sizes go up by 4x (rounded down to the group)."""
-    max_bytes: int | None = None
-    """Largest (None: 256 MiB on GPU, 4 MiB on CPU)."""
-    ops: tuple[str, ...] = OPS
-    dtype: str = "bf16"
-    """Element type of the measured tensors (bf16 or fp32)."""
-    seconds_per_point: float = 0.25
-    """Time budget of the timed calls of one (op, scope, size) point, per pass."""
-    passes: int = 3
-    """Passes over the whole grid (and the matmul, quantizer and model timings); each point
-    keeps the median over passes, so a slow spell of the machine, which hits a run of
-    consecutive points within one pass, moves no point."""
-    min_iters: int = 2
-    max_iters: int = 50
-    matmul_size: int | None = None
-    """Side of the square matmul (None: 4096 on GPU, 512 on CPU)."""
-    matmul_seconds: float = 1.0
-    model: str | None = None
-    """Also time the bundled runtime's forward + backward of this model (preset or file) on
-    every rank at once; its model FLOP/s over the matmul rate becomes ``achievable_fraction``."""
-    seq_len: int = 512
-    micro_batch: int = 1
-    backend: str = "auto"
-    """'auto' (nccl on CUDA, else gloo), 'gloo' or 'nccl'."""
-    timeout_s: float = 60.0
-    """Process-group timeout: how long ranks wait for a lost rank before failing."""
-    fail_rank: int | None = None
-    """Testing aid: this rank dies hard after the first point (a lost rank)."""
-    progress: Callable[[str], None] | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class World:
-    rank: int
-    size: int
-    local_size: int
-    node: int
-
-    @property
-    def nodes(self) -> int:
-        return self.size // self.local_size
 
 
 def under_torchrun() -> bool:
@@ -137,231 +101,6 @@ def init(cfg: CalibrationConfig) -> tuple[World, str]:
     return World(rank, size, local, node), device
 
 
-def _groups(world: World):
-    """(intra group of this rank or None, inter group of this rank or None); all ranks create
-    every group in the same order, as torch requires."""
-    import torch.distributed as dist
-
-    r, n = world.local_size, world.nodes
-    intra = inter = None
-
-    def back(pg, ranks):
-        # a two-member group's second connection, as the runtime's groups have (Group.pg_back)
-        if len(ranks) == 2:
-            _BACK[id(pg)] = dist.new_group(ranks)
-
-    if r > 1:
-        for node in range(n):
-            ranks = list(range(node * r, (node + 1) * r))
-            pg = dist.group.WORLD if n == 1 else dist.new_group(ranks)
-            back(pg, ranks)
-            if world.rank in ranks:
-                intra = pg
-    if n > 1:
-        ranks = [node * r for node in range(n)]
-        pg = dist.group.WORLD if r == 1 else dist.new_group(ranks)
-        back(pg, ranks)
-        if world.rank in ranks:
-            inter = pg
-    return intra, inter
-
-
-_BACK: dict[int, object] = {}
-"""id(process group) -> its second connection, for groups of two."""
-
-
-def _dtype(cfg: CalibrationConfig):
-    """The torch dtype of cfg.dtype, as the runtime names them."""
-    from amsp_planner.runtime.engine import DTYPES
-
-    return DTYPES[cfg.dtype]
-
-
-# ----- one point --------------------------------------------------------------------------
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def _call(op: str, bufs, group) -> None:
-    import torch.distributed as dist
-
-    inp, out = bufs
-    if op == "all_gather":
-        dist.all_gather_single(out, inp, group=group)
-    elif op == "reduce_scatter":
-        if inp.device.type == "cpu":  # measure what the runtime runs on gloo
-            from amsp_planner.runtime.collectives import Group, _ring_reduce_scatter
-
-            ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
-            g = Group("calibrate", ranks, ranks.index(dist.get_rank()), group,
-                      pg_back=_BACK.get(id(group)))
-            _ring_reduce_scatter(out, inp, g)
-        else:
-            dist.reduce_scatter_single(out, inp, group=group)
-    elif op == "all_reduce":
-        dist.all_reduce(inp, group=group)
-    elif op == "all_to_all":
-        dist.all_to_all_single(out, inp, group=group)
-    else:  # pragma: no cover - OPS is closed
-        raise AssertionError(op)
-
-
-def _buffers(op: str, elems: int, m: int, dtype, device: str):
-    import torch
-
-    full = torch.ones(elems, dtype=dtype, device=device)
-    if op == "all_gather":
-        return torch.ones(elems // m, dtype=dtype, device=device), full
-    if op == "reduce_scatter":
-        return full, torch.empty(elems // m, dtype=dtype, device=device)
-    if op == "all_reduce":
-        return full, None
-    return full, torch.empty_like(full)
-
-
-def _max_over(group, value: float, device: str) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t.item())
-
-
-def measure_point(op: str, size_bytes: int, group, cfg: CalibrationConfig, device: str
-                  ) -> tuple[int, float]:
-    """(size actually used, bus bandwidth in bytes/s) of `op` on `group` at `size_bytes`."""
-    import torch.distributed as dist
-
-    dtype = _dtype(cfg)
-    esize = dtype.itemsize
-    m = dist.get_world_size(group)
-    elems = max(m, size_bytes // esize // m * m)
-    bufs = _buffers(op, elems, m, dtype, device)
-    _call(op, bufs, group)  # warm-up: connections, allocator
-    _sync(device)
-    t0 = time.perf_counter()
-    _call(op, bufs, group)
-    _sync(device)
-    probe = _max_over(group, time.perf_counter() - t0, device)
-    iters = int(min(cfg.max_iters, max(cfg.min_iters, cfg.seconds_per_point / max(probe, 1e-9))))
-    dist.barrier(group=group)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        _call(op, bufs, group)
-    _sync(device)
-    per_call = _max_over(group, (time.perf_counter() - t0) / iters, device)
-    return elems * esize, _BUS[op](m) * elems * esize / per_call
-
-
-def measure_matmul(cfg: CalibrationConfig, device: str) -> float:
-    """FLOP/s of this rank on square matmuls (all ranks measure at the same time)."""
-    import torch
-
-    n = cfg.matmul_size or (4096 if device.startswith("cuda") else 512)
-    dtype = _dtype(cfg)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    torch.mm(a, b)
-    _sync(device)
-    t0, calls = time.perf_counter(), 0
-    while True:
-        torch.mm(a, b)
-        calls += 1
-        _sync(device)
-        if time.perf_counter() - t0 >= cfg.matmul_seconds and calls >= 3:
-            break
-    return 2 * n**3 * calls / (time.perf_counter() - t0)
-
-
-CURVE_TOKENS = (256, 1024, 4096, 16384)
-"""Tokens of the (T x 4096) @ (4096 x 11008) matmuls the GPU curve is measured at: a
-LLaMA-7B MLP projection at micro-batches from a quarter to four sequences of 4096."""
-
-
-def fit_rate(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(FLOP/s at large sizes, overhead seconds) from (FLOPs, seconds) of single matmuls: the
-    least-squares line t = FLOPs / rate + overhead (cost/compute.py)."""
-    import numpy as np
-
-    flops, secs = np.array([p[0] for p in points]), np.array([p[1] for p in points])
-    slope, icpt = np.polyfit(flops, secs, 1)
-    return float(1.0 / slope), float(max(0.0, icpt))
-
-
-def fit_curve(points: list[tuple[float, float]], peak: float) -> tuple[float, float]:
-    """(achievable_fraction, kernel_overhead_us) of the matmul curve against `peak`."""
-    rate, over = fit_rate(points)
-    return min(1.0, rate / peak), over * 1e6
-
-
-def _time_loop(fn, device: str, seconds: float) -> float:
-    fn()
-    _sync(device)
-    t0, calls = time.perf_counter(), 0
-    while calls < 3 or time.perf_counter() - t0 < seconds:
-        fn()
-        calls += 1
-        _sync(device)
-    return (time.perf_counter() - t0) / calls
-
-
-def measure_matmul_curve(cfg: CalibrationConfig, device: str, dtype_name: str
-                         ) -> list[tuple[float, float]]:
-    """(FLOPs, seconds) of one matmul at each of ``CURVE_TOKENS`` (GPU)."""
-    import torch
-
-    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
-    w = torch.randn(4096, 11008, device=device, dtype=dt)
-    out = []
-    for t in CURVE_TOKENS:
-        x = torch.randn(t, 4096, device=device, dtype=dt)
-        secs = _time_loop(lambda x=x: torch.mm(x, w), device, cfg.matmul_seconds / 4)
-        out.append((2.0 * t * 4096 * 11008, secs))
-    return out
-
-
-def measure_slowdown(cfg: CalibrationConfig, device: str, group) -> float:
-    """comm_compute_slowdown (GPU): a matmul loop timed alone and while an all-gather and a
-    reduce-scatter run on another stream for longer than it; with the collectives spanning the
-    compute, c' = c / (1 - s), so s = 1 - alone / under."""
-    import torch
-    import torch.distributed as dist
-
-    m = dist.get_world_size(group)
-    a = torch.randn(8192, 4096, device=device, dtype=torch.bfloat16)
-    b = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
-    elems = 32 * 2**20 // m * m
-    full = torch.empty(elems, device=device, dtype=torch.bfloat16)
-    part = torch.empty(elems // m, device=device, dtype=torch.bfloat16)
-
-    def matmuls():
-        for _ in range(20):
-            torch.mm(a, b)
-
-    alone = _time_loop(matmuls, device, cfg.matmul_seconds / 2)
-    side = torch.cuda.Stream()
-    runs = []
-    for _ in range(3):
-        dist.barrier(group)
-        with torch.cuda.stream(side):
-            for _ in range(max(4, int(4 * alone / 1e-3))):
-                dist.all_gather_into_tensor(full, part, group=group)
-                dist.reduce_scatter_tensor(part, full, group=group)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        matmuls()
-        end.record()
-        end.synchronize()
-        runs.append(start.elapsed_time(end) / 1e3)
-        side.synchronize()
-    return max(0.0, min(1.0, 1.0 - alone / statistics.median(runs)))
-
-
 # ----- the whole run ----------------------------------------------------------------------
 def run(cfg: CalibrationConfig, base, name: str | None = None):
     """Measure; returns the calibrated ClusterSpec on rank 0 (None elsewhere) after a world
@@ -373,7 +112,7 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
     top = cfg.max_bytes or (256 * 2**20 if device.startswith("cuda") else 4 * 2**20)
     sizes = default_sizes(cfg.min_bytes, max(top, cfg.min_bytes))
     say = cfg.progress if world.rank == 0 and cfg.progress else (lambda msg: None)
-    intra, inter = _groups(world)
+    intra, inter = process_groups(world)
     scopes = [("intra", intra, world.local_size > 1)]
     if world.nodes > 1:
         scopes.append(("inter", inter, True))
@@ -456,92 +195,6 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
         return None
     return build_spec(base, world.local_size, results, flops, name, train_rate, quant, opt,
                       gpu=gpu)
-
-
-def measure_quant(cfg: CalibrationConfig, device: str, elems: int = 2**20) -> float:
-    """Bytes of 16-bit input per second through the runtime's int8 and int4 block quantizers,
-    counted as the cost model does: a quantize and a dequantize pass over the 16-bit elements."""
-    import torch
-
-    from amsp_planner.runtime.quant import dequantize, qbytes, quantize_into
-
-    x = torch.randn(elems, device=device).to(torch.bfloat16)
-    rates = []
-    for bits in (8, 4):
-        buf = torch.empty(qbytes(elems, bits, 256), dtype=torch.uint8, device=device)
-        quantize_into(buf, x, bits, 256)
-        dequantize(buf, elems, bits, 256)
-        _sync(device)
-        t0, calls = time.perf_counter(), 0
-        while calls < 3 or time.perf_counter() - t0 < cfg.matmul_seconds / 2:
-            quantize_into(buf, x, bits, 256)
-            dequantize(buf, elems, bits, 256)
-            calls += 1
-            _sync(device)
-        rates.append(2 * 2 * elems * calls / (time.perf_counter() - t0))
-    return statistics.fmean(rates)
-
-
-def measure_optimizer(cfg: CalibrationConfig, device: str, elems: int = 2**20) -> float:
-    """Bytes per second of the runtime's optimizer step (its AdamW on an fp32 master shard of
-    `elems`, from the gradient in the training dtype, then the cast of the new parameters),
-    counted as the cost model counts them (``optimizer_bytes_per_element``); all ranks at once."""
-    import torch
-
-    from amsp_planner.cost.step_time import optimizer_bytes_per_element
-    from amsp_planner.runtime.engine import OptimConfig, adamw_
-
-    dtype = _dtype(cfg)
-    esize = dtype.itemsize
-    p = torch.randn(elems, device=device)
-    m, v = torch.zeros_like(p), torch.zeros_like(p)
-    g = torch.randn(elems, device=device).to(dtype)
-    o = OptimConfig()
-
-    def step(k: int) -> None:
-        adamw_(p, m, v, g, o, k)
-        p.to(dtype)  # the new parameters, as the runtime casts them for the update gather
-
-    step(1)
-    _sync(device)
-    t0, calls = time.perf_counter(), 0
-    while calls < 3 or time.perf_counter() - t0 < cfg.matmul_seconds / 2:
-        step(calls + 2)
-        calls += 1
-        _sync(device)
-    return optimizer_bytes_per_element(esize, esize) * elems * calls / (time.perf_counter() - t0)
-
-
-def measure_training(cfg: CalibrationConfig, device: str) -> float:
-    """Model FLOP/s of this rank running forward + backward of `cfg.model` (the runtime's own
-    model code, no communication), all ranks at once."""
-    import torch
-
-    from amsp_planner.runtime.model import ReferenceModel
-    from amsp_planner.specs import load_model
-
-    spec = load_model(cfg.model)
-    dtype = _dtype(cfg)
-    model = ReferenceModel(spec, seed=0, dtype=dtype).to(device)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, spec.vocab_size, (cfg.micro_batch, cfg.seq_len + 1), generator=gen)
-    tokens = tokens.to(device)
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(tokens[:, :-1], tokens[:, 1:]).backward()
-
-    step()
-    _sync(device)
-    t0, calls = time.perf_counter(), 0
-    while True:
-        step()
-        calls += 1
-        _sync(device)
-        if time.perf_counter() - t0 >= 2 * cfg.matmul_seconds and calls >= 3:
-            break
-    per_call = (time.perf_counter() - t0) / calls
-    return spec.flops_per_token(cfg.seq_len) * cfg.micro_batch * cfg.seq_len / per_call
 
 
 def build_spec(base, local_size: int, results: dict, flop_per_s: float, name: str | None = None,

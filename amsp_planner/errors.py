@@ -1,11 +1,17 @@
-"""Errors that reach the user.
+"""Errors that reach the user, and how their one line is kept readable.
 
 Every error a user can cause is an ``AmspUserError`` (exit code 2): its message is one line that
 names the field and says how to fix it. ``InfeasibleError`` (exit code 3) means the inputs are
 valid but no strategy fits. Anything else is a bug and keeps its traceback.
+
+A message echoes what the user gave; ``shown`` cuts one echoed value and ``readable`` the whole
+line (``MAX_LINE`` characters at most, newlines folded), saying how much was cut, so a 100 kB
+strategy string or path gives an error line one can read.
 """
 
 from __future__ import annotations
+
+import re
 
 
 class AmspUserError(Exception):
@@ -20,12 +26,57 @@ class InfeasibleError(Exception):
     exit_code = 3
 
 
+MAX_SHOWN = 100
+"""Characters of one echoed input value shown in a message."""
+MAX_LINE = 1000
+"""Characters of a whole error line."""
+
+
+def shown(value, limit: int = MAX_SHOWN) -> str:
+    """`value` as text, cut to `limit` characters with a note of how many were cut."""
+    text = str(value).replace("\r", " ").replace("\n", " ")
+    if len(text) <= limit:
+        return text
+    head = max(1, limit * 3 // 4)
+    tail = max(1, limit - head - 1)
+    return f"{text[:head]}...{text[-tail:]} [{len(text):,} characters, cut]"
+
+
+_LONG_WORD = re.compile(r"\S{" + str(MAX_SHOWN + 21) + ",}")
+
+
+def readable(message: str, limit: int = MAX_LINE) -> str:
+    """`message` on one line: newlines folded, every run of more than MAX_SHOWN + 20 characters
+    without a space (an echoed value) cut by ``shown``, then the line itself cut in the middle
+    (its start names the field, its end the fix) when still over `limit`."""
+    line = " ".join(str(message).split("\n"))
+    line = _LONG_WORD.sub(lambda m: shown(m.group(0)), line)
+    if len(line) > limit:
+        half = (limit - 40) // 2
+        line = f"{line[:half]} ... [{len(line) - 2 * half:,} characters cut] ... {line[-half:]}"
+    return line
+
+
+def _input_note(err: dict) -> str:
+    """', got X (type)' for the type errors pydantic reports without the input."""
+    if not err.get("type", "").endswith("_type") or "input" not in err:
+        return ""
+    value = err["input"]
+    if isinstance(value, dict | list):
+        return f", got a {'mapping' if isinstance(value, dict) else 'list'}"
+    kind = {bool: "a boolean", str: "a string", int: "an integer",
+            float: "a number"}.get(type(value), type(value).__name__)
+    text = "true" if value is True else "false" if value is False else repr(value)
+    return f", got {shown(text, 40)} ({kind})"
+
+
 def format_validation_error(exc, source: str = "") -> str:
-    """One line from a pydantic ValidationError naming every failing field and its message."""
+    """One line from a pydantic ValidationError naming every failing field and its message
+    (and, for a value of the wrong type, the value given and its type)."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
-        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+        msg = err.get("msg", "invalid value").removeprefix("Value error, ") + _input_note(err)
         parts.append(f"field '{loc}': {msg}" if loc else msg)
     where = f"{source}: " if source else ""
-    return (where + "; ".join(parts)).replace("\n", " ")
+    return readable(where + "; ".join(parts))

@@ -8,150 +8,51 @@ time) live under ``volatile`` and are left out of ``digest``, the SHA-256 of eve
 so golden files compare and hand edits are caught.
 
 Loading checks, in order: JSON syntax, format and version, the schema, the spec hashes, the
-digest, and that the cost model re-derives the stored decision's predictions.
+digest, and then every field that repeats the decision: the decision is its strategy string,
+and the components (factors, meshes, scopes), the ZeRO++ switches, micro-batch, accumulation,
+checkpointing, tensor-parallel degree and version are re-derived from it, the predictions
+(``fits``, memory, time, every schedule entry and its names) from the cost model on the job,
+the search record from the inputs, and every runner-up, reference and named baseline from its
+own strategy. Any disagreement is refused in one line naming the field, also when the digest
+was recomputed after the edit (as a script that rewrites a plan does).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from amsp_planner import __version__
 from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
-from amsp_planner.engines import DEFAULT_ENGINE, ENGINES
+from amsp_planner.engines import DEFAULT_ENGINE
 from amsp_planner.errors import AmspUserError, format_validation_error
-from amsp_planner.specs.cluster import ClusterSpec
-from amsp_planner.specs.model import ModelSpec
-from amsp_planner.specs.training import TrainingSpec
+from amsp_planner.plan_schema import (  # noqa: F401 - also this module's API
+    FORMAT,
+    SUPPORTED_VERSIONS,
+    VERSION,
+    Component,
+    Decision,
+    Hashes,
+    Inputs,
+    PlanDoc,
+    PreferenceDoc,
+    Search,
+    SolverInfo,
+    Summary,
+    Volatile,
+    canonical,
+    content_digest,
+    json_schema,
+    sha256,
+)
 from amsp_planner.strategy import Strategy
-
-FORMAT = "amsp-plan"
-VERSION = 3
-"""The newest version. A plan is written with the lowest version that holds its decision:
-version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
-checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), version 3 when it
-is tensor-parallel (``decision.tp`` > 1, written only then)."""
-SUPPORTED_VERSIONS = (1, 2, 3)
-
-
-# ----- the document's schema ----------------------------------------------------------------
-EngineName = Literal[ENGINES]
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Hashes(_Strict):
-    model: str
-    cluster: str
-    training: str
-
-
-class Inputs(_Strict):
-    model: ModelSpec
-    cluster: ClusterSpec
-    training: TrainingSpec
-    num_gpus: int = Field(ge=1)
-    memory_limit_bytes: float = Field(gt=0)
-    objective: Literal["time", "comm"] = "time"
-    engine: EngineName = DEFAULT_ENGINE
-    """The engine the plan was made for (amsp_planner/engines.py); written when not amsp, so
-    plan files from before engines existed, and amsp plans, read as amsp."""
-    search: dict[str, Any] = Field(default_factory=dict)
-    """Restrictions the search ran under (zeropp, pinned micro-batch / checkpointing)."""
-    hashes: Hashes
-
-
-class Component(_Strict):
-    factor: int = Field(ge=1)
-    mesh: tuple[int, int]
-    """(GPUs per node, nodes) of the shard group."""
-    scope: Literal["none", "intra", "inter"]
-
-
-class Decision(_Strict):
-    strategy: str
-    components: dict[Literal["p", "g", "os"], Component]
-    qwz: bool
-    quant_block: int
-    hpz: int
-    qgz: bool
-    micro_batch: int
-    grad_accum: int
-    ckpt: bool | int | Literal["op"]
-    """true: every block; false: none; K: the first K blocks; "op": op-level selective."""
-    tp: int = Field(default=1, ge=1)
-    """Tensor (+ sequence) parallel degree inside the node (version 3; absent: 1). The
-    components' factors and meshes are then over the N/tp data-parallel ranks."""
-
-
-class Summary(_Strict):
-    strategy: str
-    fits: bool
-    step_s: float
-    memory_bytes: float
-    tokens_per_s: float
-    mfu: float
-    inter_bytes_per_rank_per_step: float
-    intra_bytes_per_rank_per_step: float
-
-
-class SolverInfo(_Strict):
-    name: str
-    status: str
-    objective: str
-    num_variables: int = 0
-    num_constraints: int = 0
-    solves: int = 0
-
-
-class Volatile(_Strict):
-    tool_version: str
-    created_at: str
-    solve_time_s: float = 0.0
-    build_time_s: float = 0.0
-
-
-class PlanDoc(_Strict):
-    """The plan file (JSON). `amsp schema` prints its JSON Schema."""
-
-    format: Literal["amsp-plan"]
-    version: int
-    inputs: Inputs
-    decision: Decision
-    predictions: dict[str, Any]
-    runners_up: list[Summary]
-    baselines: dict[str, Summary]
-    solver: SolverInfo
-    digest: str
-    volatile: Volatile
-
-
-def json_schema() -> dict:
-    s = PlanDoc.model_json_schema()
-    s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    s["$id"] = f"https://amsp-planner/schema/plan-v{VERSION}.json"
-    return s
-
-
-# ----- hashing ------------------------------------------------------------------------------
-def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
-def sha256(obj: Any) -> str:
-    return hashlib.sha256(canonical(obj)).hexdigest()
-
-
-def _digest(doc: dict) -> str:
-    return sha256({k: v for k, v in doc.items() if k not in ("volatile", "digest")})
 
 
 # ----- building -----------------------------------------------------------------------------
@@ -226,7 +127,7 @@ def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
         "solver": solver or {"name": "none", "status": "given strategy", "objective": objective},
     }
     doc = json.loads(canonical_text(doc))  # exactly what a reader will see
-    doc["digest"] = _digest(doc)
+    doc["digest"] = content_digest(doc)
     doc["volatile"] = {
         "tool_version": __version__,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -274,21 +175,12 @@ class Plan:
         return self.doc["predictions"]["schedule"]
 
 
-PREDICTION_KEYS = (("time", "step_s"), ("tokens_per_s",), ("mfu",), ("memory", "total"))
-
-
-def _get(d: dict, keys: tuple[str, ...]):
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
+    from amsp_planner.textfile import read_text
+
     try:
-        text = path.read_text()
+        text = read_text(path, fix="give the plan file amsp plan -o wrote")
     except OSError as e:
         raise AmspUserError(f"{path}: cannot read the plan ({e.strerror}): check the path") from None
     except UnicodeDecodeError:
@@ -331,37 +223,194 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
                 f"{source}: field 'inputs.{key}' does not match its hash in 'inputs.hashes.{key}' "
                 "(the spec was edited): regenerate the plan with amsp plan"
             )
-    if _digest(raw) != doc.digest:
+    if content_digest(raw) != doc.digest:
         raise AmspUserError(
             f"{source}: field 'digest' does not match the contents (the plan was edited by hand): "
             "regenerate it with amsp plan"
         )
     try:
         job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine)
-        strategy = Strategy.parse(doc.decision.strategy).with_(grad_accum=doc.decision.grad_accum)
-        if strategy.tp != doc.decision.tp:
-            raise AmspUserError(f"decision.tp is {doc.decision.tp} but the strategy "
-                                f"'{doc.decision.strategy}' has tp={strategy.tp}: regenerate the plan")
-        ev = evaluate(job, strategy, inp.memory_limit_bytes)
     except AmspUserError as e:
-        raise AmspUserError(f"{source}: field 'decision': {e}") from None
-    stored = raw["predictions"]
-    derived = ev.to_dict()
-    for keys in PREDICTION_KEYS:
-        got, want = _get(stored, keys), _get(derived, keys)
-        if not isinstance(got, int | float) or not math.isclose(got, want, rel_tol=1e-9):
-            raise AmspUserError(
-                f"{source}: field 'predictions.{'.'.join(keys)}' = {got} but the cost model gives "
-                f"{want} for this decision (a different amsp version?): regenerate the plan"
-            )
-    if len(stored.get("schedule", [])) != len(ev.schedule) or any(
-        a.get("full_bytes_per_step") != b.full_bytes_per_step
-        or a.get("calls_per_step") != b.calls_per_step
-        for a, b in zip(stored["schedule"], ev.schedule, strict=False)
-    ):
-        raise AmspUserError(
-            f"{source}: field 'predictions.schedule' differs from the schedule the cost model "
-            "derives for this decision: regenerate the plan"
-        )
+        raise AmspUserError(f"{source}: field 'inputs': {e}") from None
+    strategy, ev = _derive(raw, doc, job, source)
+    _check_search(raw, job, strategy, source)
+    basis = f"the cost model gives {{}} for decision.strategy '{doc.decision.strategy}'"
+    want = json.loads(canonical_text(ev.to_dict()))
+    want["strategy"] = doc.decision.strategy
+    stored = {k: v for k, v in raw["predictions"].items() if k not in ("bands", "references")}
+    _refuse_difference(stored, want, "predictions", basis, source)
+    _check_summaries(raw, job, ev, source)
     return Plan(raw, job, strategy, ev, inp.memory_limit_bytes,
                 Path(source) if source != "plan" else None)
+
+
+# ----- the fields that repeat the decision ---------------------------------------------------
+_MISSING = object()
+
+
+def _show(v: Any) -> str:
+    if v is _MISSING:
+        return "missing"
+    text = json.dumps(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, bool) or isinstance(got, bool) or want is None:
+        return type(got) is type(want) and got == want
+    if isinstance(want, int):  # counts and byte counts are exact
+        return isinstance(got, int | float) and got == want
+    if isinstance(want, float):
+        return isinstance(got, int | float) and math.isclose(got, want, rel_tol=1e-9,
+                                                              abs_tol=1e-300)
+    return type(got) is type(want) and got == want
+
+
+def _difference(got: Any, want: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first place where `got` (a stored field) differs from `want` (re-derived): its path,
+    the stored value and the derived one; None when they agree (numbers to 1e-9 relative)."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            return path, got, want
+        for k in want:
+            d = _difference(got.get(k, _MISSING), want[k], f"{path}.{k}")
+            if d:
+                return d
+        extra = [k for k in got if k not in want]
+        return (f"{path}.{extra[0]}", got[extra[0]], _MISSING) if extra else None
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return path, got, want
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            d = _difference(a, b, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    return None if _same(got, want) else (path, got, want)
+
+
+def _refuse_difference(got: Any, want: Any, path: str, basis: str, source: str) -> None:
+    d = _difference(got, want, path)
+    if d is None:
+        return
+    where, a, b = d
+    where = where if len(where) <= 120 else where[:117] + "..."  # a key can be any length
+    if isinstance(b, list) and not (isinstance(a, list) and len(a) == len(b)):
+        wanted = f"a list of {len(b)} entries"
+        held = (f"a list of {len(a)}" if isinstance(a, list) else _show(a))
+    else:
+        wanted, held = _show(b), _show(a)
+    raise AmspUserError(
+        f"{source}: field '{where}' is {held}, but {basis.replace('{}', wanted, 1)} (the plan "
+        "was edited, or made by another amsp version): regenerate it with amsp plan"
+    )
+
+
+def _derive(raw: dict, doc: PlanDoc, job: Job, source: str) -> tuple[Strategy, Evaluation]:
+    """The decision's strategy with its accumulation, and its evaluation, once every field of
+    ``decision`` (and ``version``) agrees with the strategy string."""
+    dec = doc.decision
+    try:
+        parsed = Strategy.parse(dec.strategy)
+        n = job.n_micro(parsed)
+        job.check(parsed)
+    except AmspUserError as e:
+        raise AmspUserError(f"{source}: field 'decision.strategy': {e}") from None
+    if parsed.grad_accum is not None:
+        raise AmspUserError(f"{source}: field 'decision.strategy' holds ga=: the accumulation "
+                            "belongs in 'decision.grad_accum': regenerate the plan")
+    strategy = parsed.with_(grad_accum=n)
+    ev = evaluate(job, strategy, doc.inputs.memory_limit_bytes)
+    want = json.loads(canonical_text(decision(ev, job.gpus_per_node)))
+    got = dict(raw["decision"])
+    if got.get("tp", 1) == 1 and want.get("tp", 1) == 1:
+        got.pop("tp", None)
+    basis = f"field 'decision.strategy' = '{dec.strategy}' gives {{}}"
+    _refuse_difference(got, want, "decision", basis, source)
+    if raw["version"] != plan_version(want):
+        raise AmspUserError(
+            f"{source}: field 'version' is {raw['version']}, but a plan of decision.strategy "
+            f"'{dec.strategy}' is version {plan_version(want)}: regenerate it with amsp plan")
+    return strategy, ev
+
+
+def _check_search(raw: dict, job: Job, strategy: Strategy, source: str) -> None:
+    """The search record against the training spec and the decision it produced."""
+    search, training = raw["inputs"].get("search", {}), raw["inputs"]["training"]
+    for key in ("micro_batch", "activation_checkpointing"):
+        if key in search and not _same(search[key], training.get(key)):
+            raise AmspUserError(
+                f"{source}: field 'inputs.search.{key}' is {_show(search[key])}, but "
+                f"inputs.training.{key} is {_show(training.get(key))}: regenerate the plan")
+    given = search.get("given_strategy")
+    if given is not None:  # the given strategy fixes what the search would have pinned
+        _check_given(given, job, strategy, source)
+        return
+    mb = training.get("micro_batch")
+    if mb is not None and strategy.micro_batch != mb:
+        raise AmspUserError(
+            f"{source}: field 'decision.micro_batch' is {strategy.micro_batch}, but "
+            f"inputs.training.micro_batch pins it to {mb}: regenerate the plan")
+    if search.get("zeropp") is False and (strategy.qwz or strategy.qgz or strategy.hpz > 1):
+        raise AmspUserError(
+            f"{source}: field 'decision.strategy' ({strategy.with_(grad_accum=None)}) uses ZeRO++ "
+            "(qwz, hpz or qgz), but inputs.search.zeropp is false: regenerate the plan")
+    if search.get("tp") is not None and search["tp"] != strategy.tp:
+        raise AmspUserError(
+            f"{source}: field 'decision.tp' is {strategy.tp}, but inputs.search.tp pins it to "
+            f"{search['tp']}: regenerate the plan")
+
+
+def _check_given(given: str, job: Job, strategy: Strategy, source: str) -> None:
+    """A plan of a given strategy (``amsp plan --strategy``) decides that strategy."""
+    from amsp_planner.strategy import parse_strategy_or_baseline
+
+    try:
+        g = parse_strategy_or_baseline(given, job.num_gpus, job.gpus_per_node)
+    except AmspUserError as e:
+        raise AmspUserError(f"{source}: field 'inputs.search.given_strategy': {e}") from None
+    if str(g.with_(grad_accum=None)) != str(strategy.with_(grad_accum=None)):
+        raise AmspUserError(
+            f"{source}: field 'decision.strategy' is '{strategy.with_(grad_accum=None)}', but "
+            f"inputs.search.given_strategy is '{given}' ({g.with_(grad_accum=None)}): "
+            "regenerate the plan")
+
+
+def _check_summaries(raw: dict, job: Job, ev: Evaluation, source: str) -> None:
+    """Runners-up and references against the cost model on their own strategies; the named
+    baselines against the set the plan's micro-batch, checkpointing and TP degree give."""
+    from amsp_planner.cost.evaluate import evaluate_baselines
+
+    limit = raw["inputs"]["memory_limit_bytes"]
+    s = ev.strategy
+    base = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
+    names = sorted(base)
+    if sorted(raw["baselines"]) != names:
+        raise AmspUserError(
+            f"{source}: field 'baselines' names {_show(sorted(raw['baselines']))}, "
+            f"but this job's named baselines are {', '.join(names)}: regenerate the plan")
+    for name in names:
+        want = json.loads(canonical_text(summary(base[name])))
+        _refuse_difference(raw["baselines"][name], want, f"baselines.{name}",
+                           f"the cost model gives {{}} for baseline {name}", source)
+    refs = raw["predictions"].get("references", {})
+    if not isinstance(refs, dict):
+        raise AmspUserError(f"{source}: field 'predictions.references' is {_show(refs)}, not an "
+                            "object of named summaries: regenerate the plan")
+    items = [(f"predictions.references.{k}", v) for k, v in refs.items()]
+    items += [(f"runners_up[{i}]", v) for i, v in enumerate(raw["runners_up"])]
+    for where, stored in items:
+        try:
+            Summary.model_validate(stored)
+        except ValidationError as e:
+            err = e.errors()[0]
+            at = ".".join([where, *map(str, err["loc"])])
+            raise AmspUserError(f"{source}: field '{at}': {err['msg']}") from None
+        try:
+            other = evaluate(job, Strategy.parse(stored["strategy"]), limit)
+        except AmspUserError as e:
+            raise AmspUserError(f"{source}: field '{where}.strategy': {e}") from None
+        want = json.loads(canonical_text(summary(other)))
+        _refuse_difference(stored, want, where,
+                           f"the cost model gives {{}} for field '{where}.strategy' = "
+                           f"'{stored['strategy']}'", source)

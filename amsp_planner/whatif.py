@@ -3,9 +3,10 @@
     amsp whatif --model llama-13b,llama2-70b --gpus 64,256,1024,4096 --global-batch 16M \
         --set node_gbit_per_s=100,200,400,800 --plot scaling.png
 
-A ``Sweep`` holds one list of values per axis; its points are their cartesian product, in a
-fixed order (``AXES`` outermost first, the ``--set`` keys in the order given, GPU count
-innermost), so rows come back in the same order however many processes solve them.
+A ``Sweep`` (``whatif_grid.py``: the axes, points, options and rows) holds one list of values
+per axis; its points are their cartesian product, in a fixed order, so rows come back in the
+same order however many processes solve them. This module checks the axis values, builds and
+solves each point, and runs the points in a process pool.
 
 Every point is solved by ``solver.solve`` on a Job built exactly as ``amsp plan`` builds it
 (same loaders, same TrainingSpec, same memory limit), so a row equals ``amsp plan``'s decision and
@@ -24,161 +25,24 @@ over its NICs (``nic_gbit_per_s = node_gbit_per_s / nics_per_node``).
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from amsp_planner.errors import AmspUserError, InfeasibleError
+from amsp_planner.whatif_grid import (  # noqa: F401 - this API
+    AXES,
+    MAX_POINTS,
+    Point,
+    Row,
+    SolveOptions,
+    Sweep,
+)
 
 GIB = 1024**3
 NODE_KEY = "node_gbit_per_s"
 """Derived --set key: Gbit/s of all NICs of a node together."""
-
-# Axes in product order, outermost first; the --set keys go between "gpu_type" and "seq_len".
-AXES = ("model", "cluster", "gpu_type", "seq_len", "global_batch", "memory_limit_gib", "gpus")
-
-
-@dataclass(frozen=True)
-class SolveOptions:
-    """Everything of a point that is not swept (the `amsp plan` options)."""
-
-    micro_batch: int | None = None
-    activation_checkpointing: bool | int | str | None = None
-    flash_attention: bool = True
-    precision: str = "bf16"
-    grad_accum_dtype: str = "bf16"
-    zeropp: bool = True
-    engine: str = "amsp"
-    """The engine that runs the plans (amsp_planner/engines.py)."""
-    objective: str = "time"
-    solver: str = "exhaustive"
-    time_limit_s: float = 30.0
-    gpu_hour_price: tuple[tuple[str | None, float], ...] = ()
-    """(cluster, price of one GPU-hour); cluster None prices every cluster."""
-    headroom: float = 0.10
-    quantization: str = "auto"
-    tie_band: float | None = None
-    """The choice options of `amsp plan` (``Preference``); None: the validated band."""
-
-    def preference(self):
-        from amsp_planner.solver.space import Preference
-
-        return Preference.default(band=self.tie_band, headroom=self.headroom,
-                                  quantization=self.quantization)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One job of the sweep: (axis, value) pairs in axis order."""
-
-    index: int
-    values: tuple[tuple[str, Any], ...]
-
-    def get(self, axis: str, default=None):
-        for k, v in self.values:
-            if k == axis:
-                return v
-        return default
-
-    @property
-    def sets(self) -> dict[str, Any]:
-        return {k[4:]: v for k, v in self.values if k.startswith("set:")}
-
-
-@dataclass
-class Row:
-    """What a point gives. Figures are None unless status is 'ok'."""
-
-    point: Point
-    status: str
-    """'ok', 'infeasible' (nothing fits in memory) or 'invalid' (not a valid job)."""
-    reason: str = ""
-    cluster_name: str = ""
-    nodes: int | None = None
-    batch_tokens: int | None = None
-    strategy: str | None = None
-    sharding: str | None = None
-    """The strategy without micro-batch and checkpointing: what a 'strategy change' means."""
-    memory_gib: float | None = None
-    step_s: float | None = None
-    compute_s: float | None = None
-    optimizer_s: float | None = None
-    exposed_comm_s: float | None = None
-    tokens_per_s: float | None = None
-    mfu: float | None = None
-    inter_gib_per_gpu: float | None = None
-    baseline: str | None = None
-    baseline_strategy: str | None = None
-    baseline_memory_gib: float | None = None
-    baseline_step_s: float | None = None
-    baseline_tokens_per_s: float | None = None
-    baseline_mfu: float | None = None
-    usd_per_btok: float | None = None
-    baseline_usd_per_btok: float | None = None
-    band: float | None = None
-    """The band inside which the gain over the baseline is a tie."""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def gain(self) -> float | None:
-        """Tokens/s of the optimum over the best named baseline's, minus one."""
-        if not self.ok or not self.baseline_tokens_per_s:
-            return None
-        return self.tokens_per_s / self.baseline_tokens_per_s - 1
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {"index": self.point.index}
-        d.update((k.removeprefix("set:"), v) for k, v in self.point.values)
-        for f in dataclasses.fields(self):
-            if f.name != "point":
-                d[f.name] = getattr(self, f.name)
-        d["gain_vs_baseline"] = self.gain
-        d["gain_is_tie"] = None if self.gain is None else abs(self.gain) <= self.band
-        return d
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """The values of each axis; `points()` is their cartesian product."""
-
-    models: tuple[str, ...]
-    gpus: tuple[int, ...]
-    clusters: tuple[str | None, ...] = (None,)
-    gpu_types: tuple[str | None, ...] = (None,)
-    sets: tuple[tuple[str, tuple[Any, ...]], ...] = ()
-    """(cluster key, its values) in the order given; dotted keys reach nested fields."""
-    seq_lens: tuple[int, ...] = (4096,)
-    global_batches: tuple[str | int | None, ...] = (None,)
-    """Global batch per point: tokens as text ('4M', '16384'), sequences as int, None = default."""
-    memory_limits_gib: tuple[float | None, ...] = (None,)
-    options: SolveOptions = field(default_factory=SolveOptions)
-
-    def axes(self) -> list[tuple[str, tuple]]:
-        ax = [("model", self.models), ("cluster", self.clusters), ("gpu_type", self.gpu_types)]
-        ax += [(f"set:{k}", vals) for k, vals in self.sets]
-        ax += [("seq_len", self.seq_lens), ("global_batch", self.global_batches),
-               ("memory_limit_gib", self.memory_limits_gib), ("gpus", self.gpus)]
-        return ax
-
-    def varying(self) -> list[str]:
-        """Axes with more than one value (set keys as 'set:key')."""
-        return [name for name, vals in self.axes() if len(vals) > 1]
-
-    def points(self) -> list[Point]:
-        ax = self.axes()
-        names = [n for n, _ in ax]
-        return [Point(i, tuple(zip(names, combo, strict=True)))
-                for i, combo in enumerate(itertools.product(*(v for _, v in ax)))]
-
-    def __len__(self) -> int:
-        return math.prod(len(v) for _, v in self.axes())
 
 
 # ----- specs, shared between points of one process -------------------------------------------
@@ -251,13 +115,15 @@ def check_set_key(key: str) -> None:
                         f"gpu.<field>, or {NODE_KEY} (NIC Gbit/s per node)")
 
 
-def validate(sweep: Sweep) -> None:
-    """Check every axis value on its own (specs load, --set values pass the spec's checks);
-    raise AmspUserError with one line for the first bad one. Combinations are checked per point."""
+def validate(sweep: Sweep, max_points: int = MAX_POINTS) -> None:
+    """Check the sweep's size (``Sweep.check_size``), then every axis value on its own (specs
+    load, --set values pass the spec's checks); raise AmspUserError with one line for the first
+    bad one. Combinations are checked per point."""
     from amsp_planner.specs import load_model
 
     if len(sweep) == 0:
         raise AmspUserError("the sweep has no points: give at least one value per option")
+    sweep.check_size(max_points)
     for m in sweep.models:
         load_model(m)
     for c in sweep.clusters:
@@ -399,13 +265,24 @@ def _chunks(points: list[Point], size: int) -> Iterator[list[Point]]:
         yield points[i:i + size]
 
 
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which ends them (no traceback per worker)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run(sweep: Sweep, workers: int | None = None,
-        progress: Callable[[int], None] | None = None) -> list[Row]:
+        progress: Callable[[int], None] | None = None, max_points: int = MAX_POINTS) -> list[Row]:
     """Solve every point, in point order; `progress(k)` is called as k more points finish.
 
-    Runs in this process when one worker suffices, else in a pool of min(points, workers)
-    processes fed consecutive chunks of points (neighbours share specs and topologies).
+    Refuses a sweep above `max_points` first (``Sweep.check_size``). Runs in this process when
+    one worker suffices, else in a pool of min(points, workers) processes fed consecutive chunks
+    of points (neighbours share specs and topologies). The workers ignore SIGINT: on Ctrl-C
+    (KeyboardInterrupt here) the pool is terminated before the interrupt goes on, so no worker
+    outlives the sweep.
     """
+    sweep.check_size(max_points)
     points = sweep.points()
     n = len(points)
     workers = max(1, min(n, workers or default_workers()))
@@ -417,7 +294,7 @@ def run(sweep: Sweep, workers: int | None = None,
                 progress(1)
         return rows
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
 
     import amsp_planner.solver  # noqa: F401  (imported once, before the fork)
 
@@ -427,12 +304,17 @@ def run(sweep: Sweep, workers: int | None = None,
     size = max(1, min(16, n // (workers * 4)))
     if len(sweep.memory_limits_gib) > 1 and group <= 32 and n >= 2 * workers * group:
         size = group
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
-        futures = [ex.submit(_solve_chunk, sweep.options, c) for c in _chunks(points, size)]
-        for fut in futures:
-            chunk = fut.result()
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    pool = ctx.Pool(workers, initializer=_ignore_sigint)
+    try:
+        for chunk in pool.imap(partial(_solve_chunk, sweep.options), _chunks(points, size)):
             rows.extend(chunk)
             if progress:
                 progress(len(chunk))
+        pool.close()
+    except BaseException:  # Ctrl-C or a worker's error: end every worker now
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
     return rows

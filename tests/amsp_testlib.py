@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 
 from amsp_planner.cost.job import Job
 from amsp_planner.specs import ModelSpec, TrainingSpec, load_cluster
@@ -56,3 +57,67 @@ def assert_user_error(code: int, out: str, err: str, *needles: str) -> str:
     for n in needles:
         assert n in line, (n, line)
     return line
+
+
+NO_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch imported on the planner path")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+"""
+"""The head of a `python -c` script: a finder that refuses torch, so a script that reaches for
+it fails loudly."""
+
+
+def doc_paths(doc, prefix=()) -> list[tuple]:
+    """Every key path of a JSON-like document (mapping keys and list indices), parents first."""
+    if isinstance(doc, dict):
+        items = doc.items()
+    elif isinstance(doc, list):
+        items = enumerate(doc)
+    else:
+        return []
+    out = []
+    for k, v in items:
+        out.append(prefix + (k,))
+        out += doc_paths(v, prefix + (k,))
+    return out
+
+
+def get(doc, path):
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def put(doc, path, value):
+    """A copy of `doc` with the value at `path` replaced by `value`."""
+    doc = json.loads(json.dumps(doc))
+    get(doc, path[:-1])[path[-1]] = value
+    return doc
+
+
+@contextlib.contextmanager
+def tmpfs(folder, size: str = "2m", read_only: bool = False):
+    """A tmpfs of `size` mounted on `folder` (made if missing) for the body, optionally
+    read-only: real ENOSPC and EROFS. Skips the test where mounting is not allowed (not root)."""
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if read_only else "")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(folder)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or 'not root'})")
+    try:
+        yield Path(folder)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

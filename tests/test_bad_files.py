@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from amsp_testlib import assert_user_error, run_cli
+from amsp_testlib import assert_user_error, doc_paths, put, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,30 +57,6 @@ INPUTS = {
 }
 
 
-def _paths(doc, prefix=()):
-    """Every key path of a document (mappings and list items), the root's children first."""
-    if isinstance(doc, dict):
-        items = doc.items()
-    elif isinstance(doc, list):
-        items = enumerate(doc)
-    else:
-        return []
-    out = []
-    for k, v in items:
-        out.append(prefix + (k,))
-        out += _paths(v, prefix + (k,))
-    return out
-
-
-def _put(doc, path, value):
-    doc = json.loads(json.dumps(doc))
-    target = doc
-    for k in path[:-1]:
-        target = target[k]
-    target[path[-1]] = value
-    return doc
-
-
 _n = itertools.count()
 
 
@@ -88,7 +64,7 @@ _n = itertools.count()
 def poisoned(draw):
     kind = draw(st.sampled_from(sorted(INPUTS)))
     doc, suffix, argv = INPUTS[kind]
-    path = draw(st.sampled_from(_paths(doc)))
+    path = draw(st.sampled_from(doc_paths(doc)))
     poison = draw(st.sampled_from(sorted(POISONS)))
     return kind, path, poison
 
@@ -101,7 +77,7 @@ def test_poison_anywhere_in_any_input_is_one_line(tmp_path, case):
     doc, suffix, argv = INPUTS[kind]
     as_json, as_yaml, refused = POISONS[poison]
     # JSON is YAML: write the document as JSON text and splice the poison in as text
-    text = json.dumps(_put(doc, path, "__POISON__"), indent=1)
+    text = json.dumps(put(doc, path, "__POISON__"), indent=1)
     text = text.replace('"__POISON__"', as_json if suffix == ".json" else as_yaml)
     f = tmp_path / f"input{next(_n)}{suffix}"
     f.write_text(text)
@@ -115,7 +91,7 @@ def test_poison_anywhere_in_any_input_is_one_line(tmp_path, case):
 @pytest.mark.parametrize("poison", ["nan", "deep"])
 def test_poison_at_the_first_field_is_refused(tmp_path, kind, poison):
     doc, suffix, argv = INPUTS[kind]
-    text = json.dumps(_put(doc, _paths(doc)[0], "__POISON__"))
+    text = json.dumps(put(doc, doc_paths(doc)[0], "__POISON__"))
     f = tmp_path / f"first{suffix}"
     f.write_text(text.replace('"__POISON__"', POISONS[poison][0 if suffix == ".json" else 1]))
     line = assert_user_error(*run_cli([a.replace("{}", str(f)) for a in argv]))

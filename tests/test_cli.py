@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import yaml
-from amsp_testlib import assert_user_error, run_cli
+from amsp_testlib import NO_TORCH, assert_user_error, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -139,7 +139,7 @@ BAD_INPUTS = [
     (["--model", "tiny", "--gpus", "eight"], "--gpus"),
     (["--model", "tiny"], "--gpus"),
     (["--model", "tiny", "--gpus", "2048"], "multiple of 2048"),  # 4M tokens = 1024 sequences
-    (["--model", "tiny", "--gpus", "8", "--seq-len", "3000"], "seq_len"),
+    (["--model", "tiny", "--gpus", "8", "--seq-len", "3000"], "--seq-len 3000"),
     (["--model", "tiny", "--gpus", "8", "--global-batch", "4Q"], "--global-batch"),
     (["--model", "tiny", "--gpus", "8", "--global-batch", "4M", "--global-batch-seqs", "8"],
      "not both"),
@@ -357,16 +357,8 @@ def test_any_strategy_text_is_accepted_or_refused_in_one_line(text):
 # ----- no torch on the compare path --------------------------------------------------------------
 def test_compare_does_not_import_torch():
     # A finder that refuses torch: if compare tried to import it, it would fail loudly.
-    script = textwrap.dedent("""
+    script = NO_TORCH + textwrap.dedent("""
         import sys
-
-        class NoTorch:
-            def find_spec(self, name, path=None, target=None):
-                if name == "torch" or name.startswith("torch."):
-                    raise ImportError("torch imported on the compare path")
-                return None
-
-        sys.meta_path.insert(0, NoTorch())
         from amsp_planner.cli.main import main
         try:
             main(["compare", "--model", "llama-7b", "--gpus", "1024", "--json"])

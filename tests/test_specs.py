@@ -139,7 +139,7 @@ def test_hf_config_missing_key_names_it(tmp_path, key):
     ({"model_type": "gpt_neox"}, "model_type 'gpt_neox' is not supported"),
     ({"hidden_act": "relu"}, "hidden_act"),
     ({"hidden_act": ["silu"]}, "hidden_act"),
-    ({"num_hidden_layers": [32]}, "num_layers"),
+    ({"num_hidden_layers": [32]}, "num_hidden_layers"),
 ])
 def test_hf_config_unsupported_shapes_are_refused(tmp_path, change, needle):
     with pytest.raises(AmspUserError, match=needle):

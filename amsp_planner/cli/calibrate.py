@@ -17,6 +17,7 @@ import sys
 
 import click
 
+from amsp_planner.cli.options import Number
 from amsp_planner.errors import AmspUserError
 
 
@@ -34,25 +35,25 @@ from amsp_planner.errors import AmspUserError
               show_default=True, help="Collectives to measure, comma-separated.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
               help="Element type of the measured tensors and matmuls.")
-@click.option("--seconds-per-point", type=click.FloatRange(min=0.0), default=0.25,
+@click.option("--seconds-per-point", type=Number(0, 3600), default=0.25,
               show_default=True, help="Time budget of the timed calls of one message size, per pass.")
-@click.option("--passes", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--passes", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Passes over all sizes; each figure is the median over passes.")
-@click.option("--matmul-size", type=click.IntRange(min=16), default=None,
+@click.option("--matmul-size", type=click.IntRange(16, 65536), default=None,
               help="Side of the square matmul (default: 4096 on GPUs, 512 on CPUs).")
 @click.option("--model", "-m", default=None,
               help="Also time the runtime's forward+backward of this model: sets achievable_fraction.")
-@click.option("--seq-len", type=click.IntRange(min=1), default=512, show_default=True,
+@click.option("--seq-len", type=click.IntRange(1, 1048576), default=512, show_default=True,
               help="With --model: tokens per sequence.")
-@click.option("--micro-batch", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--micro-batch", type=click.IntRange(1, 65536), default=1, show_default=True,
               help="With --model: sequences per forward+backward.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: nccl on CUDA, gloo otherwise.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1.0), default=60.0,
+@click.option("--timeout", "timeout_s", type=Number(1, 86400), default=60.0,
               show_default=True, help="Seconds the ranks wait for a lost rank before failing.")
-@click.option("--nproc", type=click.IntRange(min=1), default=None,
+@click.option("--nproc", type=click.IntRange(1, 1024), default=None,
               help="Not under torchrun: launch torchrun on this host with this many ranks per node.")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--nnodes", type=click.IntRange(1, 64), default=1, show_default=True,
               help="With --nproc: node agents to launch on this host (loopback).")
 @click.option("--fail-rank", type=int, default=None, hidden=True)
 def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_point, passes,

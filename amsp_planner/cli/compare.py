@@ -42,6 +42,11 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, **opts):
         from amsp_planner.exports.deepspeed import strategy_for_job
 
         rows.append(("ds_config", evaluate(job, strategy_for_job(strategy_from, job), limit)))
+    hint = None
+    if not any(e.fits for _, e in rows):
+        from amsp_planner.report.tables import fit_hint
+
+        hint = fit_hint(job, limit, mb, ckpt, tp)
     if fmt == "json":
         import json
 
@@ -50,6 +55,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, **opts):
             "params": job.model.num_params, "padded_params": job.phi,
             "batch_tokens": t.batch_tokens, "seq_len": t.seq_len,
             "rows": [{"name": n, **e.to_dict()} for n, e in rows],
+            "hint": hint,
         }
         click.echo(json.dumps(doc, indent=2))
         return
@@ -65,4 +71,6 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, **opts):
     skipped = inapplicable_line(job, tp)
     if skipped:
         out.append(skipped)
+    if hint:
+        out.append(hint)
     emit(out, fmt, wide)

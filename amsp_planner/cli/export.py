@@ -27,6 +27,57 @@ def summary_lines(result, out_name: str | None) -> list[str]:
     return lines
 
 
+def plan_command(plan, engine: str) -> str:
+    """`amsp plan` for the plan's job on `engine`: the model and cluster by preset name when the
+    plan holds the preset as it is, else a placeholder for the spec file."""
+    from amsp_planner.errors import AmspUserError
+    from amsp_planner.specs import load_cluster, load_model
+
+    j, t = plan.job, plan.job.training
+
+    def preset(load, spec, what):
+        try:
+            same = load(spec.name) == spec
+        except AmspUserError:
+            same = False
+        return spec.name if same else f"<the plan's {what} spec>"
+
+    limit = plan.memory_limit / 2**30
+    return (f"amsp plan --model {preset(load_model, j.model, 'model')} --gpus {j.num_gpus} "
+            f"--cluster {preset(load_cluster, j.cluster, 'cluster')} --seq-len {t.seq_len} "
+            f"--global-batch-seqs {t.batch_seqs}"
+            + (f" --memory-limit {limit:g}" if plan.memory_limit != j.cluster.memory_bytes
+               else "") + f" --engine {engine}")
+
+
+def engine_note(plan, target: str, result) -> str | None:
+    """When the plan was made for another engine: the target engine's own plan (the planner's
+    rule on the job as the target runs it) against the exported strategy; a line saying how
+    much faster it is and the command that makes it, when that is beyond the step-time band.
+    None when the plan was made for the target, or the export is within the band of it."""
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.errors import InfeasibleError
+    from amsp_planner.solver import solve
+    from amsp_planner.solver.space import Preference
+
+    if plan.job.engine == target:
+        return None
+    tjob = plan.job.for_engine(target)
+    pref = Preference.default()
+    try:
+        own = solve(tjob, plan.memory_limit, runners_up=0, preference=pref).best
+    except InfeasibleError:
+        return None
+    got = evaluate(tjob, result.closest, plan.memory_limit)
+    gain = got.step_s / own.step_s - 1
+    if gain <= pref.band:
+        return None
+    cmd = plan_command(plan, target)
+    return (f"the plan was made for {plan.job.engine}: {target}'s own best plan "
+            f"({own.strategy.with_(grad_accum=None)}) is {gain * 100:.0f}% faster than this "
+            f"export, beyond the +/-{pref.band * 100:.0f} % band: run `{cmd}` and export that")
+
+
 def run_check(target: str, result, job) -> str:
     """The target's own parser/config classes on what we wrote; one line saying what passed."""
     from amsp_planner.errors import AmspUserError
@@ -42,7 +93,7 @@ def run_check(target: str, result, job) -> str:
         if target == "fsdp2":
             import importlib.util
 
-            from amsp_planner.exports.fsdp2 import check_in_child
+            from amsp_planner.exports.fsdp2_check import check_in_child
 
             if importlib.util.find_spec("torch") is None:
                 raise ImportError(name="torch")
@@ -84,11 +135,12 @@ def earlier_export(target: str, text: str):
     keys = set(json.loads(text))
 
     def earlier(path) -> bool:
-        from amsp_planner.textfile import BadContent, parse
+        from amsp_planner.errors import AmspUserError
+        from amsp_planner.textfile import BadContent, parse, read_text
 
         try:
-            doc = parse(path.read_text(), "json")
-        except (OSError, UnicodeDecodeError, BadContent):
+            doc = parse(read_text(path), "json")
+        except (AmspUserError, BadContent):
             return False
         return isinstance(doc, dict) and "zero_optimization" in doc and set(doc) <= keys \
             and "auto" not in json.dumps(doc)
@@ -118,6 +170,9 @@ def export(plan_file, target, output, do_check):
     plan = load_plan(plan_file)
     result = do_export(target, plan.job, plan.strategy, plan.memory_limit)
     lines = summary_lines(result, output)
+    better = engine_note(plan, target, result)
+    if better:
+        lines.append(f"  note: {better}")
     if do_check:
         lines.append(run_check(target, result, plan.job))
     if output is None:

@@ -56,12 +56,13 @@ def cli():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: user errors become one line on stderr and exit code 2 (infeasible: 3)."""
+    """Entry point: user errors become one line on stderr and exit code 2 (infeasible: 3),
+    cut to a readable length (``errors.readable``)."""
     # pydantic scans every installed distribution's entry points for its plugins when the
     # first model class is made (about 30 ms of a cold `amsp plan`); the specs use none.
     # A user's own setting of the variable stands.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    from amsp_planner.errors import AmspUserError, InfeasibleError
+    from amsp_planner.errors import AmspUserError, InfeasibleError, readable
 
     try:
         rv = cli.main(args=argv, prog_name="amsp", standalone_mode=False)
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(e.ctx.get_help())
         sys.exit(0)
     except click.ClickException as e:
-        msg = e.format_message().replace("\n", " ")
+        msg = readable(e.format_message())
         hint = ""
         ctx = getattr(e, "ctx", None)
         if ctx is not None:
@@ -77,10 +78,10 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"error: {msg}{hint}", err=True)
         sys.exit(2)
     except AmspUserError as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {readable(e)}", err=True)
         sys.exit(2)
     except InfeasibleError as e:
-        click.echo(f"infeasible: {e}", err=True)
+        click.echo(f"infeasible: {readable(e)}", err=True)
         sys.exit(3)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
+import re
 
 import click
 
-from amsp_planner.errors import AmspUserError
+from amsp_planner.errors import AmspUserError, shown
 
 
 @contextlib.contextmanager
@@ -26,6 +28,38 @@ def no_cyclic_gc():
         if was:
             gc.freeze()
             gc.enable()
+
+
+class Number(click.ParamType):
+    """A finite number in a stated range (``amsp_planner/specs/fields.py``'s rule for the
+    options): nan, inf, 1e308 GiB or a negative time limit are refused naming the option and
+    the range (click's FloatRange lets nan through: no comparison with nan is false)."""
+
+    name = "number"
+
+    def __init__(self, lo: float, hi: float, lo_open: bool = False):
+        self.lo, self.hi, self.lo_open = lo, hi, lo_open
+
+    def _range(self) -> str:
+        return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
+
+    def convert(self, value, param, ctx):
+        try:
+            v = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            self.fail(f"{shown(value)!r} is not a number: give one in {self._range()}", param,
+                      ctx)
+        low = v <= self.lo if self.lo_open else v < self.lo
+        if not math.isfinite(v) or low or v > self.hi:
+            self.fail(f"{shown(value)} is not a finite number in {self._range()}: give one in "
+                      "that range", param, ctx)
+        return v
+
+
+MEMORY_GIB = Number(0, 4096, lo_open=True)
+"""--memory-limit: GiB per GPU, as a GPU spec's memory_gib."""
+SECONDS = Number(0.1, 7 * 86400)
+"""--time-limit: seconds, at most a week."""
 
 
 def engine_option(f):
@@ -67,7 +101,7 @@ def job_options(f):
     opts = [
         click.option("--model", "-m", required=True,
                      help="Model preset name or spec file (YAML, or a Hugging Face config.json)."),
-        click.option("--gpus", "-n", required=True, type=click.IntRange(min=1),
+        click.option("--gpus", "-n", required=True, type=click.IntRange(1, 2**20),
                      help="Number of GPUs (data-parallel ranks)."),
         click.option("--cluster", "-c", default=None,
                      help="Cluster preset or spec file (default: dgx-a100-hdr)."),
@@ -92,7 +126,7 @@ def job_options(f):
                      show_default=True, help="bf16 mixed precision or fp32 everywhere."),
         click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
                      show_default=True, help="Gradient shard and reduction dtype."),
-        click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--memory-limit", type=MEMORY_GIB, default=None,
                      help="Memory per GPU in GiB (default: the GPU's memory)."),
         engine_option,
     ]
@@ -139,13 +173,27 @@ def parse_sets(sets: tuple[str, ...]) -> dict:
     return out
 
 
+def _given(param: str) -> bool:
+    ctx = click.get_current_context(silent=True)
+    src = ctx.get_parameter_source(param) if ctx else None
+    return src is None or src.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def seq_len_for(model, seq_len: int, param: str = "seq_len") -> int:
+    """--seq-len; when not given and the reference 4096 is longer than the learned positions
+    of the model (GPT-3: 2048), the model's max_seq_len, with a note."""
+    if _given(param) or model.position_embedding != "learned" or seq_len <= model.max_seq_len:
+        return seq_len
+    click.echo(f"note: --seq-len not given: planning at {model.max_seq_len}, the longest "
+               f"sequence {model.name}'s learned positions hold (the default {seq_len} is "
+               "longer)", err=True)
+    return model.max_seq_len
+
+
 def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
     """A note on stderr when a --seq-len given is longer than the model supports (the default
     4096 is the planner's reference job, so it says nothing)."""
-    ctx = click.get_current_context(silent=True)
-    src = ctx.get_parameter_source(param) if ctx else None
-    given = src is None or src.name not in ("DEFAULT", "DEFAULT_MAP")
-    if given and seq_len > model.max_seq_len and model.position_embedding != "learned":
+    if _given(param) and seq_len > model.max_seq_len and model.position_embedding != "learned":
         click.echo(f"warning: --seq-len {seq_len} is longer than {model.name}'s max_seq_len "
                    f"{model.max_seq_len}: planning anyway; pass --seq-len {model.max_seq_len} "
                    "to stay within it", err=True)
@@ -157,7 +205,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
-    from amsp_planner.cost.job import Job
+    from amsp_planner.cost.job import Job, check_batch_tokens
     from amsp_planner.errors import format_validation_error
     from amsp_planner.specs import TrainingSpec, load_cluster, load_model, parse_batch
 
@@ -167,6 +215,9 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     if tokens is not None and global_batch_seqs is not None:
         raise AmspUserError("give --global-batch or --global-batch-seqs, not both")
     ckpt = ckpt_option(activation_checkpointing)
+    seq_len = seq_len_for(m, seq_len)
+    if global_batch_seqs is None:  # the batch in tokens must be whole sequences
+        check_batch_tokens(tokens, seq_len, micro_batch, gpus)
     try:
         t = TrainingSpec(seq_len=seq_len, global_batch_tokens=tokens,
                          global_batch_seqs=global_batch_seqs, micro_batch=micro_batch,
@@ -174,7 +225,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          precision=precision, grad_accum_dtype=grad_accum_dtype,
                          activation_profile=activation_profile)
     except ValidationError as e:
-        raise AmspUserError(format_validation_error(e, "training options")) from None
+        raise AmspUserError(training_error(e)) from None
     warn_seq_len(m, seq_len)
     c, split = Job.fit_nodes(c, gpus)
     if split:
@@ -185,6 +236,34 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
         click.echo(f"note: {note}", err=True)
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit
+
+
+OPTION_OF = {"seq_len": "--seq-len", "global_batch_tokens": "--global-batch",
+             "global_batch_seqs": "--global-batch-seqs", "micro_batch": "--micro-batch",
+             "activation_checkpointing": "--activation-checkpointing",
+             "precision": "--precision", "grad_accum_dtype": "--grad-accum-dtype",
+             "activation_profile": "--activation-profile"}
+"""The option that sets each TrainingSpec field."""
+_FIELD = re.compile(r"\b(" + "|".join(OPTION_OF) + r")\b")
+
+
+def as_options(text: str) -> str:
+    """`text` with TrainingSpec's field names replaced by the options that set them."""
+    return _FIELD.sub(lambda m: OPTION_OF[m.group(1)], text)
+
+
+def training_error(exc) -> str:
+    """One line from TrainingSpec's ValidationError, naming the options (``--global-batch``),
+    not the fields (``global_batch_tokens``)."""
+    from amsp_planner.errors import readable
+
+    parts = []
+    for err in exc.errors():
+        msg = as_options(err.get("msg", "invalid value").removeprefix("Value error, "))
+        field = ".".join(str(p) for p in err.get("loc", ()))
+        opt = OPTION_OF.get(field.split(".")[0])
+        parts.append(msg if not opt or opt in msg else f"{opt}: {msg}")
+    return readable("; ".join(parts))
 
 
 def ckpt_option(text: str) -> bool | int | str | None:

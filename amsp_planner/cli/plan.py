@@ -11,6 +11,7 @@ import time
 import click
 
 from amsp_planner.cli.options import (
+    SECONDS,
     build_job,
     build_preference,
     choice_options,
@@ -33,7 +34,7 @@ from amsp_planner.report.grid import format_option, pick_format
 @click.option("--solver", type=click.Choice(["highs", "cbc", "exhaustive"]), default="highs",
               show_default=True, help="The ILP on HiGHS or CBC, or the exact enumeration over "
               "the ILP's tables (docs/planner.md).")
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+@click.option("--time-limit", type=SECONDS, default=30.0, show_default=True,
               help="Solver time limit in seconds.")
 @click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
 @tp_option
@@ -50,6 +51,12 @@ def plan(**kw):
     """
     with no_cyclic_gc():
         _plan(**kw)
+
+
+def _is_plan_file(path) -> bool:
+    from amsp_planner.plan import is_plan_file  # imported only when the file exists
+
+    return is_plan_file(path)
 
 
 def _import_output(fmt: str) -> None:
@@ -73,6 +80,10 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
 
     t0 = time.perf_counter()
     fmt = pick_format(fmt, as_json)
+    if output != "-":  # an unwritable or wrong -o is refused before the search, not after
+        from amsp_planner.outfile import check_output
+
+        check_output(output, "-o", "an amsp plan", _is_plan_file)
     tp = parse_tp(tp)
     job, limit = build_job(**opts)
     pref = build_preference(headroom, quantization, tie_band)

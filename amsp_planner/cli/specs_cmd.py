@@ -35,9 +35,12 @@ def _kind(name: str) -> str:
 
     from amsp_planner.specs import list_presets
     from amsp_planner.specs.loader import ALIASES, _read_mapping, _resolve, is_hf_config
+    from amsp_planner.textfile import path_too_long
 
     if name in list_presets("cluster") or name in ALIASES["cluster"]:
         return "cluster"
+    if path_too_long(name):
+        _resolve(name, "model")  # refuses it in one line (Path.exists would raise)
     p = Path(name)
     if name in list_presets("model") or name in ALIASES["model"] or not (p.exists() or p.suffix):
         return "model"

@@ -14,15 +14,17 @@ from pathlib import Path
 
 import click
 
-from amsp_planner.cli.options import choice_options, ckpt_option, engine_option
+from amsp_planner.cli.options import SECONDS, choice_options, ckpt_option, engine_option
 from amsp_planner.errors import AmspUserError
 from amsp_planner.report.grid import format_option
+from amsp_planner.whatif_grid import MAX_POINTS, MAX_POINTS_CEILING, check_list_length
 
 
 def split_list(text: str | None, conv, option: str) -> tuple:
     """'64,128' -> (64, 128) with `conv` per item; one clear error naming the option."""
     if text is None:
         return (None,)
+    check_list_length(str(text), option)
     items = [t.strip() for t in str(text).split(",")]
     if not all(items):
         raise AmspUserError(f"{option} '{text}': an empty item: write values separated by commas")
@@ -122,7 +124,7 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
 @click.option("--solver", type=click.Choice(["highs", "cbc", "exhaustive"]), default="exhaustive",
               show_default=True, help="The exact enumeration over the ILP's tables (fast on many "
               "points), or the ILP on HiGHS or CBC: the same decisions (docs/planner.md).")
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+@click.option("--time-limit", type=SECONDS, default=30.0, show_default=True,
               help="Solver time limit per point, seconds.")
 @click.option("--gpu-hour-price", default=None, metavar="USD[,USD...]",
               help="Price of one GPU-hour: one for all clusters, or one per cluster; adds "
@@ -138,17 +140,25 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
 @format_option(json_flag=False)
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None,
               help="Processes (default: the cores this process may use).")
+@click.option("--max-points", type=click.IntRange(1, MAX_POINTS_CEILING), default=MAX_POINTS,
+              show_default=True, help="Refuse a sweep of more points than this, before any work.")
+@click.option("--progress/--no-progress", default=None,
+              help="Show progress on stderr (default: on a terminal, for 8 points or more; "
+                   "--progress off a terminal prints a line per tenth of the points).")
 def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, global_batches,
            global_batch_seqs, memory_limits, micro_batch, activation_checkpointing,
            no_flash_attention, precision, grad_accum_dtype, no_zeropp, engine, objective, solver,
            time_limit, gpu_hour_price, csv_path, json_path, plot_path, x_axis, fmt, wide,
-           workers, headroom, quantization, tie_band):
+           workers, max_points, progress, headroom, quantization, tie_band):
     """Sweep GPU counts, models, clusters and cluster edits; the optimal plan at every point."""
     from amsp_planner import whatif as w
     from amsp_planner.report.grid import pick_format
 
     if json_path == "-":
         fmt = pick_format(fmt, True)
+    from amsp_planner.report import whatif_report as rep
+
+    check_output_paths(rep, {"--csv": csv_path, "--json": json_path, "--plot": plot_path})
     if compare_clusters and clusters:
         raise AmspUserError("give --cluster or --compare-clusters, not both")
     cl = split_list(compare_clusters or clusters, _name, "--compare-clusters"
@@ -188,17 +198,15 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
         memory_limits_gib=split_list(memory_limits, _pos_float, "--memory-limit"),
         options=opts,
     )
-    from amsp_planner.report import whatif_report as rep
-
-    rep.check_outputs({"--csv": csv_path, "--json": json_path, "--plot": plot_path})
-    w.validate(sweep)
+    sweep.check_size(max_points)
+    w.validate(sweep, max_points)
     from amsp_planner.cli.options import warn_seq_len
     from amsp_planner.specs import load_model
 
     for m in sweep.models:
         warn_seq_len(load_model(m), max(sweep.seq_lens), "seq_lens")
     x = pick_x_axis(sweep, x_axis)
-    rows = _run_with_progress(w, sweep, workers)
+    rows = _run_with_progress(w, sweep, workers, max_points, progress)
 
     if csv_path:
         rep.write("--csv", csv_path, rep.csv_text(rows))
@@ -223,6 +231,15 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
     emit([grid, *rep.footnotes(rows), *wrote], fmt, wide)
 
 
+def check_output_paths(rep, paths: dict[str, str | None]) -> None:
+    """Before any work: no two outputs on one path, each writable and not something else
+    (``outfile.check_outputs``), and a plot format matplotlib writes."""
+    from amsp_planner.outfile import check_outputs
+
+    check_outputs({o: (p, *rep.OUTPUTS[o]) for o, p in paths.items()})
+    rep.check_outputs(paths)
+
+
 def pick_x_axis(sweep, x_axis: str | None) -> str:
     """The plot's x axis: the one asked for (it must be swept), else gpus if swept, else the
     first swept number, else gpus."""
@@ -239,15 +256,52 @@ def pick_x_axis(sweep, x_axis: str | None) -> str:
     return "gpus" if "gpus" in numeric or not numeric else numeric[0]
 
 
-def _run_with_progress(w, sweep, workers):
+def _run_with_progress(w, sweep, workers, max_points: int, show: bool | None):
+    """Solve the sweep; progress on stderr (rich's bar on a terminal, plain lines with
+    --progress elsewhere). Ctrl-C ends the workers and exits 130 with one line, before any
+    output file is written."""
     n = len(sweep)
-    if n < 8 or not sys.stderr.isatty():
-        return w.run(sweep, workers)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    tty = sys.stderr.isatty()
+    show = (n >= 8 and tty) if show is None else show
+    done = [0]
 
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=Console(file=sys.stderr),
-                  transient=True) as prog:
-        task = prog.add_task("solving", total=n)
-        return w.run(sweep, workers, progress=lambda k: prog.advance(task, k))
+    def count(k: int) -> None:
+        done[0] += k
+
+    try:
+        if not show:
+            return w.run(sweep, workers, progress=count, max_points=max_points)
+        if not tty:
+            return w.run(sweep, workers, progress=_lines(n, count), max_points=max_points)
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=Console(file=sys.stderr), transient=True) as prog:
+            task = prog.add_task("solving", total=n)
+
+            def advance(k: int) -> None:
+                count(k)
+                prog.advance(task, k)
+
+            return w.run(sweep, workers, progress=advance, max_points=max_points)
+    except KeyboardInterrupt:
+        click.echo(f"interrupted: {done[0]:,} of {n:,} points solved; no file written",
+                   err=True)
+        sys.exit(130)
+
+
+def _lines(n: int, count):
+    """A progress callback printing 'solved k of n points' at each further tenth."""
+    step = max(1, n // 10)
+    state = {"done": 0, "next": step}
+
+    def report(k: int) -> None:
+        count(k)
+        state["done"] += k
+        if state["done"] >= state["next"] or state["done"] == n:
+            click.echo(f"solved {state['done']:,} of {n:,} points", err=True)
+            state["next"] = (state["done"] // step + 1) * step
+
+    return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -12,6 +13,55 @@ from amsp_planner.specs.model import ModelSpec
 from amsp_planner.specs.training import TrainingSpec
 from amsp_planner.strategy import PAD_QUANTUM, Strategy
 from amsp_planner.topology import Topology
+
+
+def batch_source(training: TrainingSpec) -> str:
+    """The option that set the global batch, with its value, as the user wrote it."""
+    if training.global_batch_tokens is not None:
+        return f"--global-batch {training.global_batch_tokens}"
+    if training.global_batch_seqs is not None:
+        return f"--global-batch-seqs {training.global_batch_seqs}"
+    return "the default --global-batch 4M"
+
+
+def batch_choices(seqs: float, num_gpus: int, micro_batch: int | None = None) -> list[int]:
+    """The global batches in sequences nearest `seqs`, below and above, that split evenly over
+    every data-parallel degree of the job: multiples of the GPUs x the pinned micro-batch.
+    A batch that only N/t ranks divide would force tensor parallelism t on the plan (896
+    sequences on 1024 GPUs: tp=8 and 16 % fewer tokens/s than 1024 sequences at tp=1)."""
+    step = num_gpus * (micro_batch or 1)
+    below = int(seqs // step) * step
+    above = -(-math.ceil(seqs) // step) * step
+    return sorted({v for v in (below, above) if v >= step})
+
+
+def batch_fix(training: TrainingSpec, seqs: float, num_gpus: int) -> str:
+    """'use OPTION VALUE ... or OPTION VALUE': the nearest batches that split evenly
+    (``batch_choices``), in the unit of the option the user gave (tokens for --global-batch,
+    the default's option too; sequences for --global-batch-seqs)."""
+    return _fix(training.seq_len, training.micro_batch, training.global_batch_seqs is not None,
+                seqs, num_gpus)
+
+
+def _fix(seq_len: int, micro_batch: int | None, in_seqs: bool, seqs: float, num_gpus: int):
+    out = [f"--global-batch-seqs {v}" if in_seqs else f"--global-batch {v * seq_len} "
+           f"({v:,} sequences)" for v in batch_choices(seqs, num_gpus, micro_batch)]
+    return "use " + " or ".join(out)
+
+
+def check_batch_tokens(tokens: int | None, seq_len: int, micro_batch: int | None,
+                       num_gpus: int) -> None:
+    """A global batch in tokens (None: the default 4M) must be whole sequences: refused in one
+    line naming --global-batch and the nearest batches that also split evenly over the GPUs."""
+    from amsp_planner.specs.training import DEFAULT_BATCH_TOKENS
+
+    t = DEFAULT_BATCH_TOKENS if tokens is None else tokens
+    if t % seq_len == 0:
+        return
+    what = (f"--global-batch {tokens}" if tokens is not None else
+            "the default global batch (--global-batch 4M)")
+    raise AmspUserError(f"{what}: {t:,} tokens are not whole sequences of --seq-len {seq_len}; "
+                        f"{_fix(seq_len, micro_batch, False, t / seq_len, num_gpus)}")
 
 
 @dataclass(frozen=True)
@@ -54,11 +104,14 @@ class Job:
         if num_gpus > r and num_gpus % r:
             raise AmspUserError(
                 f"--gpus {num_gpus} is not a whole number of {r}-GPU nodes on {cluster.name}: "
-                f"use a multiple of {r}"
+                f"use a multiple of {r}, or give --set gpus_per_node=N for nodes of N GPUs (N "
+                f"dividing {num_gpus})"
             )
         if num_gpus < r and r % num_gpus:
             raise AmspUserError(
-                f"--gpus {num_gpus}: a partial node must hold a divisor of {r} GPUs: use one"
+                f"--gpus {num_gpus}: a partial node of {cluster.name} must hold a divisor of "
+                f"{r} GPUs ({', '.join(str(d) for d in range(1, r) if r % d == 0)}): use one, "
+                f"or give --set gpus_per_node={num_gpus} for nodes of {num_gpus} GPUs"
             )
         b = training.batch_seqs
         eng = profile(engine)
@@ -70,12 +123,10 @@ class Job:
                    f"nor of the {num_gpus // tmax} data-parallel ranks of tensor parallelism "
                    f"{tmax} (the most the nodes hold): each data-parallel rank needs whole "
                    "sequences")
-            ranks = num_gpus // tmax  # the fewest data-parallel ranks the job can have
             raise AmspUserError(
-                f"global batch of {b} sequences ({training.batch_tokens} tokens) is not a multiple "
-                f"of {num_gpus} GPUs x micro-batch 1, {why}; use a global batch of a multiple "
-                f"of {ranks} sequences (e.g. --global-batch-seqs {max(1, b // ranks) * ranks})"
-                " or fewer GPUs"
+                f"global batch of {b:,} sequences ({batch_source(training)}) is not a "
+                f"multiple of {num_gpus} GPUs x micro-batch {training.micro_batch or 1}, {why}; "
+                f"{batch_fix(training, b, num_gpus)} or fewer GPUs"
             )
         if model.position_embedding == "learned" and training.seq_len > model.max_seq_len:
             raise AmspUserError(
@@ -84,9 +135,12 @@ class Job:
             )
         per = b // (num_gpus // tp_ok[0]) if tp_ok else b // num_gpus
         if training.micro_batch is not None and per % training.micro_batch:
+            divs = [d for d in range(1, per + 1) if per % d == 0]
+            mbs = ", ".join(map(str, divs[:-1])) + (" or " if len(divs) > 1 else "") + str(per)
             raise AmspUserError(
-                f"--micro-batch {training.micro_batch} does not divide the {per} "
-                f"sequences per GPU: use a divisor of {per}"
+                f"--micro-batch {training.micro_batch} does not divide the {per} sequences per "
+                f"data-parallel rank; use --micro-batch {mbs}, or keep it with "
+                f"{batch_fix(training, b, num_gpus)[4:]}"
             )
         return cls(model, cluster, training, num_gpus, Topology(cluster, num_gpus), engine)
 

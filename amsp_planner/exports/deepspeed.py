@@ -208,20 +208,9 @@ def _load(source: str | Path | dict) -> tuple[dict, str]:
         return source, "ds_config"
     path = Path(source)
     name = str(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise AmspUserError(f"--strategy-from {name}: cannot read it ({e.strerror}): check the "
-                            "path") from None
-    except UnicodeDecodeError:
-        raise AmspUserError(f"--strategy-from {name}: not UTF-8 text: give a DeepSpeed JSON "
-                            "config") from None
-    from amsp_planner.textfile import BadContent, parse
+    from amsp_planner.textfile import load
 
-    try:
-        data = parse(text, "json")
-    except BadContent as e:
-        raise AmspUserError(f"{name}: {e}: fix the file (DeepSpeed configs are JSON)") from None
+    data = load(path, "json", f"--strategy-from {name}", "give a DeepSpeed JSON config")
     if not isinstance(data, dict):
         raise AmspUserError(f"{name}: expected a JSON object at the top level, got "
                             f"{type(data).__name__}: write a ds_config object")

@@ -22,9 +22,13 @@ per micro-batch, keep full parameters until backward ends) is ZeRO-2-like in tra
 unsharded parameters, a point outside the cost model's space: we do not emit it.
 
 Activation checkpointing (``ACTIVATION_CHECKPOINTING``: True, False, K or "op"), applied by
-``apply`` before sharding: ``checkpoint_wrapper`` on every block, on the first K blocks (the
-planner's convention), or on every block with a selective-checkpointing ``context_fn`` that
-keeps the outputs of the matmuls and of attention ("op", as the bundled runtime does).
+``apply`` before sharding, to the blocks it finds or to those passed as ``blocks=[...]`` (in
+forward order): ``checkpoint_wrapper`` on every block, on the first K blocks (the planner's
+convention), or on every block with a selective-checkpointing ``context_fn`` that keeps the
+outputs of the matmuls and of attention ("op", as the bundled runtime does). Each wrapper
+replaces its block in the block's parent module and is that block's FSDP unit. ``apply``
+raises ValueError rather than shard without the plan's checkpointing: a block to wrap that is
+not a submodule of the model, or a plan's K larger than the model's blocks (``strict``).
 
 Tensor parallelism (a plan with tp = T > 1): the module also holds ``TP_SIZE`` and its
 ``build_mesh`` makes the (replicate, shard, tp) mesh with TP innermost (a TP group is T
@@ -40,12 +44,20 @@ must reshape with -1 heads (torchtitan's does) so that it runs on its a/T local 
 With gradient accumulation, HSDP's replica all-reduce runs on every micro-batch unless told
 otherwise; the plan's schedule all-reduces once per step, so the module provides
 ``set_micro_batch(model, index)`` to call before each micro-batch's backward.
+
+This module chooses the settings and writes the module's text; ``exports/fsdp2_check.py``
+applies a written module with torch on a tiny model (``--check``).
 """
 
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
 from amsp_planner.exports.common import ExportResult, expressible, finish
+from amsp_planner.exports.fsdp2_check import (  # noqa: F401 - also this module's API
+    check_in_child,
+    check_with_torch,
+    load_module,
+)
 from amsp_planner.strategy import Strategy
 
 TARGET = "fsdp2"
@@ -153,30 +165,85 @@ def _op_policy(ctx, func, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if func in keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def checkpoint_blocks(model, setting=ACTIVATION_CHECKPOINTING):
-    """Wrap the blocks (see block_container) for recomputation: all of them (True), the
-    first K (an int), or all with op-level selective checkpointing ("op")."""
+def checkpoint_count(n_blocks: int, setting=ACTIVATION_CHECKPOINTING, strict: bool = True) -> int:
+    """How many blocks, the first ones, the plan checkpoints out of `n_blocks`: all of them
+    (True, "op"), none (False), or K. K > n_blocks is a model that is not the plan's: ValueError,
+    or with strict=False (a small test model) every block."""
+    if setting is True or setting == "op":
+        return n_blocks
+    if not setting:
+        return 0
+    k = int(setting)
+    if k > n_blocks and strict:
+        raise ValueError(f"the plan checkpoints the first {k} blocks (ACTIVATION_CHECKPOINTING) "
+                         f"but the model has {n_blocks}: pass all of its blocks, in forward "
+                         "order, or pass strict=False")
+    return min(k, n_blocks)
+
+
+def _parents(model) -> dict:
+    """id(module) -> (parent, attribute name) for every submodule of `model`."""
+    out = {}
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            out.setdefault(id(child), (parent, name))
+    return out
+
+
+def checkpoint_blocks(model, blocks=None, setting=ACTIVATION_CHECKPOINTING, strict: bool = True):
+    """Apply the plan's activation checkpointing to the blocks and return them as FSDP units.
+
+    blocks: in forward order; None for the model's own (see block_container). The first
+    checkpoint_count(len(blocks)) of them are wrapped with checkpoint_wrapper (non-reentrant
+    torch.utils.checkpoint), each wrapper replacing its block in the block's parent module, with
+    the selective-checkpointing context_fn for "op". A block already wrapped is kept as it is.
+    ValueError (nothing changed) when a block to wrap is not a submodule of `model`: it could not
+    be replaced, and its activations would be kept although the plan recomputes them.
+    """
     import functools
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    container = block_container(model)
-    children = list(container.named_children())
-    count = len(children) if setting is True or setting == "op" else int(setting)
+    units = default_blocks(model) if blocks is None else list(blocks)
     kw = {}
     if setting == "op":
         kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _op_policy)
-    for name, child in children[:count]:
-        setattr(container, name, checkpoint_wrapper(child, **kw))
+    for i, parent, name in wrap_targets(model, units, setting, strict):
+        units[i] = checkpoint_wrapper(units[i], **kw)
+        setattr(parent, name, units[i])
+    return units
+
+
+def wrap_targets(model, units, setting=ACTIVATION_CHECKPOINTING, strict: bool = True) -> list:
+    """(index, parent, attribute name) of each block checkpoint_blocks wraps (not those already
+    wrapped); ValueError, before anything changes, where the plan's checkpointing cannot be
+    applied (see checkpoint_blocks and checkpoint_count)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    parents = _parents(model)
+    out = []
+    for i, block in enumerate(units[:checkpoint_count(len(units), setting, strict)]):
+        if isinstance(block, CheckpointWrapper):
+            continue
+        if id(block) not in parents:
+            raise ValueError(
+                f"blocks[{i}] ({type(block).__name__}) is not a submodule of the model, so it "
+                f"cannot be wrapped for the plan's activation checkpointing "
+                f"(ACTIVATION_CHECKPOINTING={setting!r}): pass the model's own blocks")
+        out.append((i, *parents[id(block)]))
+    return out
 
 
 def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
-    """fully_shard each block, then the root, with the plan's settings; returns the model.
+    """Checkpoint the plan's blocks (checkpoint_blocks), fully_shard each block, then the root,
+    with the plan's settings; returns the model.
 
     world_mesh: a 2-D (replicate, shard) or 1-D (shard) DeviceMesh, or None to build the
-    plan's. strict=False accepts another mesh (e.g. one process in a test) and falls back to
-    reshard_after_forward=True when the plan's int does not divide its shard size.
+    plan's. blocks: the transformer blocks in forward order (default: found, block_container).
+    strict=False accepts another mesh (e.g. one process in a test), falls back to
+    reshard_after_forward=True when the plan's int does not divide its shard size, and
+    checkpoints every block of a model with fewer blocks than the plan's K.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -188,10 +255,9 @@ def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
     reshard = RESHARD_AFTER_FORWARD
     if not isinstance(reshard, bool) and not (1 < reshard < shape[1] and shape[1] % reshard == 0):
         reshard = True
-    if ACTIVATION_CHECKPOINTING and blocks is None:
-        checkpoint_blocks(model)
+    units = checkpoint_blocks(model, blocks, strict=strict)
     policy = mp_policy()
-    for block in (default_blocks(model) if blocks is None else blocks):
+    for block in units:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     return model
@@ -251,8 +317,9 @@ def tp_plan(block) -> dict:
 
 
 def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
-    """parallelize_module on the "tp" dimension, then fully_shard each block and the root on
-    the (replicate, shard) dimensions; returns the model."""
+    """parallelize_module on the "tp" dimension, the plan's checkpointing (checkpoint_blocks),
+    then fully_shard each block and the root on the (replicate, shard) dimensions; returns the
+    model."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -261,12 +328,11 @@ def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):
     if strict and shape != (*MESH_SHAPE, TP_SIZE):
         raise ValueError(f"mesh {shape} is not the plan's (replicate, shard, tp) "
                          f"{(*MESH_SHAPE, TP_SIZE)}: launch {NUM_GPUS} ranks or pass strict=False")
-    todo = default_blocks(model) if blocks is None else blocks
+    todo = default_blocks(model) if blocks is None else list(blocks)
+    wrap_targets(model, todo, strict=strict)  # refuse before parallelize_module changes them
     for block in todo:
         parallelize_module(block, mesh["tp"], tp_plan(block))
-    if ACTIVATION_CHECKPOINTING and blocks is None:
-        checkpoint_blocks(model)
-        todo = default_blocks(model)
+    todo = checkpoint_blocks(model, todo, strict=strict)
     dp = mesh["replicate", "shard"]
     reshard = RESHARD_AFTER_FORWARD
     if not isinstance(reshard, bool) and not (1 < reshard < shape[1] and shape[1] % reshard == 0):
@@ -287,7 +353,8 @@ def render(job: Job, s: Strategy) -> str:
         "",
         "    import amsp_fsdp2",
         "    mesh = amsp_fsdp2.build_mesh()          # after init_process_group",
-        "    amsp_fsdp2.apply(model, mesh)           # fully_shard each block, then the root",
+        "    amsp_fsdp2.apply(model, mesh)           # checkpoint the plan's blocks,",
+        "                                            # fully_shard each, then the root",
         "    for i, batch in enumerate(micro_batches):",
         "        amsp_fsdp2.set_micro_batch(model, i)",
         "        loss(model(batch)).backward()",
@@ -311,148 +378,3 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
     return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)
 
 
-def _Tiny():
-    import torch
-
-    class Tiny(torch.nn.Module):
-        """Two blocks in .layers, as apply() expects of a transformer."""
-
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)])
-            self.head = torch.nn.Linear(16, 4)
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = torch.relu(layer(x))
-            return self.head(x)
-
-    return Tiny()
-
-
-def _TinyTP():
-    import torch
-
-    class FeedForward(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w1, self.w3 = torch.nn.Linear(16, 32, bias=False), torch.nn.Linear(16, 32, bias=False)
-            self.w2 = torch.nn.Linear(32, 16, bias=False)
-
-        def forward(self, x):
-            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
-
-    class Block(torch.nn.Module):
-        """A torchtitan-named MLP block (ffn_norm, feed_forward.w1/w2/w3)."""
-
-        def __init__(self):
-            super().__init__()
-            self.ffn_norm, self.feed_forward = torch.nn.RMSNorm(16), FeedForward()
-
-        def forward(self, x):
-            return x + self.feed_forward(self.ffn_norm(x))
-
-    class Tiny(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList([Block(), Block()])
-            self.head = torch.nn.Linear(16, 4)
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = layer(x)
-            return self.head(x)
-
-    return Tiny()
-
-
-def check_with_torch(text: str) -> dict:
-    """Import the generated module and apply it with FSDP2 on a tiny model, in this process.
-
-    One-rank gloo group on CPU (created here when none exists, on an in-memory store), mesh
-    (1, 1), strict=False;
-    runs one forward and backward. Returns what FSDP2 built: the sharded parameters' mesh
-    shape and placements, and the module's own settings. Needs torch (the runtime extra).
-    """
-
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
-
-    mod = load_module(text)
-    created = not dist.is_initialized()
-    if created:  # an in-memory store: no TCP port, no store thread to outlive the check
-        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    tp = getattr(mod, "TP_SIZE", 1) > 1
-    if tp:
-        mesh = init_device_mesh("cpu", (1, 1, 1), mesh_dim_names=("replicate", "shard", "tp"))
-    else:
-        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
-    torch.manual_seed(0)
-    model = _TinyTP() if tp else _Tiny()
-    mod.apply(model, mesh, strict=False)
-    mod.set_micro_batch(model, mod.GRAD_ACCUM - 1)
-    x = torch.randn(2, 4, 16) if tp else torch.randn(4, 16)  # TP: (batch, sequence, hidden)
-    model(x).float().sum().backward()
-    params = list(model.parameters())
-    out = {
-        "all_dtensor": all(isinstance(p, DTensor) for p in params),
-        "mesh_shape": tuple(params[0].device_mesh.shape),
-        "placements": [str(pl) for pl in params[0].placements],
-        "grads": all(p.grad is not None for p in params),
-        "module_mesh_shape": tuple(mod.MESH_SHAPE),
-        **({"tp_size": mod.TP_SIZE, "tp_mesh_dims": list(params[0].device_mesh.mesh_dim_names),
-            "tp_plan": sorted(f"{k}:{type(v).__name__}"
-                              for k, v in mod.tp_plan(_TinyTP().layers[0]).items())}
-           if tp else {}),
-        "module_mesh_for_plan": mod.mesh_shape(mod.NUM_GPUS),
-        "reshard_after_forward": mod.RESHARD_AFTER_FORWARD,
-        "checkpointed": [isinstance(b, CheckpointWrapper) for b in model.layers],
-        "selective": [getattr(b, "checkpoint_fn", None) is not None
-                      and "context_fn" in getattr(b.checkpoint_fn, "keywords", {})
-                      for b in model.layers],
-    }
-    if created:
-        dist.destroy_process_group()
-    return out
-
-
-_CHILD = """
-import json, os, sys
-from amsp_planner.exports.fsdp2 import check_with_torch
-print(json.dumps(check_with_torch(sys.stdin.read())), flush=True)
-os._exit(0)  # skip interpreter teardown: gloo and autograd threads end with the process
-"""
-
-
-def check_in_child(text: str, timeout_s: float = 300) -> dict:
-    """``check_with_torch`` in a fresh Python process, which ends with ``os._exit``.
-
-    torch.distributed's C++ threads could otherwise still be joinable when this interpreter
-    exits ('terminate called without an active exception', exit 134, after the result was
-    printed). Raises RuntimeError with the child's last line when it fails.
-    """
-    import json
-    import subprocess
-    import sys
-
-    try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD], input=text, text=True,
-                              capture_output=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the FSDP2 check did not finish in {timeout_s:.0f} s") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise RuntimeError(f"the FSDP2 check failed: {last}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def load_module(text: str, name: str = "amsp_fsdp2_generated"):
-    """Import generated module text (for checks and tests)."""
-    import types
-
-    mod = types.ModuleType(name)
-    exec(compile(text, f"<{name}>", "exec"), mod.__dict__)
-    return mod

@@ -1,16 +1,21 @@
 """Pictures of what-if sweeps (matplotlib, headless: an Agg canvas, never pyplot).
 
 `sweep_figure` draws MFU and tokens/s against the swept axis, one line per series (cluster,
-model, --set value, ...), and puts a letter where the optimal sharding changes along a line
-(the key under the plot spells the letters out). Points without a plan are hollow triangles at
-the top edge, never an MFU of 0.
+model, --set value, ...). A strategy is named by its shape (``relative_sharding``: a shard
+degree equal to the point's data-parallel GPUs is written N), so a line whose plan keeps its
+shape as it grows is lettered once. Where the shape changes along a line (and at its first
+point) the MFU panel gets a letter in the line's colour, placed by ``place_labels`` at the
+first of a list of offsets around the point whose rendered box meets no other letter, no
+point's marker, and stays inside the panel: no two letters overlap. The key under the plot spells
+the letters out; the series legend sits between the title and the panels. Points without a plan
+are gaps in the lines and hollow triangles at the MFU panel's top edge, never an MFU of 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from amsp_planner.whatif import Row
+from amsp_planner.whatif_grid import Row
 
 LABELS = {
     "gpus": "GPUs", "seq_len": "sequence length (tokens)", "memory_limit_gib": "memory limit (GiB)",
@@ -59,24 +64,83 @@ def _x(row: Row, x_axis: str) -> float:
     return float(v) if v is not None else 0.0
 
 
+def relative_sharding(row: Row) -> str:
+    """The row's sharding with every shard degree equal to its data-parallel GPUs (GPUs / tp)
+    written N: 'p=8,g=8,os=512' at 512 GPUs is 'p=8,g=8,os=N'."""
+    tokens = row.sharding.split(",")
+    tp = next((int(t[3:]) for t in tokens if t.startswith("tp=")), 1)
+    dp = (row.point.get("gpus") or 0) // tp
+    out = []
+    for t in tokens:
+        key, _, value = t.partition("=")
+        out.append(f"{key}=N" if key in ("p", "g", "os") and value == str(dp) else t)
+    return ",".join(out)
+
+
 def strategy_codes(lines: dict[str, list[Row]]) -> dict[str, str]:
-    """A letter for each sharding that appears, in order of first appearance along the lines."""
+    """A letter for each strategy shape (relative_sharding) that appears, in order of first
+    appearance along the lines."""
     codes: dict[str, str] = {}
     for rs in lines.values():
         for r in rs:
-            if r.ok and r.sharding not in codes:
+            if r.ok and relative_sharding(r) not in codes:
                 n = len(codes)
-                codes[r.sharding] = chr(65 + n % 26) + ("" if n < 26 else str(n // 26))
+                codes[relative_sharding(r)] = chr(65 + n % 26) + ("" if n < 26 else str(n // 26))
     return codes
+
+
+OFFSETS = [(0, 8), (0, -9), (10, 0), (-10, 0), (9, 8), (-9, 8), (9, -9), (-9, -9),
+           (0, 17), (0, -18), (18, 0), (-18, 0), (16, 14), (-16, 14), (16, -14), (-16, -14),
+           (0, 26), (0, -27), (26, 0), (-26, 0)]
+"""Where a letter may go, in points from its point, nearest first."""
+MARKER_PX = 4.0
+"""Half the side of the box around a point's marker that letters keep clear of (pixels)."""
+
+
+def place_labels(ax, labels, obstacles=()) -> int:
+    """Annotate `ax` with (x, y, text, color) labels, each at the first of OFFSETS where its
+    rendered box stays inside the axes and meets neither a box already placed nor one of
+    `obstacles` (display-space Bboxes); returns how many found no such place (left out).
+
+    Needs the figure's layout final (axes positions, scales and limits): draw it first."""
+    renderer = ax.figure.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    taken = list(obstacles)
+    left_out = 0
+    for x, y, text, color in labels:
+        for dx, dy in OFFSETS:
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy),
+                              ha="center", va="center", fontsize=8, fontweight="bold",
+                              color=color, annotation_clip=False)
+            box = ann.get_window_extent(renderer).padded(1.0)
+            fits = (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
+                    and box.y1 <= inside.y1)
+            if fits and not any(box.overlaps(t) for t in taken):
+                taken.append(box)
+                break
+            ann.remove()
+        else:
+            left_out += 1
+    return left_out
+
+
+def _marker_boxes(ax, points):
+    from matplotlib.transforms import Bbox
+
+    boxes = []
+    for x, y in points:
+        px, py = ax.transData.transform((x, y))
+        boxes.append(Bbox([[px - MARKER_PX, py - MARKER_PX], [px + MARKER_PX, py + MARKER_PX]]))
+    return boxes
 
 
 def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], title: str = "",
                  width_in: float = 12.0, height_in: float = 9.0, dpi: int = 100):
     """A Figure with MFU (top) and tokens/s (bottom) against `x_axis`.
 
-    Along each line, every point where the optimal sharding differs from the previous point's
-    (and the first point) gets a letter, stacked above the point by line so letters of
-    different lines never overlap; the key under the plot spells the letters out. Invalid and
+    Along each line, every point where the strategy's shape (relative_sharding) differs from
+    the previous point's (and the first point) gets a letter in the MFU panel, placed where it
+    overlaps nothing (place_labels); the key under the plot spells the letters out. Invalid and
     infeasible points are gaps in the line and hollow triangles at the MFU panel's top edge.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -88,12 +152,15 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
     lines = series(rows, x_axis, series_axes)
     codes = strategy_codes(lines)
     key_rows = -(-len(codes) // 3)
-    key_h = min(0.4, 0.03 + 0.022 * key_rows)
+    key_h = min(0.4, 0.05 + 0.022 * key_rows)
+    legend_rows = -(-len(lines) // 4) if len(lines) > 1 else 0
     ax_mfu, ax_tps = fig.subplots(2, 1, sharex=True)
-    fig.subplots_adjust(left=0.08, right=0.98, top=0.94, bottom=0.07 + key_h, hspace=0.08)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.94 - 0.025 * legend_rows,
+                        bottom=0.07 + key_h, hspace=0.08)
     xs_all = sorted({_x(r, x_axis) for r in rows})
     log_x = x_axis in ("gpus", "seq_len", "global_batch") and len(xs_all) > 1 and xs_all[0] > 0
     no_plan = False
+    labels, points = [], []
     for i, (name, rs) in enumerate(lines.items()):
         color = f"C{i % 10}"
         xs = [_x(r, x_axis) for r in rs]
@@ -111,37 +178,45 @@ def sweep_figure(rows: Sequence[Row], x_axis: str, series_axes: Sequence[str], t
         for k, r in enumerate(rs):
             if not r.ok:
                 continue
-            if r.sharding != prev:  # one letter per change, stacked by line: none overlap
-                ax_mfu.annotate(codes[r.sharding], (xs[k], r.mfu * 100),
-                                textcoords="offset points", xytext=(0, 6 + 9 * (i % 4)),
-                                ha="center", fontsize=8, fontweight="bold", color=color)
-            prev = r.sharding
+            points.append((xs[k], r.mfu * 100))
+            shape = relative_sharding(r)
+            if shape != prev:  # a letter where the shape changes along the line
+                labels.append((xs[k], r.mfu * 100, codes[shape], color))
+            prev = shape
     for ax in (ax_mfu, ax_tps):
         ax.grid(True, alpha=0.3)
         if log_x:
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs_all)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax_mfu.margins(y=0.3)  # room above the lines for the stacked letters
+    ax_mfu.margins(y=0.25)  # room above and below the lines for the letters
     ax_mfu.set_ylabel("MFU (%)")
     ax_tps.set_ylabel("tokens/s")
     if log_x:
         ax_tps.set_yscale("log")
     ax_tps.set_xlabel(axis_label(x_axis))
-    if len(lines) > 1:  # one line needs no legend: the title names it
-        ax_mfu.legend(fontsize=7, loc="lower left", ncol=2)
-    if no_plan:
-        ax_mfu.annotate("\u25bd at the top: no plan there (not a valid job, or nothing fits; see "
-                        "the table)", (0.99, 0.02), xycoords="axes fraction", ha="right",
-                        fontsize=7, color="0.3")
-    if codes:
-        fig.text(0.08, key_h + 0.005, "letters: the optimal sharding from that point on along "
-                 "the line", fontsize=7.5, color="0.3", va="top")
-        items = list(codes.items())
-        for n, (sh, code) in enumerate(items):
-            col, row = n // key_rows, n % key_rows
-            fig.text(0.08 + 0.31 * col, key_h - 0.02 - 0.022 * row, f"{code}  {sh}",
-                     fontsize=7.5, family="monospace", va="top")
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=10, y=0.985)
+    if legend_rows:  # one line needs no legend: the title names it
+        fig.legend(*ax_mfu.get_legend_handles_labels(), loc="upper center", ncol=4, fontsize=7,
+                   bbox_to_anchor=(0.53, 0.965), frameon=False)
+    notes = []
+    if no_plan:
+        notes.append(ax_mfu.annotate(
+            "\u25bd at the top: no plan there (not a valid job, or nothing fits; see the table)",
+            (0.99, 0.02), xycoords="axes fraction", ha="right", fontsize=7, color="0.3"))
+    fig.canvas.draw()  # the layout is final: letters are placed against rendered boxes
+    renderer = fig.canvas.get_renderer()
+    obstacles = _marker_boxes(ax_mfu, points) + [n.get_window_extent(renderer) for n in notes]
+    left_out = place_labels(ax_mfu, labels, obstacles)
+    if codes:
+        head = ("letters: the strategy from that point on along the line; N = the point's "
+                "data-parallel GPUs (GPUs / tp)")
+        if left_out:
+            head += f"; {left_out} letter(s) left out for lack of room (the table has them all)"
+        fig.text(0.08, key_h + 0.015, head, fontsize=7.5, color="0.3", va="top")
+        for n, (sh, code) in enumerate(codes.items()):
+            col, row = n // key_rows, n % key_rows
+            fig.text(0.08 + 0.31 * col, key_h - 0.01 - 0.022 * row, f"{code}  {sh}",
+                     fontsize=7.5, family="monospace", va="top")
     return fig

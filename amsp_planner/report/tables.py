@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 from amsp_planner.cost.evaluate import Evaluation
 from amsp_planner.report.fmt import GIB, bytes_h, gib, secs
 from amsp_planner.report.grid import Col, Grid
@@ -15,15 +18,22 @@ def _count(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def _bytes(key: str) -> Callable[[float], dict]:
+    """CSV: a byte count as an integer (per-GPU shares of a collective are fractional)."""
+    return lambda v: {key: None if v is None else round(v)}
+
+
 COMPARE_COLS = [
     Col("name", "name", right=False), Col("strategy", "strategy", right=False, strategy=True),
-    Col("mem/GPU GiB", "memory_gib", lambda v: f"{v:,.2f}"),
+    Col("mem GiB", "memory_gib", lambda v: f"{v:,.2f}"),
     Col("fits", "fits", lambda v: "yes" if v else "NO"),
-    Col("inter-node/GPU", "inter_bytes_per_gpu", bytes_h, wide=True),
-    Col("intra-node/GPU", "intra_bytes_per_gpu", bytes_h, wide=True),
+    Col("inter-node/GPU", "inter_bytes_per_gpu", bytes_h, wide=True,
+        csv=_bytes("inter_bytes_per_gpu")),
+    Col("intra-node/GPU", "intra_bytes_per_gpu", bytes_h, wide=True,
+        csv=_bytes("intra_bytes_per_gpu")),
     Col("compute", "compute_s", secs, wide=True), Col("optimizer", "optimizer_s", secs, wide=True),
-    Col("exposed comm", "exposed_comm_s", secs, wide=True), Col("step", "step_s", secs),
-    Col("tokens/s", "tokens_per_s", _count), Col("MFU", "mfu", _pct),
+    Col("exposed comm", "exposed_comm_s", secs, wide=True), Col("step", "step_s", secs, drop=1),
+    Col("tokens/s", "tokens_per_s", _count), Col("MFU", "mfu", _pct, drop=2),
 ]
 
 
@@ -32,6 +42,13 @@ def _vs(v) -> str:
         return ""
     gain, tie = v
     return f"{gain * 100:+.1f}%" + (" tie" if tie else "")
+
+
+def _vs_csv(key: str, v) -> dict:
+    """CSV: the margin in percent and whether it is inside the band (empty for the reference
+    and for rows that do not fit)."""
+    gain, tie = v if v is not None else (None, None)
+    return {key: None if gain is None else round(gain * 100, 3), "within_band": tie}
 
 
 def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation | None = None,
@@ -45,7 +62,9 @@ def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation
             from amsp_planner.validation import step_time_band
 
             band = step_time_band()
-        cols.append(Col("chosen vs it" if "chosen" in dict(rows) else "vs fastest", "vs", _vs))
+        key = "chosen_vs_it_pct" if "chosen" in dict(rows) else "vs_fastest_pct"
+        cols.append(Col(key.removesuffix("_pct").replace("_", " "), key, _vs, words=True,
+                        csv=lambda v, key=key: _vs_csv(key, v)))
     g = Grid(title, cols)
     for name, e in rows:
         row = [name, str(e.strategy), e.memory.total / GIB, e.fits,
@@ -68,8 +87,10 @@ SCHEDULE_COLS = [
     Col("stride", "stride", wide=True), Col("per node", "members_per_node", wide=True),
     Col("dtype", "dtype", right=False, wide=True), Col("calls", "calls_per_step", _count, wide=True),
     Col("full bytes", "full_bytes_per_step", bytes_h, wide=True),
-    Col("intra/GPU", "intra_bytes_per_rank_per_step", bytes_h),
-    Col("inter/GPU", "inter_bytes_per_rank_per_step", bytes_h), Col("time", "time_s", secs),
+    Col("intra/GPU", "intra_bytes_per_rank_per_step", bytes_h,
+        csv=_bytes("intra_bytes_per_rank_per_step")),
+    Col("inter/GPU", "inter_bytes_per_rank_per_step", bytes_h,
+        csv=_bytes("inter_bytes_per_rank_per_step")), Col("time", "time_s", secs),
 ]
 
 
@@ -105,3 +126,57 @@ def inapplicable_line(job, tp: int = 1) -> str | None:
         by_reason.setdefault(why, []).append(name)
     return "not applicable here: " + "; ".join(f"{', '.join(names)} ({why})"
                                                for why, names in by_reason.items())
+
+
+def fit_hint(job, limit: float, micro_batch: int, ckpt, tp: int) -> str | None:
+    """When no named baseline fits: what would make one fit, one line. Tried in turn on the
+    same baselines: activation checkpointing on, the smallest larger tensor-parallel degree the
+    job admits that makes one fit (alone, then with checkpointing), the fewest of twice, 4x and
+    8x the GPUs that do (alone, then with checkpointing), and the memory limit the least hungry
+    one needs. None when some baseline fits."""
+    from amsp_planner.cost.evaluate import evaluate_baselines
+    from amsp_planner.cost.job import Job
+    from amsp_planner.errors import AmspUserError
+
+    def fitting(j, c, t):
+        try:
+            ev = evaluate_baselines(j, limit, micro_batch, c, t)
+        except AmspUserError:  # e.g. a batch that more GPUs do not divide
+            return []
+        return sorted(ev.items(), key=lambda kv: kv[1].memory.total)
+
+    now = fitting(job, ckpt, tp)
+    if any(e.fits for _, e in now):
+        return None
+    ways = []
+
+    def add(option: str, pairs) -> bool:
+        fit = [(n, e) for n, e in pairs if e.fits]
+        if fit:
+            ways.append(f"{option} ({', '.join(n for n, _ in fit[:3])}: "
+                        f"{gib(fit[0][1].memory.total)} GiB)")
+        return bool(fit)
+
+    if ckpt is not True:
+        add("--activation-checkpointing on", fitting(job, True, tp))
+    for t in (t for t in job.tp_options() if t > tp):
+        if add(f"--tp {t}", fitting(job, ckpt, t)):
+            break
+        if ckpt is not True and add(f"--tp {t} --activation-checkpointing on",
+                                    fitting(job, True, t)):
+            break
+    done = False
+    for k in (2, 4, 8):
+        try:
+            more = Job.create(job.model, job.cluster, job.training, job.num_gpus * k, job.engine)
+        except AmspUserError:
+            continue
+        for c, also in ((ckpt, ""), (True, " --activation-checkpointing on")):
+            if (c is not True or ckpt is not True or not also) and not done:
+                done = add(f"--gpus {more.num_gpus}{also}", fitting(more, c, tp))
+        if done:
+            break
+    least = now[0][1].memory.total
+    ways.append(f"--memory-limit {math.ceil(least / GIB * 10) / 10:g} ({now[0][0]})")
+    return (f"hint: no baseline fits in {gib(limit)} GiB per GPU; one would with "
+            + ", or ".join(ways) + "; `amsp plan` searches checkpointing, tp and ZeRO++ together")

@@ -12,7 +12,7 @@ from amsp_planner.errors import AmspUserError
 from amsp_planner.outfile import check_output, contains, write_output
 from amsp_planner.report.fmt import secs
 from amsp_planner.report.grid import Col, Grid
-from amsp_planner.whatif import Row, Sweep
+from amsp_planner.whatif_grid import Row, Sweep
 
 FORMAT = "amsp-whatif"
 VERSION = 1
@@ -92,18 +92,20 @@ def sweep_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
     priced = any(r.usd_per_btok is not None for r in rows)
     cols = _axis_cols(keys) + [
         Col("strategy", "strategy", right=False, strategy=True),
-        Col("mem GiB", "memory_gib", lambda v: f"{v:,.1f}"), Col("step", "step_s", secs),
+        Col("mem GiB", "memory_gib", lambda v: f"{v:,.1f}"),
+        Col("step", "step_s", secs, drop=2),
         Col("compute", "compute_s", secs, wide=True),
         Col("optimizer", "optimizer_s", secs, wide=True),
         Col("exposed comm", "exposed_comm_s", secs, wide=True),
-        Col("tokens/s", "tokens_per_s", _count), Col("MFU", "mfu", _pct)]
+        Col("tokens/s", "tokens_per_s", _count), Col("MFU", "mfu", _pct, drop=3)]
     if priced:
         cols.append(Col("$/B tokens", "usd_per_btok", _money))
     cols += [Col("best baseline", "baseline", right=False, wide=True),
              Col("its tokens/s", "baseline_tokens_per_s", _count, wide=True),
              Col("its MFU", "baseline_mfu", _pct, wide=True),
              Col("gain", "gain_vs_baseline", lambda v: f"{v * 100:+.1f}%"),
-             Col("margin", "gain_is_tie", lambda v: "tie" if v else "beyond band")]
+             Col("margin", "gain_is_tie", lambda v: "tie" if v else "beyond band",
+                 words=True)]
     g = Grid(f"what-if: {title(sweep)} ({len(rows)} points)", cols)
     band = next((r.band for r in rows if r.band is not None), None)
     if band is not None:
@@ -138,9 +140,10 @@ def compare_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
              "usd_per_btok": "$/B tokens"}
     for c in clusters:
         cols += [Col(f"{c} {heads[f]}", f"{c}:{f}", fmts[f], right=f != "strategy", wide=wide,
-                     strategy=f == "strategy") for f, wide in fields]
+                     strategy=f == "strategy", drop=int(f == "mfu")) for f, wide in fields]
     first = clusters[0]
-    cols += [Col(f"{c} vs {first}", f"{c}:vs:{first}", right=True) for c in clusters[1:]]
+    cols += [Col(f"{c} vs {first}", f"{c}:vs:{first}", right=True, words=True)
+             for c in clusters[1:]]
     g = Grid(f"clusters side by side: {title(sweep)}", cols)
     notes: dict[str, int] = {}
     for job, per in by_job.items():

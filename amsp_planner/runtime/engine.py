@@ -13,6 +13,12 @@ Once per step, per unit: reduce-scatter the G shard over OS_shard into the step 
 all-reduce over OS_replica, AdamW on the fp32 master shard, all-gather the updated shard (in the
 parameter dtype) over P_update into the P shard. One world all-reduce carries [loss, grad-norm^2].
 
+This module owns the engine's state (its buffers, by the memory model's terms, and their
+initial values), the micro-batch's forward and backward unit by unit, and the full units for
+tests and checkpoints. The engine's other parts are its bases: the gathers and saved-tensor
+hooks (``gather.py``), the gradient path to the G shard (``reduce.py``), the step boundary and
+AdamW (``optim.py``).
+
 [Note: units outside autograd's reach] Each unit runs on leaves that are views of its gather
 buffer, and the backward is driven unit by unit with ``torch.autograd.grad``. Tensors autograd
 saves that live in a gather buffer are packed as (unit, shape, stride, offset) and unpacked
@@ -35,79 +41,26 @@ the head's and the lookup's parts), and it is gathered for backward together wit
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
 from amsp_planner.runtime import faults
 from amsp_planner.runtime import model as M
 from amsp_planner.runtime import tp as TP
 from amsp_planner.runtime.collectives import Comm, Group, Work
+from amsp_planner.runtime.gather import Gathers, _alias
 from amsp_planner.runtime.layout import UnitLayout
-from amsp_planner.runtime.quant import dequantize_chunks, qbytes, quantize_chunks
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-3
-    """AdamW learning rate (constant)."""
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    """Decoupled weight decay, applied to every parameter (a flat buffer has no names)."""
+from amsp_planner.runtime.optim import DTYPES, OptimConfig, StepBoundary, adamw_  # noqa: F401
+from amsp_planner.runtime.quant import qbytes
+from amsp_planner.runtime.reduce import GradReduce
+from amsp_planner.runtime.support import check_tp
 
 
-def adamw_(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, grad: torch.Tensor,
-           o: OptimConfig, step: int) -> torch.Tensor:
-    """One AdamW step, in place, on an fp32 master shard `p` and its moments, from the
-    synchronised gradient `grad` in its own dtype (decoupled weight decay, bias-corrected
-    moments); returns the gradient's squared norm. The optimizer step of the runtime, and what
-    `amsp calibrate` times."""
-    g = grad.float()
-    sq = g.pow(2).sum()
-    bc1, bc2 = 1 - o.beta1 ** step, 1 - o.beta2 ** step
-    p.mul_(1 - o.lr * o.weight_decay)
-    m.lerp_(g, 1 - o.beta1)
-    v.mul_(o.beta2).addcmul_(g, g, value=1 - o.beta2)
-    denom = (v.sqrt() / math.sqrt(bc2)).add_(o.eps)
-    p.addcdiv_(m, denom, value=-o.lr / bc1)
-    return sq
-
-
-class _Fetch:
-    """A gather in flight: ``wait()`` returns the unit's full flat buffer."""
-
-    def __init__(self, work: Work, dst: torch.Tensor, finish=None):
-        self.work, self.dst, self.finish, self.done = work, dst, finish, False
-
-    def wait(self) -> torch.Tensor:
-        if not self.done:
-            self.work.wait()
-            if self.finish is not None:
-                self.finish()
-            self.done = True
-        return self.dst
-
-
-def _alias(v: torch.Tensor) -> torch.Tensor:
-    """A tensor on `v`'s memory with a version counter of its own (``detach`` would share
-    `v`'s): [Note: leaves and the gather buffers]."""
-    t = v.new_empty(0)
-    return t.set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
-
-
-class ShardedEngine:
+class ShardedEngine(Gathers, GradReduce, StepBoundary):
     """Model states of one rank under one strategy, and the training step over them."""
 
     def __init__(self, job, strategy, comm: Comm, groups: dict[str, Group], rank: int,
                  optim: OptimConfig = OptimConfig(), device: str | torch.device = "cpu"):
         M.check_supported(job.model)
-        from amsp_planner.runtime.preflight import check_tp
-
         check_tp(strategy, job)
         self.job, self.s, self.comm, self.groups = job, strategy, comm, groups
         self.rank, self.optim, self.device = rank, optim, torch.device(device)
@@ -235,146 +188,6 @@ class ShardedEngine:
             self._load_unit(i, flat.to(self.device))
             del flat
 
-    # ----- gathers ----------------------------------------------------------------------------
-    def _fetch(self, i: int, phase: str) -> _Fetch:
-        """Start gathering unit i for `phase` ('forward' or 'backward')."""
-        lay, s = self.layouts[i], self.s
-        if s.s_p == 1:
-            return _Fetch(Work(None), self.p_shard[i])
-        if i == 0 and self.tied:
-            dst = self.gather_emb[:lay.size]
-        else:
-            dst = self.gather[self._gslot][:lay.size]
-            self._gslot ^= 1
-        self.comm.phase = phase
-        if phase == "backward" and s.hpz > 1:
-            return _Fetch(self.comm.all_gather(dst, self.hpz[i], self.groups["hpZ"], True), dst)
-        keep = None
-        if phase == "forward" and s.hpz > 1:
-            def keep():
-                h0 = self.i_h * lay.hpz_len
-                self.hpz[i].copy_(dst[h0:h0 + lay.hpz_len])
-        if not s.qwz:
-            work = self.comm.all_gather(dst, self.p_shard[i], self.groups["P"], True)
-            return _Fetch(work, dst, keep)
-        recv = self.qrecv[self._qslot][:qbytes(lay.size, 8, s.quant_block)]
-        self._qslot ^= 1
-        send = torch.empty(qbytes(lay.p_len, 8, s.quant_block), dtype=torch.uint8,
-                           device=self.device)
-        quantize_chunks(send, self.p_shard[i], 1, 8, s.quant_block)
-        work = self.comm.all_gather(recv, send, self.groups["P"], True)
-
-        def finish(send=send):  # keeps the send buffer alive until the gather is done
-            parts = dequantize_chunks(recv, lay.size, s.s_p, 8, s.quant_block)
-            torch.cat(parts, out=dst) if dst.dtype == torch.float32 else dst.copy_(torch.cat(parts))
-            if keep is not None:
-                keep()
-        return _Fetch(work, dst, finish)
-
-    # ----- saved tensors of the gathered units ([Note: units outside autograd's reach]) --------
-    def _pack(self, t: torch.Tensor):
-        if not isinstance(t, torch.Tensor) or t.device != self.device or t.is_sparse:
-            return t
-        try:
-            ptr = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            return t
-        unit = self._live.get(ptr)
-        if unit is None:
-            return t
-        return (unit, tuple(t.shape), tuple(t.stride()), t.storage_offset())
-
-    def _unpack(self, packed):
-        if isinstance(packed, tuple):
-            unit, shape, stride, off = packed
-            buf = self._cur[unit]
-            return buf.as_strided(shape, stride, buf.storage_offset() + off)
-        return packed
-
-    def _leaves(self, i: int, buf: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Leaves over unit i's views of `buf`, each with a version counter of its own
-        ([Note: leaves and the gather buffers])."""
-        return {k: _alias(v).requires_grad_(True) for k, v in M.views(buf, self.specs[i]).items()}
-
-    # ----- gradients ----------------------------------------------------------------------------
-    def _grad_target(self, i: int) -> torch.Tensor:
-        """Where unit i's full gradient collects: a gradient buffer, or (s_G = 1) the G shard."""
-        size = self.layouts[i].size
-        if self.s.s_g == 1:
-            return self.g_shard[i]
-        if i == 0 and self.tied:
-            return self.grad_emb[:size]
-        slot = self._rslot
-        self._rslot ^= 1
-        self._wait_pending(self.gradbuf[slot])
-        return self.gradbuf[slot][:size]
-
-    def _deposit(self, i: int, target: torch.Tensor, grads: dict[str, torch.Tensor],
-                 first: bool) -> None:
-        accumulate = self.s.s_g == 1 or not first
-        if not accumulate:
-            target[self.real[i]:].zero_()
-        for name, g in grads.items():
-            off, n = self.offsets[i][name]
-            dst = target[off:off + n]
-            if accumulate:
-                dst.add_(g.reshape(-1))
-            else:
-                dst.copy_(g.reshape(-1))
-
-    def _wait_pending(self, buf: torch.Tensor | None = None) -> None:
-        """Finish pending reductions (those reading `buf`, or all)."""
-        keep = []
-        for work, src, finish in self._pending:
-            if buf is None or (src is not None and src.untyped_storage().data_ptr()
-                               == buf.untyped_storage().data_ptr()):
-                work.wait()
-                if finish is not None:
-                    finish()
-            else:
-                keep.append((work, src, finish))
-        self._pending = keep
-
-    def _reduce(self, i: int, full: torch.Tensor, micro: int) -> None:
-        """Reduce unit i's full gradient over G into the G shard (s_G > 1)."""
-        s, lay = self.s, self.layouts[i]
-        self.comm.phase = "backward"
-        src = full
-        perm = lay.grad_source_chunks(self.s0_g, self.s1_g) if s.qgz else lay.grad_source_chunks()
-        if self.staging is not None:
-            self._wait_pending(self.staging)
-            src = self.staging[:lay.size]
-            if perm is None:
-                src.copy_(full)
-            else:
-                idx = torch.tensor(perm, device=self.device)
-                torch.index_select(full.view(s.s_g, -1), 0, idx, out=src.view(s.s_g, -1))
-        if s.qgz:
-            self.g_shard[i].add_(self._qgz_reduce(src, lay).to(self.gdt))
-            return
-        if micro == 0:
-            work = self.comm.reduce_scatter(self.g_shard[i], src, self.groups["G"], True)
-            self._pending.append((work, src, None))
-            return
-        out = torch.empty_like(self.g_shard[i])
-        work = self.comm.reduce_scatter(out, src, self.groups["G"], True)
-        self._pending.append((work, src, lambda: self.g_shard[i].add_(out)))
-
-    def _qgz_reduce(self, staged: torch.Tensor, lay: UnitLayout) -> torch.Tensor:
-        """ZeRO++ qgZ: INT4 all-to-all inside the node, then across nodes, summing each hop."""
-        blk = self.s.quant_block
-        x = staged.float()
-        for name, m in (("G_intra", self.s0_g), ("G_inter", self.s1_g)):
-            if m == 1:
-                continue
-            nb = qbytes(x.numel(), 4, blk)
-            send, recv = self.qg[0][:nb], self.qg[1][:nb]
-            quantize_chunks(send, x, m, 4, blk)
-            self.comm.all_to_all(recv, send, self.groups[name])
-            x = torch.stack(dequantize_chunks(recv, x.numel(), m, 4, blk)).sum(0)
-        assert x.numel() == lay.g_len
-        return x
-
     # ----- one micro-batch ------------------------------------------------------------------------
     def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor, micro: int,
                          loss_scale: float) -> float:
@@ -491,102 +304,6 @@ class ShardedEngine:
             tpc.backward = False
         self._cur, self._live = {}, {}
         return float(loss.detach())
-
-    def _sum_replicated(self, j: int, pgrads: dict[str, torch.Tensor]) -> None:
-        """TP: the gradients of the weights every TP rank holds whole (the norms) are partial
-        sums over this rank's sequence shard: one all-reduce of all of unit j's over the TP
-        group, in the gradient dtype (phase 'backward')."""
-        names = [n for n in pgrads if n in TP.REPLICATED]
-        buf = torch.cat([pgrads[n].reshape(-1).to(self.gdt) for n in names])
-        self.comm.phase = "backward"
-        self.comm.all_reduce(buf, self.tpc.group)
-        off = 0
-        for n in names:
-            k = pgrads[n].numel()
-            pgrads[n] = buf[off:off + k]
-            off += k
-
-    # ----- the step boundary -------------------------------------------------------------------
-    def nonfinite(self, loss_sum: float) -> bool:
-        """Whether any rank has a non-finite loss or gradient before the step: one world
-        all-reduce (phase 'guard'). Every gradient element lands in some rank's G shard, so
-        a NaN anywhere is seen by the rank that owns it."""
-        bad = sum(int(not torch.isfinite(g).all()) for g in self.g_shard)
-        flag = torch.tensor([float(bad) + float(not math.isfinite(loss_sum))],
-                            dtype=torch.float32, device=self.device)
-        self.comm.phase = "guard"
-        self.comm.all_reduce(flag, self.groups["world"])
-        return float(flag) > 0
-
-    def optimizer_step(self, loss_sum: float, guard: bool = False) -> tuple[float, float]:
-        """Grad sync, AdamW, parameter update; returns (global mean loss, grad norm).
-        `guard`: skip the step (no update, gradients dropped; returns NaN, NaN) when any rank
-        has a non-finite loss or gradient."""
-        if guard and self.nonfinite(loss_sum):
-            for g in self.g_shard:
-                g.zero_()
-            return math.nan, math.nan
-        o = self.optim
-        faults.at(doing="running the optimizer step")
-        self.step_count += 1
-        norm2 = torch.zeros((), dtype=torch.float32, device=self.device)
-        gathers = []
-        for i, lay in enumerate(self.layouts):
-            self.comm.phase = "grad_sync"
-            g = self.g_shard[i]
-            if self.step_buf is not None:
-                gos = self.step_buf[:lay.os_len]
-                self.comm.reduce_scatter(gos, g, self.groups["OS_shard"])
-            else:
-                gos = g
-            self.comm.all_reduce(gos, self.groups["OS_replica"])
-            norm2 += adamw_(self.master[i], self.exp_avg[i], self.exp_avg_sq[i], gos, o,
-                            self.step_count)
-            if self.tp_rank:  # TP: the replicated weights' gradients count once, on TP rank 0
-                for a, b in self._replicated_in_os(i):
-                    norm2 -= gos[a:b].float().pow(2).sum()
-            g.zero_()
-            self.comm.phase = "update"
-            gathers.append(self._update_params(i, lay))
-        for w in gathers:
-            if w is not None:
-                w.wait()
-        stats = torch.stack([torch.tensor(loss_sum, dtype=torch.float32, device=self.device),
-                             norm2])
-        self.comm.phase = "update"
-        self.comm.all_reduce(stats, self.groups["world"])
-        replicas = self.groups["OS_replica"].size
-        return float(stats[0]), math.sqrt(float(stats[1]) / replicas)
-
-    def _replicated_in_os(self, i: int) -> list[tuple[int, int]]:
-        """[a, b) ranges of this rank's OS shard of unit i that hold replicated weights."""
-        oo, n = self.layouts[i].os_off(self.i_os), self.layouts[i].os_len
-        out = []
-        for off, k in self.rep_slices[i]:
-            a, b = max(off, oo), min(off + k, oo + n)
-            if a < b:
-                out.append((a - oo, b - oo))
-        return out
-
-    def _update_params(self, i: int, lay: UnitLayout) -> Work | None:
-        """Cast the updated master shard and gather it into the P shard; returns the pending
-        all-gather when it can finish later (its output is the P shard itself)."""
-        new = self.master[i].to(self.pdt)
-        group = self.groups["P_update"]
-        if group.size == 1:
-            self.p_shard[i].copy_(new)
-            return None
-        pos = lay.update_positions(self.i_p)
-        if pos is None:
-            w = self.comm.all_gather(self.p_shard[i], new, group, async_op=True)
-            return Work(w.handle, lambda: new)  # keeps the input alive until the wait
-        # the permuted output lands in an idle buffer: a gather buffer, else a gradient buffer
-        idle = self.gather[0] if self.gather else self.gradbuf[0]
-        out = idle.view(torch.uint8)[:lay.p_len * new.element_size()].view(self.pdt)
-        self.comm.all_gather(out, new, group)
-        idx = torch.tensor(pos, device=self.device)
-        self.p_shard[i].view(len(pos), -1).index_copy_(0, idx, out.view(len(pos), -1))
-        return None
 
     # ----- whole parameters (tests, checkpoints) ------------------------------------------------
     def full_units(self, what: str = "master") -> list[torch.Tensor]:

@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from amsp_planner.runtime.preflight import check_supported  # noqa: F401 - also this API
+from amsp_planner.runtime.support import check_supported  # noqa: F401 - also this API
 
 NORM_EPS = 1e-5
 INIT_STD = 0.02

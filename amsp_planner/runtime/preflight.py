@@ -17,54 +17,15 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from amsp_planner.errors import AmspUserError
+from amsp_planner.runtime.support import check_supported, check_tp  # noqa: F401 - this API too
 
 MAX_RANKS_PER_CORE = 4
 """CPU ranks share cores; beyond four per core a step is mostly waiting for a core."""
 REPORT_KIND = "amsp-run-report"
 """The first key of a run report; an existing file without it is never replaced."""
-
-
-def check_supported(model) -> None:
-    """The runtime trains LLaMA-style models; anything else is refused with one line."""
-    bad = []
-    if model.norm_type != "rmsnorm":
-        bad.append("norm_type: rmsnorm")
-    if model.position_embedding != "rope":
-        bad.append("position_embedding: rope")
-    if model.ffn_type != "swiglu":
-        bad.append("ffn_type: swiglu")
-    if model.attention_bias != "none" or model.mlp_bias:
-        bad.append("attention_bias: none, mlp_bias: false")
-    if model.q_dim != model.hidden_size or model.qk_norm != "none" or model.post_norms:
-        bad.append("head_dim: hidden_size/num_heads, qk_norm: none, post_norms: false")
-    if bad:
-        raise AmspUserError(
-            f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "
-            f"set {', '.join(bad)} (or export the plan to another framework)"
-        )
-
-
-def check_tp(strategy, job=None) -> None:
-    """What the bundled runtime runs with tp = t > 1 (runtime/tp.py): every ZeRO factor
-    combination, ZeRO++ included, and every checkpointing setting, on a model whose
-    vocabulary, MLP width and sequence length t divides; the rest is refused in one line,
-    naming it."""
-    t = strategy.tp
-    if t == 1 or job is None:
-        return
-    m = job.model
-    bad = [f"{name} {v}" for name, v in (("vocab_size", m.vocab_size),
-                                         ("ffn_hidden_size", m.ffn_hidden_size),
-                                         ("seq_len", job.training.seq_len)) if v % t]
-    if bad:
-        raise AmspUserError(
-            f"plan has tp={t} but {', '.join(bad)} is not a multiple of {t}: the bundled "
-            "runtime splits the vocabulary, the MLP and the sequence evenly over the TP ranks: "
-            "pad it to a multiple, or re-plan with another --tp")
 
 
 def check_world(job, world: int, local: int) -> None:
@@ -165,13 +126,9 @@ def _available_memory() -> int | None:
 
 def _probe(folder: Path, option: str, path) -> None:
     """Refuse a folder this process cannot create files in, naming the reason."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".amsp-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as e:
-        raise AmspUserError(f"{option} {path}: {(e.strerror or str(e)).lower()} (in {folder}): "
-                            "choose a writable folder") from None
+    from amsp_planner.outfile import probe_folder
+
+    probe_folder(folder, option, path)
 
 
 def _existing(p: Path) -> Path:

@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from amsp_planner.specs.fields import Flag, Fraction, Int, Maybe, Rate, Real, Text
+
 GIB = 1024**3
 
 CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
@@ -28,36 +30,36 @@ class GpuSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=100)
+    name: Text(100)
     arch: GpuArch = "ampere"
     """Generation: selects NCCL's per-architecture tuning constants (cost/collectives.py)."""
-    memory_gib: float = Field(gt=0, le=4096)
+    memory_gib: Real(1e-6, 4096)
     """Device memory in GiB."""
-    peak_bf16_tflop_per_s: float = Field(gt=0, le=100000)
+    peak_bf16_tflop_per_s: Rate
     """Dense 16-bit tensor-core peak, TFLOP/s (V100: its fp16 peak)."""
-    peak_fp32_tflop_per_s: float | None = Field(default=None, gt=0, le=100000)
+    peak_fp32_tflop_per_s: Maybe(Rate) = None
     """fp32 matmul peak, TFLOP/s (PyTorch's default: no TF32 for matmuls); None: the bf16 peak
     (CPU processes, where both are the same cores)."""
-    hbm_gbyte_per_s: float | None = Field(default=None, gt=0, le=100000)
+    hbm_gbyte_per_s: Maybe(Rate) = None
     """Memory bandwidth the memory-bound (elementwise) kernels reach, GB/s; None: those kernels
     are not priced apart (CPU processes: ``achievable_fraction`` covers them)."""
-    achievable_fraction: float = Field(default=0.55, gt=0, le=1)
+    achievable_fraction: Fraction = 0.55
     """Fraction of peak that large training matmuls reach (cost/compute.py)."""
-    attention_fraction: float | None = Field(default=None, gt=0, le=1)
+    attention_fraction: Maybe(Fraction) = None
     """Fraction of peak that the flash-attention kernels reach; None: ``achievable_fraction``."""
-    kernel_overhead_us: float = Field(default=0.0, ge=0, le=100000)
+    kernel_overhead_us: Real(0, 1e5) = 0.0
     """Fixed time per matmul kernel (launch and tail), microseconds: small matmuls run below
     the large-matrix efficiency."""
-    comm_compute_slowdown: float = Field(default=0.0, ge=0, le=1)
+    comm_compute_slowdown: Real(0, 1) = 0.0
     """Seconds added to compute per second of communication that overlaps it (collective
     kernels share the SMs and HBM with the matmuls)."""
-    context_reserve_gib: float = Field(default=1.0, ge=0, le=64)
+    context_reserve_gib: Real(0, 64) = 1.0
     """Memory taken by the CUDA context, NCCL and the allocator's own state."""
-    fragmentation_fraction: float = Field(default=0.05, ge=0, le=0.5)
+    fragmentation_fraction: Real(0, 0.5) = 0.05
     """Allocator fragmentation, as a fraction of the tensors' bytes."""
-    quant_gbyte_per_s: float = Field(default=500.0, gt=0, le=100000)
+    quant_gbyte_per_s: Rate = 500.0
     """Throughput of the (de)quantization kernels of qwZ/qgZ, GB/s of 16-bit input."""
-    optimizer_gbyte_per_s: float = Field(default=1400.0, gt=0, le=100000)
+    optimizer_gbyte_per_s: Rate = 1400.0
     """Memory traffic the AdamW step moves per second, GB/s: per element of the rank's
     optimizer shard it reads and writes the fp32 master and both moments, reads the gradient
     and writes the new 16-bit parameter (``cost.step_time.optimizer_bytes_per_element``).
@@ -89,7 +91,12 @@ def resolve_gpu(data: dict) -> dict:
     if isinstance(gpu, str):
         table = gpu_presets()
         if gpu not in table:
-            raise ValueError(f"gpu '{gpu}' is not in the GPU table: use one of "
+            from amsp_planner.errors import shown
+            from amsp_planner.specs.fields import suggest
+
+            near = suggest(gpu, list(table))
+            hint = f"did you mean {near}? " if near else ""
+            raise ValueError(f"gpu '{shown(gpu)}' is not in the GPU table: {hint}use one of "
                              f"{', '.join(sorted(table))} or give the fields inline")
         data = {**data, "gpu": dict(table[gpu])}
     return data
@@ -98,9 +105,9 @@ def resolve_gpu(data: dict) -> dict:
 class MeasuredPoint(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    size_bytes: int = Field(ge=1)
+    size_bytes: Int(1, 2**50)
     """Full tensor size of one call (the gathered / reduced tensor)."""
-    busbw_gbyte_per_s: float = Field(gt=0)
+    busbw_gbyte_per_s: Rate
     """Measured bus bandwidth at that size (nccl-tests convention)."""
 
 
@@ -127,33 +134,33 @@ class ClusterSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Text(200)
     gpu: GpuSpec
-    gpus_per_node: int = Field(ge=1, le=1024)
+    gpus_per_node: Int(1, 1024)
     """R: GPUs in one node."""
     intra_fabric: Literal["nvswitch", "nvlink", "pcie", "shm"] = "nvswitch"
     """In-node interconnect (shm: processes on one host, for the CPU runtime)."""
-    intra_gbyte_per_s: float = Field(gt=0, le=100000)
+    intra_gbyte_per_s: Rate
     """In-node bandwidth per GPU, one direction, GB/s (NVLink 3: 300, NVLink 4: 450)."""
-    intra_latency_us: float = Field(default=3.0, ge=0, le=100000)
+    intra_latency_us: Real(0, 1e5) = 3.0
     """Latency of one in-node hop."""
-    nics_per_node: int = Field(ge=1, le=64)
-    nic_gbit_per_s: float = Field(gt=0, le=100000)
+    nics_per_node: Int(1, 64)
+    nic_gbit_per_s: Rate
     """Speed of one NIC port, Gbit/s (HDR 200, NDR 400)."""
-    inter_latency_us: float = Field(default=6.0, ge=0, le=100000)
+    inter_latency_us: Real(0, 1e5) = 6.0
     """Latency of one inter-node hop."""
-    nodes_per_leaf: int = Field(default=16, ge=1, le=100000)
+    nodes_per_leaf: Int(1, 100000) = 16
     """Nodes under one leaf switch; a group spanning leaves crosses the spine."""
-    oversubscription: float = Field(default=1.0, ge=1, le=64)
+    oversubscription: Real(1, 64) = 1.0
     """Leaf downlink : uplink bandwidth ratio (1 = non-blocking fat tree)."""
-    bus_efficiency: float = Field(default=0.8, gt=0, le=1)
+    bus_efficiency: Fraction = 0.8
     """Measured bus bandwidth as a fraction of spec (nccl-tests reach about 0.8)."""
-    overlap_efficiency: float = Field(default=1.0, ge=0, le=1)
+    overlap_efficiency: Real(0, 1) = 1.0
     """Fraction of compute time that can hide communication: 1 when collectives run on their own
     engines (GPUs with NCCL), 0 when they compete for the same cores (CPU processes)."""
-    nvlink_sharp: bool = False
+    nvlink_sharp: Flag = False
     """NVLink SHARP (NVLS, Hopper NVSwitch): in-switch reductions inside the node."""
-    ib_sharp: bool = False
+    ib_sharp: Flag = False
     """InfiniBand SHARP (NCCL CollNet): in-network all-reduce across nodes."""
     measured: list[MeasuredTable] = Field(default_factory=list)
     """Measured bandwidth tables (from `amsp calibrate`) that override the alpha-beta model."""

@@ -2,7 +2,8 @@
 
 Each family below is counted exactly (tests/test_specs.py compares every one with the model
 ``transformers`` builds from the same config, module by module). A config of any other type,
-a mixture-of-experts model or a multimodal one is refused with its reason.
+a mixture-of-experts model or a multimodal one is refused with its reason. The keys read are
+validated first (``HfNumbers``: exact types, finite, in range), naming the config's own key.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from amsp_planner.errors import AmspUserError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from amsp_planner.errors import AmspUserError, format_validation_error
+from amsp_planner.specs.fields import Flag, Int, Maybe, Real, Text
 
 # model_type -> what its config leaves implicit: biases, MLP activation, norms, tied defaults.
 # 'bias_key': the config flag that adds biases ('all': q, k, v and o; 'qkv': q, k, v only).
@@ -63,6 +67,36 @@ def _refuse_inexpressible(cfg: dict[str, Any], source: str) -> str:
     return mtype
 
 
+class HfNumbers(BaseModel):
+    """The config keys amsp reads, each of its exact JSON type (strict: ``true`` is not a layer
+    count and ``"false"`` is not a boolean) and in range (0 key/value heads, positions or RoPE
+    base mean nothing). ``null`` or absent: the family's default. Other keys are not read."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    num_hidden_layers: Int(1, 1024)
+    hidden_size: Int(8, 131072)
+    num_attention_heads: Int(1, 4096)
+    num_key_value_heads: Maybe(Int(1, 4096)) = None
+    intermediate_size: Int(1, 1048576)
+    vocab_size: Int(2, 4194304)
+    head_dim: Maybe(Int(1, 65536)) = None
+    max_position_embeddings: Maybe(Int(1, 1048576)) = None
+    rope_theta: Maybe(Real(1.0, 1e12)) = None
+    tie_word_embeddings: Maybe(Flag) = None
+    attention_bias: Maybe(Flag) = None
+    mlp_bias: Maybe(Flag) = None
+    hidden_act: Maybe(Text(100)) = None
+    hidden_activation: Maybe(Text(100)) = None
+
+
+def _numbers(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    try:
+        return HfNumbers.model_validate(cfg).model_dump()
+    except ValidationError as e:
+        raise AmspUserError(format_validation_error(e, source) + ": fix the config") from None
+
+
 def _ffn_type(cfg: dict[str, Any], fam: dict[str, Any], mtype: str, source: str) -> str:
     key = fam.get("act_key", "hidden_act")
     act = cfg.get(key) or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if fam.get("ffn")
@@ -87,27 +121,32 @@ def model_data(cfg: dict[str, Any], source: str = "config.json") -> dict[str, An
     """ModelSpec fields for a Hugging Face config of a family we count exactly."""
     mtype = _refuse_inexpressible(cfg, source)
     fam = FAMILIES[mtype]
+    cfg = {**cfg, **_numbers(cfg, source)}
     bias = fam.get("attention_bias", "none")
-    if fam.get("bias_key") and cfg.get("attention_bias"):
+    if fam.get("bias_key") and cfg["attention_bias"]:
         bias = fam["bias_key"]
     heads = cfg["num_attention_heads"]
+
+    def given(key: str, default):
+        return default if cfg[key] is None else cfg[key]
+
     data = {
         "name": _name(cfg, source),
         "num_layers": cfg["num_hidden_layers"],
         "hidden_size": cfg["hidden_size"],
         "num_heads": heads,
-        "num_kv_heads": cfg.get("num_key_value_heads") or heads,
+        "num_kv_heads": given("num_key_value_heads", heads),
         "ffn_hidden_size": cfg["intermediate_size"],
         "ffn_type": _ffn_type(cfg, fam, mtype, source),
         "vocab_size": cfg["vocab_size"],
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", fam.get("tied", False))),
-        "max_seq_len": cfg.get("max_position_embeddings") or 4096,
-        "rope_theta": cfg.get("rope_theta") or 10000.0,
+        "tied_embeddings": given("tie_word_embeddings", fam.get("tied", False)),
+        "max_seq_len": given("max_position_embeddings", 4096),
+        "rope_theta": given("rope_theta", 10000.0),
         "attention_bias": bias,
-        "mlp_bias": bool(cfg.get("mlp_bias", False)),
+        "mlp_bias": given("mlp_bias", False),
         "qk_norm": fam.get("qk_norm", "none"),
         "post_norms": fam.get("post_norms", False),
     }
-    if cfg.get("head_dim") is not None:
+    if cfg["head_dim"] is not None:
         data["head_dim"] = cfg["head_dim"]
     return data

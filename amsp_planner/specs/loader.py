@@ -5,18 +5,19 @@ Every error becomes an ``AmspUserError`` with one line naming the file, the fiel
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
-from amsp_planner.errors import AmspUserError, format_validation_error
+from amsp_planner.errors import AmspUserError, format_validation_error, readable, shown
 from amsp_planner.specs.cluster import ClusterSpec, resolve_gpu
+from amsp_planner.specs.fields import suggest  # noqa: F401 - also this module's API
 from amsp_planner.specs.hf import model_data
 from amsp_planner.specs.model import ModelSpec
-from amsp_planner.textfile import BadContent, parse
+from amsp_planner.textfile import load, path_too_long
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 DEFAULT_CLUSTER = "dgx-a100-hdr"
@@ -28,16 +29,7 @@ def list_presets(kind: str) -> list[str]:
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise AmspUserError(f"{path}: cannot read it ({e.strerror}): check the path") from None
-    except UnicodeDecodeError:
-        raise AmspUserError(f"{path}: not UTF-8 text: give a YAML or JSON spec file") from None
-    try:
-        data = parse(text, "json" if path.suffix == ".json" else "yaml")
-    except BadContent as e:
-        raise AmspUserError(f"{path}: {e}: fix the file") from None
+    data = load(path, fix="give a YAML or JSON spec file")
     if not isinstance(data, dict):
         raise AmspUserError(f"{path}: expected a mapping of fields at the top level, got "
                             f"{type(data).__name__}: write 'field: value' lines")
@@ -57,12 +49,23 @@ ALIASES = {
     "cluster": {"dgx-a100": "dgx-a100-hdr", "dgx-h100": "dgx-h100-ndr",
                 "dgx-h200": "dgx-h200-ndr", "p4d": "aws-p4d"},
 }
-"""Other names users write for presets (docs and papers say llama-70b)."""
+"""Other names users write for presets (docs and papers say llama-70b). None is taken
+silently: each is refused with its preset as the suggestion, as any near miss is."""
+
+
+def _unknown(name: str, kind: str) -> AmspUserError:
+    names = list_presets(kind)
+    close = suggest(name, names, ALIASES[kind])
+    hint = f"did you mean {close}? " if close else ""
+    return AmspUserError(f"--{kind}: unknown {kind} '{shown(name)}': {hint}use one of "
+                         f"{', '.join(names)}, or a path to a spec file")
 
 
 def _resolve(name: str, kind: str) -> Path:
-    name = ALIASES[kind].get(name, name)
     path = Path(name)
+    long = path_too_long(path)
+    if long:
+        raise AmspUserError(f"--{kind} {shown(name)}: {long}: give a shorter path")
     if path.is_dir():
         if kind == "model" and (path / "config.json").is_file():
             return path / "config.json"
@@ -75,11 +78,8 @@ def _resolve(name: str, kind: str) -> Path:
             raise AmspUserError(f"--{kind}: file {name} does not exist: check the path")
         return path
     preset = PRESETS / f"{kind}_specs" / f"{name}.yaml"
-    if not preset.exists():
-        raise AmspUserError(
-            f"--{kind}: unknown {kind} '{name}': use one of {', '.join(list_presets(kind))}, "
-            "or a path to a spec file"
-        )
+    if "/" in name or not preset.exists():
+        raise _unknown(name, kind)
     return preset
 
 
@@ -103,31 +103,52 @@ def is_hf_config(data: dict[str, Any]) -> bool:
     return "model_type" in data or "architectures" in data
 
 
+_WORDS = {"true": True, "false": False, "null": None}
+
+
 def parse_value(text: str) -> Any:
-    """A --set value: YAML scalar rules (numbers, booleans, strings)."""
-    try:
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, TypeError):  # '!!int x' raises ValueError
-        return text
+    """A --set value: an integer, a number (``1e3``, ``0.5``; ``nan`` and ``inf`` too, for the
+    spec's own check to refuse by name), ``true``/``false``/``null``, else the text itself (a
+    GPU name, a fabric). YAML's other spellings (``yes``, ``on``, ``0x10``) stay text, so a
+    field of another type refuses them instead of taking them as 1."""
+    t = text.strip()
+    if t.lower() in _WORDS:
+        return _WORDS[t.lower()]
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """A cluster spec's mapping with ``--set`` overrides applied (dotted keys for nested
     fields, e.g. ``{"gpu.memory_gib": 40}``); `data` itself is left unchanged."""
     data = dict(data)
-    for key, value in overrides.items():
+    # whole groups first (gpu=NAME), then the fields inside them (gpu.memory_gib=40)
+    for key, value in sorted(overrides.items(), key=lambda kv: kv[0].count(".")):
+        if key == "gpu" and isinstance(value, str):
+            try:
+                value = resolve_gpu({"gpu": value})["gpu"]
+            except ValueError as e:
+                raise AmspUserError(f"--set gpu={shown(value)}: {e}") from None
         target = data
         parts = key.split(".")
         for part in parts[:-1]:
             if not isinstance(target.get(part), dict):
-                raise AmspUserError(f"--set {key}: '{part}' is not a group of fields")
+                raise AmspUserError(f"--set {shown(key)}: '{shown(part)}' is not a group of "
+                                    "fields: use gpu.FIELD")
             child = dict(target[part])
             target[part] = child
             target = child
         top_fields = ClusterSpec.model_fields if len(parts) == 1 else None
         if top_fields is not None and parts[0] not in top_fields:
             close = ", ".join(sorted(k for k in top_fields if k != "measured"))
-            raise AmspUserError(f"--set {key}: no such cluster field: use one of {close}")
+            near = suggest(parts[0], list(top_fields))
+            hint = f"did you mean {near}? " if near else ""
+            raise AmspUserError(f"--set {shown(key)}: no such cluster field: {hint}use one of "
+                                f"{close}")
         target[parts[-1]] = value
     return data
 
@@ -147,7 +168,22 @@ def load_cluster(name: str | None = None, overrides: dict[str, Any] | None = Non
     if overrides:
         data = apply_overrides(data, overrides)
         data["name"] = f"{data['name']}*"
-    return _validate(ClusterSpec, data, str(path) if not overrides else f"{path} with --set")
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as e:
+        raise AmspUserError(_cluster_error(e, path, overrides or {})) from None
+
+
+def _cluster_error(e: ValidationError, path: Path, overrides: dict[str, Any]) -> str:
+    """One line naming the ``--set KEY=VALUE`` at fault when an override is, else the file."""
+    for err in e.errors():
+        key = ".".join(str(p) for p in err.get("loc", ()))
+        if key in overrides:
+            value = overrides[key]
+            text = json.dumps(value) if isinstance(value, bool) or value is None else value
+            msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+            return readable(f"--set {key}={shown(text)}: {msg}: give a value the field takes")
+    return format_validation_error(e, str(path) if not overrides else f"{path} with --set")
 
 
 _SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -164,7 +200,7 @@ def parse_batch(text: str, field: str = "--global-batch") -> int:
         value = int(t) * mult
     except ValueError:
         raise AmspUserError(
-            f"{field}: '{text}' is not a count: write an integer with an optional K/M/G suffix "
+            f"{field}: '{shown(text)}' is not a count: write an integer with an optional K/M/G suffix "
             "(powers of 2), e.g. 4M"
         ) from None
     if value < 1:

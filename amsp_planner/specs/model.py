@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
+
+from amsp_planner.specs.fields import Flag, Int, Maybe, Real, Text
 
 
 class ModelSpec(BaseModel):
@@ -33,25 +35,25 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Text(200)
     """Short name, e.g. 'llama-7b'."""
-    num_layers: int = Field(ge=1, le=1024)
+    num_layers: Int(1, 1024)
     """Transformer blocks."""
-    hidden_size: int = Field(ge=8, le=131072)
+    hidden_size: Int(8, 131072)
     """Model width h."""
-    num_heads: int = Field(ge=1, le=4096)
+    num_heads: Int(1, 4096)
     """Query heads a."""
-    num_kv_heads: int | None = Field(default=None, ge=1, le=4096)
+    num_kv_heads: Maybe(Int(1, 4096)) = None
     """Key/value heads (GQA); defaults to num_heads (MHA)."""
-    ffn_hidden_size: int = Field(ge=1, le=1048576)
+    ffn_hidden_size: Int(1, 1048576)
     """MLP inner width f."""
     ffn_type: Literal["swiglu", "geglu", "gelu"] = "swiglu"
     """SwiGLU or GeGLU (three matrices: gate, up, down) or GELU (two)."""
-    vocab_size: int = Field(ge=2, le=4194304)
+    vocab_size: Int(2, 4194304)
     """Vocabulary size V."""
-    tied_embeddings: bool = False
+    tied_embeddings: Flag = False
     """LM head shares the token embedding."""
-    max_seq_len: int = Field(default=4096, ge=1, le=1048576)
+    max_seq_len: Int(1, 1048576) = 4096
     """Longest sequence the model supports (tokens)."""
     norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """RMSNorm (weight) or LayerNorm (weight and bias)."""
@@ -59,17 +61,17 @@ class ModelSpec(BaseModel):
     """RoPE (no parameters) or learned absolute positions (max_seq_len*h parameters)."""
     attention_bias: Literal["none", "qkv", "all"] = "none"
     """Bias on the QKV projection (Qwen2) or on QKV and output (GPT)."""
-    mlp_bias: bool = False
+    mlp_bias: Flag = False
     """Bias on the MLP projections (GPT)."""
-    rope_theta: float = Field(default=10000.0, gt=0)
-    """RoPE base, used by the runtime."""
-    head_dim: int | None = Field(default=None, ge=1, le=65536)
+    rope_theta: Real(1.0, 1e12) = 10000.0
+    """RoPE base, used by the runtime (at least 1: the longest wavelength is 2*pi*theta)."""
+    head_dim: Maybe(Int(1, 65536)) = None
     """Width of one attention head; defaults to hidden_size / num_heads (Gemma, Qwen3 and
     Mistral-Nemo set it apart)."""
     qk_norm: Literal["none", "head", "full"] = "none"
     """RMSNorm on queries and keys: per head (Qwen3, Gemma 3) or over the whole projection
     (OLMo 2)."""
-    post_norms: bool = False
+    post_norms: Flag = False
     """Two more norms per block, after attention and after the MLP (Gemma 2 and 3)."""
 
     # Fields a preset leaves at their default stay out of its dump, so the plan files and hashes

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from amsp_planner.specs.fields import Flag, Int, Maybe
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20  # "4M" tokens
 
@@ -14,18 +16,18 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    seq_len: int = Field(default=4096, ge=1, le=1048576)
+    seq_len: Int(1, 1048576) = 4096
     """Tokens per sequence."""
-    global_batch_seqs: int | None = Field(default=None, ge=1, le=2**40)
+    global_batch_seqs: Maybe(Int(1, 2**40)) = None
     """Global batch in sequences; give this or global_batch_tokens (default 4M tokens)."""
-    global_batch_tokens: int | None = Field(default=None, ge=1, le=2**50)
+    global_batch_tokens: Maybe(Int(1, 2**50)) = None
     """Global batch in tokens; must be a multiple of seq_len."""
-    micro_batch: int | None = Field(default=None, ge=1, le=65536)
+    micro_batch: Maybe(Int(1, 65536)) = None
     """Sequences per GPU per micro-batch; None lets the planner choose (compare uses 1)."""
-    activation_checkpointing: bool | Annotated[int, Field(ge=0)] | Literal["op"] | None = None
+    activation_checkpointing: Flag | Int(0, 2**20) | Literal["op"] | None = None
     """true: recompute every block; false: none; K: the first K blocks; 'op': op-level
     selective checkpointing of every block; None lets the planner choose (compare uses off)."""
-    flash_attention: bool = True
+    flash_attention: Flag = True
     """FlashAttention (no s^2 attention-score activations)."""
     activation_profile: Literal["eager", "fused"] = "eager"
     """What autograd saves: eager PyTorch with SDPA (the bundled runtime, FSDP2, DeepSpeed on

@@ -1,0 +1,162 @@
+"""The plan file's schema and hashing: the format name and versions, the pydantic models of the
+document (inputs, decision, predictions, solver statistics, volatile fields), its JSON Schema,
+and the canonical JSON and SHA-256 digests. ``plan.py`` builds, writes and loads plans with
+them and checks every field that repeats the decision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from amsp_planner.engines import DEFAULT_ENGINE, ENGINES
+from amsp_planner.specs.cluster import ClusterSpec
+from amsp_planner.specs.model import ModelSpec
+from amsp_planner.specs.training import TrainingSpec
+
+FORMAT = "amsp-plan"
+VERSION = 3
+"""The newest version. A plan is written with the lowest version that holds its decision:
+version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
+checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), version 3 when it
+is tensor-parallel (``decision.tp`` > 1, written only then)."""
+SUPPORTED_VERSIONS = (1, 2, 3)
+
+
+# ----- the document's schema ----------------------------------------------------------------
+EngineName = Literal[ENGINES]
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Hashes(_Strict):
+    model: str
+    cluster: str
+    training: str
+
+
+class PreferenceDoc(_Strict):
+    """The choice rule a plan was made with (``solver.space.Preference``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    band: float = Field(ge=0, lt=1)
+    headroom: float = Field(ge=0, lt=1)
+    quantization: Literal["auto", "on", "off"]
+    tie_breaks: list[Literal["recompute", "groups", "memory"]]
+
+
+class Search(BaseModel):
+    """The restrictions the search ran under; other keys name further keywords of ``solve()``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    zeropp: bool = True
+    micro_batch: int | None = Field(default=None, ge=1)
+    activation_checkpointing: bool | int | Literal["op"] | None = None
+    given_strategy: str | None = None
+    preference: PreferenceDoc | None = None
+    tp: int | None = Field(default=None, ge=1)
+
+
+class Inputs(_Strict):
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    num_gpus: int = Field(ge=1)
+    memory_limit_bytes: float = Field(gt=0)
+    objective: Literal["time", "comm"] = "time"
+    engine: EngineName = DEFAULT_ENGINE
+    """The engine the plan was made for (amsp_planner/engines.py); written when not amsp, so
+    plan files from before engines existed, and amsp plans, read as amsp."""
+    search: Search = Field(default_factory=Search)
+    """Restrictions the search ran under (zeropp, pinned micro-batch / checkpointing)."""
+    hashes: Hashes
+
+
+class Component(_Strict):
+    factor: int = Field(ge=1)
+    mesh: tuple[int, int]
+    """(GPUs per node, nodes) of the shard group."""
+    scope: Literal["none", "intra", "inter"]
+
+
+class Decision(_Strict):
+    strategy: str
+    components: dict[Literal["p", "g", "os"], Component]
+    qwz: bool
+    quant_block: int
+    hpz: int
+    qgz: bool
+    micro_batch: int
+    grad_accum: int
+    ckpt: bool | int | Literal["op"]
+    """true: every block; false: none; K: the first K blocks; "op": op-level selective."""
+    tp: int = Field(default=1, ge=1)
+    """Tensor (+ sequence) parallel degree inside the node (version 3; absent: 1). The
+    components' factors and meshes are then over the N/tp data-parallel ranks."""
+
+
+class Summary(_Strict):
+    strategy: str
+    fits: bool
+    step_s: float
+    memory_bytes: float
+    tokens_per_s: float
+    mfu: float
+    inter_bytes_per_rank_per_step: float
+    intra_bytes_per_rank_per_step: float
+
+
+class SolverInfo(_Strict):
+    name: str
+    status: str
+    objective: str
+    num_variables: int = 0
+    num_constraints: int = 0
+    solves: int = 0
+
+
+class Volatile(_Strict):
+    tool_version: str
+    created_at: str
+    solve_time_s: float = 0.0
+    build_time_s: float = 0.0
+
+
+class PlanDoc(_Strict):
+    """The plan file (JSON). `amsp schema` prints its JSON Schema."""
+
+    format: Literal["amsp-plan"]
+    version: int
+    inputs: Inputs
+    decision: Decision
+    predictions: dict[str, Any]
+    runners_up: list[Summary]
+    baselines: dict[str, Summary]
+    solver: SolverInfo
+    digest: str
+    volatile: Volatile
+
+
+def json_schema() -> dict:
+    s = PlanDoc.model_json_schema()
+    s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    s["$id"] = f"https://amsp-planner/schema/plan-v{VERSION}.json"
+    return s
+
+
+# ----- hashing ------------------------------------------------------------------------------
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def sha256(obj: Any) -> str:
+    return hashlib.sha256(canonical(obj)).hexdigest()
+
+
+def content_digest(doc: dict) -> str:
+    """The ``digest`` field of a plan document: the SHA-256 of its canonical JSON without
+    ``volatile`` and ``digest``."""
+    return sha256({k: v for k, v in doc.items() if k not in ("volatile", "digest")})

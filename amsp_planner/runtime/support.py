@@ -1,0 +1,53 @@
+"""What the bundled runtime can train, checked from the plan alone (no torch, no host).
+
+- the model family: LLaMA-style decoders (RMSNorm, RoPE, SwiGLU, no biases, head_dim =
+  hidden_size / num_heads, no qk or post norms); anything else is refused in one line.
+- tensor parallelism (runtime/tp.py): tp = t > 1 splits the vocabulary, the MLP width and
+  the sequence evenly over the t ranks, so t must divide each.
+
+The lowest of the runtime's checks: runtime/model.py and runtime/preflight.py both use it,
+and it imports nothing of the runtime.
+"""
+
+from __future__ import annotations
+
+from amsp_planner.errors import AmspUserError
+
+
+def check_supported(model) -> None:
+    """The runtime trains LLaMA-style models; anything else is refused with one line."""
+    bad = []
+    if model.norm_type != "rmsnorm":
+        bad.append("norm_type: rmsnorm")
+    if model.position_embedding != "rope":
+        bad.append("position_embedding: rope")
+    if model.ffn_type != "swiglu":
+        bad.append("ffn_type: swiglu")
+    if model.attention_bias != "none" or model.mlp_bias:
+        bad.append("attention_bias: none, mlp_bias: false")
+    if model.q_dim != model.hidden_size or model.qk_norm != "none" or model.post_norms:
+        bad.append("head_dim: hidden_size/num_heads, qk_norm: none, post_norms: false")
+    if bad:
+        raise AmspUserError(
+            f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "
+            f"set {', '.join(bad)} (or export the plan to another framework)"
+        )
+
+
+def check_tp(strategy, job=None) -> None:
+    """What the bundled runtime runs with tp = t > 1 (runtime/tp.py): every ZeRO factor
+    combination, ZeRO++ included, and every checkpointing setting, on a model whose
+    vocabulary, MLP width and sequence length t divides; the rest is refused in one line,
+    naming it."""
+    t = strategy.tp
+    if t == 1 or job is None:
+        return
+    m = job.model
+    bad = [f"{name} {v}" for name, v in (("vocab_size", m.vocab_size),
+                                         ("ffn_hidden_size", m.ffn_hidden_size),
+                                         ("seq_len", job.training.seq_len)) if v % t]
+    if bad:
+        raise AmspUserError(
+            f"plan has tp={t} but {', '.join(bad)} is not a multiple of {t}: the bundled "
+            "runtime splits the vocabulary, the MLP and the sequence evenly over the TP ranks: "
+            "pad it to a multiple, or re-plan with another --tp")
