@@ -32,8 +32,14 @@ import click
                    "say the plan does not suit this host.")
 @click.option("--report", "report", type=click.Path(dir_okay=False), default=None,
               help="Write the run report (JSON): measured vs planned bytes, times, memory, loss.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--save-on-sigterm", is_flag=True,
+              help="On SIGTERM (a batch scheduler ending or preempting the job), save a "
+                   "checkpoint at the end of the current step, then stop (exit 143). Needs "
+                   "--checkpoint-dir and --checkpoint-every.")
+@click.option("--lr", type=float, default=1e-3, show_default=True,
+              help="AdamW learning rate, finite, in (0, 1].")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the initial weights and the data order, 0 .. 2**32-1.")
 @click.option("--local-nodes", is_flag=True,
               help="Run every node of a multi-node plan on this host (loopback).")
 @click.option("--node-rank", type=click.IntRange(min=0), default=None,
@@ -50,7 +56,7 @@ import click
 @click.option("--fail-mode", type=click.Choice(["step", "save", "nan", "oom"]), default="step",
               hidden=True)
 def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resume_from,
-          on_nonfinite, force, report, lr, seed, local_nodes, node_rank, master_addr,
+          on_nonfinite, force, save_on_sigterm, report, lr, seed, local_nodes, node_rank, master_addr,
           master_port, nproc_per_node, timeout_s, cpu, fail_at_step, fail_rank, fail_mode):
     """Train the plan's model under the plan's sharding (torchrun; gloo on CPU, NCCL on GPU)."""
     import importlib.util
@@ -69,11 +75,13 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
             "on_nonfinite": on_nonfinite,
             "report": os.path.abspath(report) if report else None, "seed": seed,
             "optim": {"lr": lr}, "timeout_s": timeout_s, "cpu": cpu,
-            "fail_at_step": fail_at_step, "fail_rank": fail_rank, "fail_mode": fail_mode}
+            "fail_at_step": fail_at_step, "fail_rank": fail_rank, "fail_mode": fail_mode,
+            "save_on_sigterm": save_on_sigterm}
     plan_path = os.path.abspath(plan_file)
     if L.inside_launch():
         L.worker(plan_path, opts)  # every check on every rank; leaves with the rank's code
     check_options(opts)
+    L.check_run_options(opts)
     plan = load_plan(plan_path)
     return L.launch(plan_path, plan, opts, local_nodes=local_nodes, node_rank=node_rank,
                     master_addr=master_addr, master_port=master_port,

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from amsp_planner.errors import AmspUserError
+from amsp_planner.runtime.inputs import check_data, token_dtype
 
 STDLIB = "stdlib"
 STDLIB_BYTES = 4 * 2**20
@@ -46,15 +47,8 @@ class TokenSource:
         if spec == STDLIB:
             self.tokens = stdlib_corpus()
         else:
-            path = Path(spec)
-            if not path.exists():
-                raise AmspUserError(f"--data: {spec} does not exist: give a token file "
-                                    "(uint16/uint32 .bin), 'stdlib' or 'synthetic'")
-            dtype = np.uint32 if path.suffix in (".u32", ".uint32") else np.uint16
-            if path.stat().st_size % np.dtype(dtype).itemsize:
-                raise AmspUserError(f"--data: {spec} is not a whole number of "
-                                    f"{np.dtype(dtype).name} tokens: check the file")
-            self.tokens = np.memmap(path, dtype=dtype, mode="r")
+            check_data(spec, vocab_size, seq_len)  # kind, size, shape: refused before reading
+            self.tokens = np.memmap(spec, dtype=token_dtype(spec), mode="r")
         n = len(self.tokens)
         if n < seq_len + 2:
             raise AmspUserError(f"--data: {spec} holds {n} tokens, fewer than one sequence of "

@@ -13,7 +13,7 @@ as the one that died.
 Exit codes (fixed; under srun they are the ranks' own codes, under an external torchrun
 ``runtime/torchrun.py`` ends with them):
 0 success, 2 refused input, 3 does not fit, 4 a rank failed, 5 the collectives differ from the
-plan.
+plan; 130, 143, 129 when SIGINT, SIGTERM or SIGHUP stopped the job (``lifecycle.py``).
 """
 
 from __future__ import annotations

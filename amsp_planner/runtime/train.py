@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from amsp_planner.errors import AmspUserError
-from amsp_planner.runtime import faults
+from amsp_planner.runtime import faults, lifecycle
 from amsp_planner.runtime.collectives import Comm, Group
 from amsp_planner.runtime.data import TokenSource
 from amsp_planner.runtime.engine import OptimConfig, ShardedEngine
@@ -70,6 +70,10 @@ class RunConfig:
     space so the step runs out of memory."""
     fail_rank: int = -1
     fail_mode: str = "step"
+    save_on_sigterm: bool = False
+    """A SIGTERM (or the launcher's stop file) makes every rank save a checkpoint at the end
+    of the step it runs and stop (``lifecycle.Stopped``); asked once per step with one
+    uncounted all-reduce of one element."""
 
 
 def world_info() -> tuple[int, int, int, int]:
@@ -139,6 +143,10 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
     _log(rank, f"training {job.model.name} on {N} ranks ({job.num_nodes} node(s)), strategy "
                f"{strategy}, {n_micro} micro-batch(es)/step, {tokens_per_step} tokens/step, "
                f"data {source.name}")
+    caveat = uncalibrated(job.cluster)
+    if caveat:
+        _log(rank, f"note: the predicted step time ({predicted * 1e3:.1f} ms) is {caveat}; "
+                   "the step lines leave it out")
     for step in range(start, cfg.steps):
         faults.at(step=step + 1, doing="running the step")
         fault = cfg.fail_mode if cfg.fail_at_step == step + 1 and cfg.fail_rank == rank else None
@@ -159,23 +167,46 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
         norms.append(gnorm)
         times.append(dt)
         if cfg.log_every and (step + 1) % cfg.log_every == 0:
+            pred = "" if caveat else f" (predicted {predicted * 1e3:.1f} ms)"
             _log(rank, f"step {step + 1:>5}/{cfg.steps}  loss {loss:.4f}  grad-norm {gnorm:.3f}  "
-                       f"{tokens_per_step / dt:,.0f} tok/s  step {dt * 1e3:.1f} ms "
-                       f"(predicted {predicted * 1e3:.1f} ms)")
-        if cfg.checkpoint_dir and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                       f"{tokens_per_step / dt:,.0f} tok/s  step {dt * 1e3:.1f} ms{pred}")
+        due = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+        stop = cfg.save_on_sigterm and _stop_agreed(engine.device)
+        if cfg.checkpoint_dir and (due or stop):
             from amsp_planner.runtime.checkpoint import save
 
             die = functools.partial(_die, rank, step + 1, "save") if fault == "save" else None
-            save(engine, cfg.checkpoint_dir, step + 1, die)  # counted under "checkpoint"
+            path = save(engine, cfg.checkpoint_dir, step + 1, die)  # counted under "checkpoint"
+            if stop:
+                raise lifecycle.Stopped(step + 1, str(path))
     report = _finish(job, strategy, evaluation, engine, comm, losses, norms, times, start,
                      skipped, startup_peak)
-    _log(rank, _done_line(report, losses, times, predicted, tokens_per_step))
+    _log(rank, _done_line(report, losses, times, predicted, tokens_per_step, not caveat))
     _log(rank, report["verdict"]["line"])
     if cfg.report_path and rank == 0:
         faults.at(doing=f"writing the report {cfg.report_path}")
         write_report(cfg.report_path, report)
     report["_engine"] = engine
     return report
+
+
+def uncalibrated(cluster) -> str | None:
+    """Why the cluster's predicted step time is not to be compared with this run (None: it
+    is): a cluster of CPU processes (``intra_fabric: shm``) without measured tables has the
+    preset's placeholder figures, not this host's."""
+    if cluster.intra_fabric == "shm" and not cluster.measured:
+        return (f"not calibrated for {cluster.name} (placeholder figures, not this host's: "
+                "amsp calibrate measures them)")
+    return None
+
+
+def _stop_agreed(device) -> bool:
+    """Whether any rank was asked to save and stop (``--save-on-sigterm``): one all-reduce
+    (MAX) of one element, outside the counted collectives, so every rank stops at the same
+    step."""
+    flag = torch.tensor([1.0 if lifecycle.stop_asked() else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _step(engine, batch, n_micro: int, mb: int, N: int, cfg: RunConfig, fault, step: int
@@ -193,7 +224,8 @@ def _step(engine, batch, n_micro: int, mb: int, N: int, cfg: RunConfig, fault, s
     return engine.optimizer_step(loss_sum, guard=cfg.on_nonfinite == "skip")
 
 
-def _done_line(report: dict, losses: list, times: list, predicted: float, tokens: int) -> str:
+def _done_line(report: dict, losses: list, times: list, predicted: float, tokens: int,
+               calibrated: bool = True) -> str:
     good = [t for t, x in zip(times, losses, strict=True) if x is not None]
     if not good:
         return f"done: {len(times)} steps"
@@ -201,7 +233,8 @@ def _done_line(report: dict, losses: list, times: list, predicted: float, tokens
     last = [x for x in losses if x is not None][-1]
     mem = report["memory"]
     return (f"done: {len(times)} steps, final loss {last:.4f}, median step {med * 1e3:.1f} ms "
-            f"(predicted {predicted * 1e3:.1f} ms), {tokens / med:,.0f} tok/s, model states "
+            f"(predicted {predicted * 1e3:.1f} ms{'' if calibrated else ', not calibrated'}), "
+            f"{tokens / med:,.0f} tok/s, model states "
             f"{sum(mem['measured'].values()) / 2**20:.2f} MiB/rank "
             f"(plan {mem['predicted_total'] / 2**20:.2f} MiB)")
 
