@@ -68,6 +68,7 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
     if importlib.util.find_spec("torch") is None:  # imported only where needed: refusals are fast
         raise AmspUserError("amsp train needs the runtime extra: pip install -e '.[runtime]'")
     from amsp_planner.runtime import launch as L
+    from amsp_planner.runtime import worker as W
     from amsp_planner.runtime.preflight import check_options
 
     opts = {"steps": steps, "data": data, "checkpoint_dir": checkpoint_dir,
@@ -78,10 +79,10 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
             "fail_at_step": fail_at_step, "fail_rank": fail_rank, "fail_mode": fail_mode,
             "save_on_sigterm": save_on_sigterm}
     plan_path = os.path.abspath(plan_file)
-    if L.inside_launch():
-        L.worker(plan_path, opts)  # every check on every rank; leaves with the rank's code
+    if W.inside_launch():
+        W.worker(plan_path, opts)  # every check on every rank; leaves with the rank's code
     check_options(opts)
-    L.check_run_options(opts)
+    W.check_run_options(opts)
     plan = load_plan(plan_path)
     return L.launch(plan_path, plan, opts, local_nodes=local_nodes, node_rank=node_rank,
                     master_addr=master_addr, master_port=master_port,

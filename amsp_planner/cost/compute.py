@@ -138,11 +138,11 @@ def head_compute(job: Job, micro_batch: int, tp: int = 1) -> UnitCompute:
 def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1) -> float:
     """Seconds per step that checkpointing setting `ckpt` adds to the blocks' compute (0 for
     none): what the planner's rule does not spend to save memory (docs/planner.md). With TP,
-    the recomputed forward's TP collectives (``schedule.tp_block_s``) count as recompute too."""
+    the recomputed forward's TP collectives (``tp_schedule.tp_recompute_s``) count as recompute too."""
     a, b = block_compute(job, micro_batch, ckpt, tp), block_compute(job, micro_batch, False, tp)
     extra = a.forward + a.backward - b.forward - b.backward
     if tp > 1:
-        from amsp_planner.cost.schedule import tp_recompute_s
+        from amsp_planner.cost.tp_schedule import tp_recompute_s
 
         extra += tp_recompute_s(job, micro_batch, ckpt, tp)
     return job.seqs_per_rank(tp) // micro_batch * job.model.num_layers * max(extra, 0.0)

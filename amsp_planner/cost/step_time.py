@@ -63,7 +63,8 @@ from dataclasses import asdict, dataclass
 from amsp_planner.cost.compute import unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import OPTIMIZER_BYTES
-from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, tp_entries
+from amsp_planner.cost.schedule_entry import CLASSES, ScheduleEntry
+from amsp_planner.cost.tp_schedule import tp_entries
 
 ROLES = ("gather_fwd", "gather_bwd", "reduce", "sync")
 """Per-unit communication roles (seconds per call, per unit class)."""
