@@ -70,6 +70,12 @@ class EngineProfile:
     """Tensor (+ sequence) parallelism inside the node (t > 1)."""
     tp_note: str = ""
     """Why it does not run t > 1 (when ``tp`` is off), or how it does."""
+    activation_profile: str = "eager"
+    """What autograd saves in the model code this engine runs by default (cost/activations.py,
+    docs/memory.md); a training spec's own ``activation_profile`` overrides it."""
+    op_policy: str = "matmuls"
+    """Its op-level selective checkpointing: 'matmuls' keeps every matmul's output,
+    'alternate' every second one (torchtitan's policy; cost/activations.py)."""
 
     # ----- the search space ------------------------------------------------------------------
     def runs_ckpt(self, value, num_layers: int) -> bool:
@@ -103,7 +109,11 @@ class EngineProfile:
 
     # ----- behaviour -------------------------------------------------------------------------
     def training_for(self, training):
-        """The TrainingSpec as this engine runs it (its gradient-reduction dtype)."""
+        """The TrainingSpec as this engine runs it (its gradient-reduction dtype, and its
+        activation profile where the spec leaves it open)."""
+        if training.activation_profile is None:
+            training = training.model_copy(
+                update={"activation_profile": self.activation_profile})
         want = self.grad_dtype(training)
         if want is None or want == training.grad_accum_dtype:
             return training
@@ -119,11 +129,11 @@ class EngineProfile:
 
     def training_note(self, training) -> str | None:
         """One line when the engine changes the job's gradient dtype, else None."""
-        got = self.training_for(training)
-        if got is training:
+        want = self.grad_dtype(training)
+        if want is None or want == training.grad_accum_dtype:
             return None
         return (f"{self.title} reduces gradients {self.reduce_source}: priced with "
-                f"--grad-accum-dtype {got.grad_accum_dtype}, not {training.grad_accum_dtype}")
+                f"--grad-accum-dtype {want}, not {training.grad_accum_dtype}")
 
     @property
     def reduce_source(self) -> str:
@@ -198,6 +208,7 @@ PROFILES = {
                  "mixed_precision_reduce; apply_tp: ColwiseParallel/RowwiseParallel with "
                  "SequenceParallel norms)"),
         tp=True, tp_note="parallelism.tensor_parallel_degree, enable_async_tensor_parallel off",
+        activation_profile="torchtitan", op_policy="alternate",
     ),
     "internevo": EngineProfile(
         name="internevo", title="InternEvo", shapes="zero1", hpz=False, qwz=False, qgz=False,
@@ -213,6 +224,7 @@ PROFILES = {
                  "gradient's own dtype, the model dtype)"),
         tp_note="InternEvo's own tensor parallelism (parallel.tensor) is not described by this "
                 "profile: plan with --engine torchtitan or fsdp2 for tp > 1",
+        activation_profile="fused",
     ),
 }
 

@@ -98,7 +98,7 @@ def test_activation_profile_option(tmp_path):
     assert code == code_f == 0
     assert out_e != out_f
     code, _, err = run_cli(["compare", "-m", "llama-7b", "-n", "64",
-                            "--activation-profile", "compiled"])
+                            "--activation-profile", "jitted"])
     assert code == 2 and "activation-profile" in err
 
 

@@ -86,8 +86,12 @@ def job_options(f):
                      help="Activation checkpointing: on (every block), off, K (the first K "
                           "blocks), op (op-level selective); auto lets the planner choose."),
         click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations."),
-        click.option("--activation-profile", type=click.Choice(["eager", "fused"]), default="eager",
-                     show_default=True, help="Activations of eager PyTorch or of fused kernels."),
+        click.option("--activation-profile",
+                     type=click.Choice(["auto", "eager", "torchtitan", "compiled", "fused"]),
+                     default="auto", show_default=True,
+                     help="What autograd saves (docs/memory.md): eager PyTorch, torchtitan's "
+                          "Llama, torch.compile, fused kernels (Megatron/TE, Liger); auto: the "
+                          "engine's default."),
         click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16",
                      show_default=True, help="bf16 mixed precision or fp32 everywhere."),
         click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
@@ -153,7 +157,7 @@ def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
 
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
-              memory_limit=None, activation_profile="eager", engine="amsp", **_ignored):
+              memory_limit=None, activation_profile="auto", engine="amsp", **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -172,7 +176,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          global_batch_seqs=global_batch_seqs, micro_batch=micro_batch,
                          activation_checkpointing=ckpt, flash_attention=not no_flash_attention,
                          precision=precision, grad_accum_dtype=grad_accum_dtype,
-                         activation_profile=activation_profile)
+                         activation_profile=None if activation_profile in (None, "auto")
+                         else activation_profile)
     except ValidationError as e:
         raise AmspUserError(format_validation_error(e, "training options")) from None
     warn_seq_len(m, seq_len)
@@ -183,6 +188,10 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     note = job.profile.training_note(t)
     if note:
         click.echo(f"note: {note}", err=True)
+    if t.activation_profile is None and job.training.activation_profile != "eager":
+        click.echo(f"note: activations priced as {job.profile.title} runs them "
+                   f"(--activation-profile {job.training.activation_profile}, docs/memory.md)",
+                   err=True)
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit
 

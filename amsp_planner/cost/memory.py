@@ -31,7 +31,10 @@ Activations per micro-batch: ``cost/activations.py`` (eager or fused profile; th
 tensors, and the cross-entropy backward's peak above them). NCCL communicator buffers per
 process group the strategy uses: ``cost/communicators.py``.
 Totals: (states + buffers + activations + loss peak) * (1 + fragmentation) + communicators
-+ context reserve. The fragmentation reserve covers what the caching allocator holds beyond the
++ context reserve. Three figures of the peak (docs/memory.md, "Allocated, reserved, device"):
+``allocated`` (the tensors: torch.cuda.max_memory_allocated), ``reserved`` (with the
+fragmentation reserve: max_memory_reserved, torchtitan's logged figure), ``total`` (with NCCL's
+buffers and the CUDA context: what the GPU holds and what must fit). The fragmentation reserve covers what the caching allocator holds beyond the
 live tensors (rounding to its block sizes, split blocks it cannot return) and the short-lived
 tensors of backward (activation gradients, SDPA workspaces); NCCL's buffers are allocated
 outside it, and the context reserve is the CUDA context and the libraries' process-wide state.
@@ -81,9 +84,27 @@ class MemoryBreakdown:
         return self.model_states + self.buffers
 
     @property
+    def allocated(self) -> float:
+        """The live tensors at the peak: what ``torch.cuda.max_memory_allocated`` reports."""
+        return self.runtime_tensors + self.activations + self.loss_peak
+
+    @property
+    def reserved(self) -> float:
+        """The caching allocator's segments at the peak (the tensors and the fragmentation
+        reserve): what ``torch.cuda.max_memory_reserved`` reports, and torchtitan logs as
+        ``memory:`` (max_reserved_gib)."""
+        return self.allocated + self.fragmentation
+
+    @property
     def total(self) -> float:
-        return (self.runtime_tensors + self.activations + self.loss_peak + self.fragmentation
-                + self.communicators + self.context)
+        """What the GPU holds (nvidia-smi's figure): the reserved segments, NCCL's buffers and
+        the CUDA context, all outside the allocator's statistics. What must fit."""
+        return self.reserved + self.communicators + self.context
+
+    def peak(self, kind: str) -> float:
+        """The figure a published peak reports: 'allocated', 'reserved' or 'device'."""
+        return {"allocated": self.allocated, "reserved": self.reserved,
+                "device": self.total}[kind]
 
     def to_dict(self) -> dict:
         d = asdict(self)
