@@ -131,3 +131,97 @@ def test_deepspeed_buffers_are_the_counted_ones():
     z2 = json.loads(ds.export(job, baseline("zero2", 64, 8)).text)["zero_optimization"]
     assert z2["allgather_bucket_size"] == z2["reduce_bucket_size"] == u
     assert "stage3_max_live_parameters" not in z2
+
+
+# ----- profiles by engine (docs/memory.md, "Activations: profiles by engine") ----------------
+def _gqa_job(engine: str = "amsp", **training):
+    """h 256, 8 heads of 32, 2 KV heads (d_kv 64), SwiGLU f 512, V 1000, 2 blocks, bf16."""
+    from amsp_planner.cost.job import Job
+    from amsp_planner.specs import TrainingSpec, load_cluster
+    from amsp_planner.specs.model import ModelSpec
+
+    spec = ModelSpec(name="gqa", num_layers=2, hidden_size=256, num_heads=8, num_kv_heads=2,
+                     ffn_hidden_size=512, vocab_size=1000, max_seq_len=256)
+    t = TrainingSpec(seq_len=128, global_batch_seqs=16, **training)
+    return Job.create(spec, load_cluster("dgx-a100-hdr"), t, 8, engine)
+
+
+def test_engine_default_profiles_and_the_override():
+    from amsp_planner.cost.activations import profile_of
+
+    assert {e: profile_of(_gqa_job(e)) for e in ("amsp", "deepspeed", "fsdp2", "torchtitan",
+                                                  "internevo")} == {
+        "amsp": "eager", "deepspeed": "eager", "fsdp2": "eager", "torchtitan": "torchtitan",
+        "internevo": "fused"}
+    job = _gqa_job("torchtitan", activation_profile="compiled")
+    assert job.training.activation_profile == "compiled"  # the spec's own wins
+
+
+def test_torchtitan_profile_by_hand():
+    from amsp_planner.cost.activations import head_bytes_per_token
+
+    job = _gqa_job("torchtitan")
+    # nn.RMSNorm fused: input 256 x 2 + 1/rms 4 + output (the next matmul's input) 256 x 2
+    #   = 1,028, twice = 2,056
+    # fused QKV output kept whole (256 + 2 x 64) x 2 = 768; fp32 copies of Q and K
+    #   4 x (256 + 64) = 1,280; rotated Q, K (256 + 64) x 2 = 640; attention output and its
+    #   .contiguous() copy 2 x 256 x 2 = 1,024; log-sum-exp 4 x 8 = 32
+    # SwiGLU 4 x 512 x 2 = 4,096
+    assert block_bytes_per_token(job) == 2_056 + 768 + 1_280 + 640 + 1_024 + 32 + 4_096
+    # head: fused final norm 1,028, fp32 log-probabilities 4,000, int64 ids and targets 16
+    assert head_bytes_per_token(job) == 1_028 + 4_000 + 16
+    assert loss_peak_bytes(job, 1) == 8 * 1000 * 128
+    assert rope_table_bytes(job) == 0  # freqs_cis is a model buffer
+
+
+def test_torchtitan_op_policy_recomputes_every_second_matmul_by_hand():
+    from amsp_planner.cost.activations import (
+        op_kept_bytes_per_token,
+        op_recompute_bytes_per_token,
+        op_recomputed_matmuls,
+    )
+    from amsp_planner.cost.compute import recompute_s
+
+    tt, amsp = _gqa_job("torchtitan"), _gqa_job("amsp", activation_profile="torchtitan")
+    assert op_recomputed_matmuls(tt) == ("wo", "w3") and op_recomputed_matmuls(amsp) == ()
+    # kept: input 512, wqkv 768, attention output 512 + log-sum-exp 32, w1 1,024, w2 512
+    assert op_kept_bytes_per_token(tt) == 512 + 768 + 512 + 32 + 1_024 + 512
+    # the runtime's policy keeps wo (512) and the whole gate/up (2,048) instead of w1 alone
+    assert op_kept_bytes_per_token(amsp) == 512 + 768 + 512 + 32 + 512 + 2_048 + 512
+    # recomputing a block saves its tensors again except the kept ones its backward saves
+    # (the QKV output 768, the attention output 512 and log-sum-exp 32, w1 1,024)
+    assert op_recompute_bytes_per_token(tt) == block_bytes_per_token(tt) - (768 + 512 + 32
+                                                                            + 1_024)
+    # recomputing wo and w3 costs time: more than the runtime's policy, less than full
+    op_tt, op_rt = recompute_s(tt, 1, "op"), recompute_s(amsp, 1, "op")
+    assert op_rt < op_tt < recompute_s(tt, 1, True)
+
+
+def test_compiled_profile_is_fused_blocks_with_a_bf16_logit_loss():
+    from amsp_planner.cost.activations import head_bytes_per_token
+
+    comp, fused = _gqa_job(activation_profile="compiled"), _gqa_job(activation_profile="fused")
+    assert block_bytes_per_token(comp) == block_bytes_per_token(fused)
+    # final norm input and output 2 x 256 x 2; bf16 logits 2 x 1000 (fused: fp32 softmax 4V)
+    assert head_bytes_per_token(comp) == 1_024 + 2_000
+    assert head_bytes_per_token(fused) == 1_024 + 4_000
+    assert loss_peak_bytes(comp, 1) == 2 * 1000 * 128 and loss_peak_bytes(fused, 1) == 0
+
+
+def test_allocated_reserved_and_device_peaks():
+    m = memory(_gqa_job(), Strategy(micro_batch=2))
+    assert m.allocated == m.runtime_tensors + m.activations + m.loss_peak
+    assert m.reserved == pytest.approx(m.allocated * 1.05)  # the 5 % fragmentation reserve
+    assert m.total == m.reserved + m.communicators + m.context == m.peak("device")
+
+
+def test_engine_profile_is_stated_in_the_plan(tmp_path):
+    import json
+
+    out = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "-m", "llama3-8b", "-n", "8", "--engine", "torchtitan",
+                            "--seq-len", "8192", "--global-batch-seqs", "16", "-o", str(out),
+                            "--format", "json"])
+    assert code == 0, err
+    assert "activations priced as torchtitan" in err
+    assert json.loads(out.read_text())["inputs"]["training"]["activation_profile"] == "torchtitan"

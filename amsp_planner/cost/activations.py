@@ -27,9 +27,10 @@ counted once per storage (tests/test_saved_tensors.py counts them with ``saved_t
 rope.py; components/loss.py), the eager count with three differences:
   norms           ``nn.RMSNorm``, one fused kernel on CUDA: its input and fp32 1/rms (the
                   output is saved by the next matmul): 2h a_b + 4
-  attention       separate Q, K, V projections; RoPE as a complex product in fp32
+  attention       one fused QKV projection (``fuse_qkv``), kept whole as V (a view) is saved
+                  (h + 2 d_kv) a_b; RoPE as a complex product in fp32
                   (``view_as_complex(q.float())``): the fp32 copies of Q and K 4(h + d_kv), the
-                  rotated Q and K (h + d_kv) a_b, V d_kv a_b; the attention output and its
+                  rotated Q and K (h + d_kv) a_b; the attention output and its
                   ``.contiguous()`` copy 2h a_b; log-sum-exp 4a
   tables          ``freqs_cis`` is a model buffer (not per micro-batch): none
   head            fused final norm, fp32 cross-entropy (``F.cross_entropy(pred.float())``): 4V
@@ -57,8 +58,8 @@ attention (with its log-sum-exp) and of the matmuls its engine's policy saves
   alternate  every second matmul in forward order, counted per block (torchtitan's policy:
              ``_save_list`` = aten.mm, the SDPA kernels and reduce-scatter, "every second mm"
              recomputed: torchtitan/distributed/activation_checkpoint.py, formerly
-             parallelisms/parallelize_llama.py): of wq, wk, wv, wo, w1, w3, w2 it keeps wq h,
-             wv d_kv, w1 f and w2 h, and recomputes wk, wo and w3 (GELU: wq, wv, fc1);
+             parallelisms/parallelize_llama.py): of wqkv, wo, w1, w3, w2 it keeps wqkv
+             h + 2 d_kv, w1 f and w2 h, and recomputes wo and w3 (GELU: keeps wqkv and fc1);
 and, while one block is recomputed, the saved tensors of the profile that it does not have yet
 (docs/memory.md derives both).
 
@@ -133,7 +134,8 @@ def block_bytes_per_token(job: Job, tp: int = 1) -> float:
     rope = m.position_embedding == "rope"
     mlp = (2 * f if gelu else 4 * f) * ab
     if prof == "torchtitan":
-        qkv = kv * ab + 4 * (h + kv) + (h + kv) * ab if rope else (h + 2 * kv) * ab
+        rotary = 4 * (h + kv) + (h + kv) * ab if rope else 0  # fp32 Q, K; rotated Q, K
+        qkv = (h + 2 * kv) * ab + rotary
         return 2 * _norm(job, fused=True) + qkv + 2 * h * ab + _softmax(job) + mlp
     rotated = (h + kv) * ab if rope else 0
     attention = (h + 2 * kv) * ab + rotated + 2 * h * ab + _softmax(job)
@@ -154,17 +156,17 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
 
 
 def _op_matmuls(job: Job) -> list[tuple[str, int]]:
-    """(name, output width) of a block's matmuls in forward order, as separate projections
-    (torchtitan's wq, wk, wv, wo, w1, w3, w2; GELU: fc1, fc2)."""
+    """(name, output width) of a block's matmuls in forward order (torchtitan's fused wqkv,
+    wo, w1, w3, w2; GELU: fc1, fc2)."""
     m = job.model
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     mlp = [("fc1", f), ("fc2", h)] if m.ffn_type == "gelu" else [("w1", f), ("w3", f), ("w2", h)]
-    return [("wq", h), ("wk", kv), ("wv", kv), ("wo", h)] + mlp
+    return [("wqkv", h + 2 * kv), ("wo", h)] + mlp
 
 
 def op_recomputed_matmuls(job: Job) -> tuple[str, ...]:
     """The matmuls the engine's op-level policy recomputes in backward: none for 'matmuls',
-    every second in forward order for 'alternate' (torchtitan: wk, wo, w3)."""
+    every second in forward order for 'alternate' (torchtitan: wo and w3; GELU: wo, fc2)."""
     if job.profile.op_policy != "alternate":
         return ()
     return tuple(name for i, (name, _) in enumerate(_op_matmuls(job)) if i % 2)
@@ -199,7 +201,7 @@ def op_recompute_bytes_per_token(job: Job, tp: int = 1) -> float:
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     lse = 4 * m.num_heads if t.flash_attention else 0
     if job.profile.op_policy == "alternate":
-        shared = (kv + h + f) * t.param_bytes + lse
+        shared = (h + 2 * kv + h + f) * t.param_bytes + lse
     else:
         up = f if m.ffn_type == "gelu" else 2 * f
         shared = (h + 2 * kv + h + up) * t.param_bytes + lse
