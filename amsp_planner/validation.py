@@ -2,11 +2,24 @@
 
     python bench/gpu_validation.py        # writes docs/validation.md and presets/error_bands.json
 
-The rows (``presets/validation.yaml``) are published measurements of data-parallel-sharded
-training, each with its source and the hardware it ran on. ``predict_rows`` turns every row
-inside the model's scope into a Job and a Strategy and predicts the row's metric. The measured
-error is data: ``error_bands()`` reads ``presets/error_bands.json``, which the benchmark writes
-from the same rows, so every band the planner states comes from one place.
+The rows (``presets/validation.yaml``) are published measurements of LLM training, each with
+its source, the engine that ran it and the hardware. ``predict_rows`` turns every row that is
+a job of this model into a Job and a Strategy, priced with the execution profile of the row's
+engine (``pricing_engine``; an engine without a profile of its own is priced as the one that
+executes the same way, and a strategy the profile does not express falls back to the bundled
+runtime's profile, said in ``RowResult.priced_as``), and predicts the row's metric. Rows out of
+scope state why (pipeline or context parallelism, FP8 matmuls, offload, a setup the source
+does not publish ...); they are kept and listed, never dropped.
+
+Statistics: ``summary`` (median, 90th percentile and worst |error| with the rows in scope and
+collected), by engine and by scale bucket (``scale_bucket``: <= 64, 65-255, >= 256 GPUs), and
+the relative band (``relative_pairs``): rows sharing a ``job`` tag ran the same job (every
+field of ``JOB_FIELDS`` equal, ``check_jobs``) with different strategies (a sharding, micro-batch
+and checkpointing on an engine); the error of the predicted throughput ratio between two of
+them against the measured ratio.
+
+The measured error is data: ``error_bands()`` reads ``presets/error_bands.json``, which the
+benchmark writes from the same rows, so every band the planner states comes from one place.
 """
 
 from __future__ import annotations
@@ -26,6 +39,8 @@ BANDS_FILE = PRESETS / "error_bands.json"
 class RowResult:
     id: str
     source: str
+    engine: str
+    gpus: int
     metric: str
     published: float
     predicted: float | None
@@ -37,6 +52,14 @@ class RowResult:
     fits: bool | None = None
     memory_gib: float | None = None
     published_memory_gib: float | None = None
+    priced_as: str = ""
+    """The engine profile the prediction used, with the reason where it is not the row's own."""
+    activation_profile: str = "eager"
+    job: str | None = None
+
+    @property
+    def bucket(self) -> str:
+        return scale_bucket(self.gpus)
 
     @property
     def memory_error(self) -> float | None:
@@ -50,6 +73,30 @@ class RowResult:
         if self.predicted is None:
             return None
         return self.predicted / self.published - 1
+
+
+BUCKETS = ("<= 64", "65-255", ">= 256")
+
+
+def scale_bucket(gpus: int) -> str:
+    """The scale bucket of a job: <= 64, 65-255 or >= 256 GPUs."""
+    return BUCKETS[0] if gpus <= 64 else BUCKETS[1] if gpus < 256 else BUCKETS[2]
+
+
+# Engines the published rows ran that have no execution profile of their own: priced with the
+# profile of the engine that executes the same way (FSDP1 and Composer's FSDP as FSDP2).
+PRICED_AS = {"fsdp": "fsdp2", "fairscale": "fsdp2"}
+
+
+def pricing_engine(engine: str) -> tuple[str, str]:
+    """The engine profile a row is priced with, and why when it is not the row's own."""
+    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES
+
+    if engine in ENGINES:
+        return engine, ""
+    alt = PRICED_AS.get(engine, DEFAULT_ENGINE)
+    alt = alt if alt in ENGINES else DEFAULT_ENGINE
+    return alt, f"{engine} has no profile: priced as {alt}"
 
 
 def load_rows() -> dict:
@@ -76,8 +123,8 @@ def _metric(ev, job, metric: str) -> float:
     raise ValueError(f"unknown metric {metric}")
 
 
-def row_job(row: dict, models: dict):
-    """The Job and Strategy of one row."""
+def row_job(row: dict, models: dict, engine: str | None = None):
+    """The Job and Strategy of one row, priced with `engine`'s profile (default: the row's)."""
     from amsp_planner.cost.job import Job
     from amsp_planner.specs import TrainingSpec, load_cluster, load_model
     from amsp_planner.specs.model import ModelSpec
@@ -88,8 +135,28 @@ def row_job(row: dict, models: dict):
     cluster = load_cluster(row["cluster"], row.get("set"))
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
                             **row.get("training", {}))
-    job = Job.create(model, cluster, training, row["gpus"])
-    return job, parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
+    engine = engine or pricing_engine(row["engine"])[0]
+    job = Job.create(model, cluster, training, row["gpus"], engine=engine)
+    s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
+    job.check(s)
+    return job, s
+
+
+def priced_job(row: dict, models: dict):
+    """The row's Job and Strategy and the profile that priced them: the row's engine, or, where
+    that profile does not express the row's strategy (a limit of the profile, not of the cost
+    model), the bundled runtime's, said in the result."""
+    from amsp_planner.engines import DEFAULT_ENGINE
+    from amsp_planner.errors import AmspUserError
+
+    engine, why = pricing_engine(row["engine"])
+    try:
+        return (*row_job(row, models, engine), engine, why)
+    except AmspUserError:
+        if engine == DEFAULT_ENGINE:
+            raise
+        job, s = row_job(row, models, DEFAULT_ENGINE)
+        return job, s, DEFAULT_ENGINE, f"{engine}'s profile does not run {row['strategy']}"
 
 
 def predict_rows(doc: dict | None = None) -> list[RowResult]:
@@ -98,42 +165,126 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
     doc = doc or load_rows()
     out = []
     for row in doc["rows"]:
-        r = RowResult(row["id"], row["source"], row["metric"], float(row["value"]), None,
-                      row.get("bound", "="), row["scope"], row.get("order"), row["strategy"])
-        job, s = row_job(row, doc.get("models", {}))
+        r = RowResult(row["id"], row["source"], row["engine"], row["gpus"], row["metric"],
+                      float(row["value"]), None, row.get("bound", "="), row["scope"],
+                      row.get("order"), row.get("strategy", ""), job=row.get("job"))
+        if "memory_gib" in row or row["metric"] == "memory":
+            r.published_memory_gib = float(row.get("memory_gib", row["value"]))
+        out.append(r)
+        if not row.get("strategy") or not row.get("cluster"):
+            continue  # out of scope and not expressible as a job of this model
+        job, s, engine, why = priced_job(row, doc.get("models", {}))
+        r.priced_as = engine + (f" ({why})" if why else "")
+        r.activation_profile = job.training.activation_profile
         ev = evaluate(job, s)
         r.predicted, r.step_s = _metric(ev, job, row["metric"]), ev.step_s
         r.fits, r.memory_gib = ev.fits, ev.memory.total / 2**30
-        if row["metric"] == "memory" or "memory_gib" in row:
-            r.published_memory_gib = float(row.get("memory_gib", row["value"]))
-        out.append(r)
     return out
 
 
 def orderings(results: list[RowResult]) -> dict[str, bool]:
     """Per order group: does the prediction keep the published order of throughput?"""
-    results = [r for r in results if r.metric != "memory"]
     groups: dict[str, list[RowResult]] = {}
     for r in results:
-        if r.order and r.scope == "in":
+        if r.order and r.scope == "in" and r.metric != "memory":
             groups.setdefault(r.order, []).append(r)
     return {g: [x.id for x in sorted(rs, key=lambda x: -x.published)]
             == [x.id for x in sorted(rs, key=lambda x: -x.predicted)] for g, rs in groups.items()}
 
 
-def summary(results: list[RowResult], memory: bool = False) -> dict:
-    """Median, 90th percentile and worst |error| of the rows in scope (throughput, or with
-    `memory` the published peak memory)."""
-    if memory:
-        errs = sorted(abs(r.memory_error) for r in results
-                      if r.scope == "in" and r.memory_error is not None)
-    else:
-        errs = sorted(abs(r.error) for r in results if r.scope == "in" and r.metric != "memory")
+def _stats(errs: list[float]) -> dict:
+    errs = sorted(errs)
     if not errs:
         return {"rows": 0}
     p90 = errs[min(len(errs) - 1, int(round(0.9 * (len(errs) - 1))))]
     return {"rows": len(errs), "median_abs_error": statistics.median(errs),
             "p90_abs_error": p90, "max_abs_error": errs[-1]}
+
+
+def summary(results: list[RowResult], memory: bool = False) -> dict:
+    """Median, 90th percentile and worst |error| of the rows in scope (throughput, or with
+    `memory` the published peak memory), with `collected`: the rows of that kind collected,
+    in scope or not."""
+    if memory:
+        rows = [r for r in results if r.published_memory_gib is not None]
+        errs = [abs(r.memory_error) for r in rows if r.scope == "in" and r.memory_error is not None]
+    else:
+        rows = [r for r in results if r.metric != "memory"]
+        errs = [abs(r.error) for r in rows if r.scope == "in"]
+    return {**_stats(errs), "collected": len(rows)}
+
+
+# What two rows of one `job` tag must share: the same job (model, hardware, GPUs, batch,
+# training settings and the metric it is reported in); only the strategy differs: the sharding,
+# micro-batch and checkpointing, and the engine that runs it.
+JOB_FIELDS = ("source", "model", "cluster", "set", "gpus", "seq_len", "global_batch_seqs",
+              "training", "metric")
+
+
+@dataclass
+class Pair:
+    """Two strategies published on one job: measured and predicted ratio of throughput
+    (`faster` measured faster over `slower`) and the error of the predicted ratio."""
+    job: str
+    faster: RowResult
+    slower: RowResult
+
+    @property
+    def measured(self) -> float:
+        return self.faster.published / self.slower.published
+
+    @property
+    def predicted(self) -> float:
+        return self.faster.predicted / self.slower.predicted
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def order_kept(self) -> bool:
+        return self.predicted >= 1 or self.measured == 1
+
+
+def check_jobs(rows: list[dict]) -> dict[str, list[dict]]:
+    """The rows of each `job` tag; ValueError naming the field where two rows of one tag do
+    not run the same job, or run the same strategy twice."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("job"):
+            groups.setdefault(row["job"], []).append(row)
+    for tag, rs in groups.items():
+        for r in rs[1:]:
+            for f in JOB_FIELDS:
+                if r.get(f) != rs[0].get(f):
+                    raise ValueError(f"validation.yaml: rows {rs[0]['id']} and {r['id']} share "
+                                     f"job '{tag}' but differ in field '{f}': give them different "
+                                     "job tags")
+    return groups
+
+
+def relative_pairs(doc: dict, results: list[RowResult]) -> list[Pair]:
+    """Every pair of in-scope rows of one `job` tag with different strategies."""
+    by_id = {r.id: r for r in results}
+    pairs = []
+    for tag, rows in check_jobs(doc["rows"]).items():
+        rs = [by_id[r["id"]] for r in rows if by_id[r["id"]].scope == "in"]
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                if (a.strategy, a.engine) == (b.strategy, b.engine):
+                    continue  # the same run twice: no ratio between strategies
+                fast, slow = (a, b) if a.published >= b.published else (b, a)
+                pairs.append(Pair(tag, fast, slow))
+    return pairs
+
+
+def relative_summary(pairs: list[Pair]) -> dict:
+    """Median, 90th percentile and worst |error of the predicted ratio| over `pairs`, and the
+    share of pairs whose faster strategy is predicted faster."""
+    s = _stats([abs(p.error) for p in pairs])
+    if pairs:
+        s["order_kept"] = sum(p.order_kept for p in pairs) / len(pairs)
+    return s
 
 
 @lru_cache(maxsize=1)
@@ -150,3 +301,17 @@ def step_time_band() -> float:
 def memory_band() -> float:
     """The relative memory band: the validated worst |error| of the published peak memory."""
     return float(error_bands()["memory"]["max_abs_error"])
+
+
+def relative_band(engine: str | None = None, gpus: int | None = None) -> float | None:
+    """The validated 90th-percentile error of the predicted throughput ratio between two
+    strategies of one job (``relative`` in presets/error_bands.json): of `engine`'s pairs, else
+    of the pairs at `gpus`' scale bucket, else of all pairs; None before it is measured."""
+    b = error_bands()
+    for key, k in (("relative_by_engine", engine),
+                   ("relative_by_scale", scale_bucket(gpus) if gpus else None)):
+        got = b.get(key, {}).get(k) if k else None
+        if got and got.get("rows"):
+            return float(got["p90_abs_error"])
+    rel = b.get("relative")
+    return float(rel["p90_abs_error"]) if rel and rel.get("rows") else None

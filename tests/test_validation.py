@@ -1,0 +1,138 @@
+"""The published validation set (presets/validation.yaml) and the bands written from it
+(presets/error_bands.json, bench/gpu_validation.py)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from amsp_planner.validation import (
+    BANDS_FILE,
+    JOB_FIELDS,
+    Pair,
+    RowResult,
+    check_jobs,
+    error_bands,
+    load_rows,
+    predict_rows,
+    relative_band,
+    relative_pairs,
+    scale_bucket,
+    step_time_band,
+    summary,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return load_rows()
+
+
+@pytest.fixture(scope="module")
+def results(doc):
+    return predict_rows(doc)
+
+
+def test_every_row_has_a_source_an_engine_and_a_scope(doc):
+    ids = [r["id"] for r in doc["rows"]]
+    assert len(ids) == len(set(ids)), "row ids must be unique"
+    for r in doc["rows"]:
+        assert r["source"] in doc["sources"] and doc["sources"][r["source"]].strip(), r["id"]
+        assert isinstance(r.get("engine"), str) and r["engine"], r["id"]
+        scope = r.get("scope")
+        assert scope == "in" or (isinstance(scope, str) and len(scope) > 10), \
+            f"{r['id']}: an out-of-scope row states its reason"
+        assert float(r["value"]) > 0 and r["gpus"] >= 1, r["id"]
+        if scope == "in":  # a row in scope is a job the model prices
+            assert r.get("strategy") and r.get("cluster"), r["id"]
+
+
+def test_the_set_covers_engines_sources_scale_and_memory(doc):
+    rows = doc["rows"]
+    tput = [r for r in rows if r["metric"] != "memory"]
+    assert len(tput) >= 80
+    assert len({r["source"] for r in rows}) >= 8
+    assert len({r["engine"] for r in rows}) >= 4
+    assert sum(r["gpus"] >= 256 for r in tput) >= 25
+    assert sum(r["metric"] == "memory" or "memory_gib" in r for r in rows) >= 30
+
+
+def test_inline_models_have_the_published_parameter_counts(doc):
+    from amsp_planner.specs.model import ModelSpec
+
+    for name, published in doc["model_params"].items():
+        assert ModelSpec(**doc["models"][name]).num_params == published, name
+
+
+def test_scale_buckets_split_at_64_and_256():
+    assert [scale_bucket(n) for n in (8, 64, 65, 255, 256, 16384)] == \
+        ["<= 64", "<= 64", "65-255", "65-255", ">= 256", ">= 256"]
+
+
+def test_pairs_are_one_job_with_two_strategies(doc, results):
+    pairs = relative_pairs(doc, results)
+    assert len(pairs) >= 20
+    rows = {r["id"]: r for r in doc["rows"]}
+    for p in pairs:
+        a, b = rows[p.faster.id], rows[p.slower.id]
+        assert all(a.get(f) == b.get(f) for f in JOB_FIELDS), (a["id"], b["id"])
+        assert (a["strategy"], a["engine"]) != (b["strategy"], b["engine"])
+        assert p.faster.published >= p.slower.published
+
+
+def test_a_mismatched_pair_is_refused(doc):
+    check_jobs(doc["rows"])  # the published pairs agree
+    for field, value in (("gpus", 4096), ("global_batch_seqs", 1), ("model", "llama-7b"),
+                         ("training", {"activation_profile": "fused"})):
+        bad = copy.deepcopy(doc)
+        tag = next(t for t, rows in check_jobs(bad["rows"]).items() if len(rows) >= 2)
+        check_jobs(bad["rows"])[tag][1][field] = value
+        with pytest.raises(ValueError, match=f"field '{field}'"):
+            check_jobs(bad["rows"])
+
+
+def test_ratio_error_by_hand():
+    def row(i, published, predicted):
+        return RowResult(i, "s", "e", 64, "tps_per_gpu", published, predicted, "=", "in",
+                         None, i)
+
+    p = Pair("j", row("a", 4000, 3000), row("b", 2000, 2000))
+    assert p.measured == 2 and p.predicted == 1.5
+    assert p.error == pytest.approx(-0.25) and p.order_kept
+    assert not Pair("j", row("a", 4000, 1900), row("b", 2000, 2000)).order_kept
+
+
+def test_the_bands_file_is_the_current_prediction(results):
+    """error_bands.json holds what the rows give now (rerun bench/gpu_validation.py after a
+    change to the rows or the cost model)."""
+    bands = json.loads(BANDS_FILE.read_text())
+    now = summary(results)
+    assert bands["step_time"]["rows"] == now["rows"]
+    assert bands["step_time"]["p90_abs_error"] == pytest.approx(now["p90_abs_error"])
+    assert bands["memory"]["max_abs_error"] == pytest.approx(
+        summary(results, memory=True)["max_abs_error"])
+    for key in ("step_time_by_engine", "step_time_by_scale", "step_time_by_engine_scale",
+                "memory_by_engine", "relative", "relative_by_engine", "relative_by_scale",
+                "targets", "targets_met"):
+        assert key in bands
+    assert step_time_band() == bands["step_time"]["p90_abs_error"]
+    eng = next(iter(bands["relative_by_engine"]))
+    assert relative_band(eng) == error_bands()["relative_by_engine"][eng]["p90_abs_error"]
+    assert relative_band("no-such-engine") == bands["relative"]["p90_abs_error"]
+
+
+def test_the_bench_reports_a_missed_target_without_failing(capsys):
+    spec = importlib.util.spec_from_file_location("gpu_validation",
+                                                  ROOT / "bench" / "gpu_validation.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1].startswith(("targets met", "targets MISSED"))
+    assert "rows in scope / collected" in out
