@@ -182,8 +182,11 @@ def test_torchtitan_op_policy_recomputes_every_second_matmul_by_hand():
     )
     from amsp_planner.cost.compute import recompute_s
 
-    tt, amsp = _gqa_job("torchtitan"), _gqa_job("amsp", activation_profile="torchtitan")
+    tt, amsp = _gqa_job("torchtitan"), _gqa_job("amsp")
     assert op_recomputed_matmuls(tt) == ("wo", "w3") and op_recomputed_matmuls(amsp) == ()
+    # torchtitan's code under another sharding engine (FSDP1) brings its policy with it
+    assert op_recomputed_matmuls(_gqa_job("fsdp2", activation_profile="torchtitan")) == (
+        "wo", "w3")
     # kept: input 512, wqkv 768, attention output 512 + log-sum-exp 32, w1 1,024, w2 512
     assert op_kept_bytes_per_token(tt) == 512 + 768 + 512 + 32 + 1_024 + 512
     # the runtime's policy keeps wo (512) and the whole gate/up (2,048) instead of w1 alone

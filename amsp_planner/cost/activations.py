@@ -51,8 +51,8 @@ Full checkpointing keeps each block's input (h a_b per token) and one block's ac
 while it is recomputed, plus the head. Checkpointing the first K of the L blocks keeps K inputs,
 the L - K other blocks whole and, when K > 0, one block's activations while it is recomputed.
 Op-level selective checkpointing (every block) keeps the block's input and the outputs of
-attention (with its log-sum-exp) and of the matmuls its engine's policy saves
-(``EngineProfile.op_policy``):
+attention (with its log-sum-exp) and of the matmuls its policy saves (``op_policy``: the
+engine's ``EngineProfile.op_policy``, torchtitan's wherever the torchtitan profile runs):
   matmuls    every matmul (the bundled runtime: QKV h + 2 d_kv, output projection h, gate/up
              2f (GELU: f), down h);
   alternate  every second matmul in forward order, counted per block (torchtitan's policy:
@@ -91,6 +91,12 @@ not kept whole)."""
 def profile_of(job: Job) -> str:
     """The job's activation profile: its training spec's, else its engine's default."""
     return job.training.activation_profile or job.profile.activation_profile
+
+
+def op_policy(job: Job) -> str:
+    """The op-level checkpointing policy: the engine's, or torchtitan's wherever its model
+    code runs (the torchtitan profile: its code and its ``SelectiveAC`` come together)."""
+    return "alternate" if profile_of(job) == "torchtitan" else job.profile.op_policy
 
 
 def _norm(job: Job, fused: bool = False) -> float:
@@ -167,7 +173,7 @@ def _op_matmuls(job: Job) -> list[tuple[str, int]]:
 def op_recomputed_matmuls(job: Job) -> tuple[str, ...]:
     """The matmuls the engine's op-level policy recomputes in backward: none for 'matmuls',
     every second in forward order for 'alternate' (torchtitan: wo and w3; GELU: wo, fc2)."""
-    if job.profile.op_policy != "alternate":
+    if op_policy(job) != "alternate":
         return ()
     return tuple(name for i, (name, _) in enumerate(_op_matmuls(job)) if i % 2)
 
@@ -181,7 +187,7 @@ def op_kept_bytes_per_token(job: Job, tp: int = 1) -> float:
         return op_kept_bytes_per_token(job) / tp + _gathered(job, tp, 2)
     h = m.hidden_size
     lse = 4 * m.num_heads if t.flash_attention else 0
-    if job.profile.op_policy == "alternate":
+    if op_policy(job) == "alternate":
         gone = set(op_recomputed_matmuls(job))
         kept = sum(w for name, w in _op_matmuls(job) if name not in gone)
         return (h + h + kept) * t.param_bytes + lse
@@ -200,7 +206,7 @@ def op_recompute_bytes_per_token(job: Job, tp: int = 1) -> float:
         return op_recompute_bytes_per_token(job) / tp
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     lse = 4 * m.num_heads if t.flash_attention else 0
-    if job.profile.op_policy == "alternate":
+    if op_policy(job) == "alternate":
         shared = (h + 2 * kv + h + f) * t.param_bytes + lse
     else:
         up = f if m.ffn_type == "gelu" else 2 * f
