@@ -107,8 +107,11 @@ def sweep_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
     g = Grid(f"what-if: {title(sweep)} ({len(rows)} points)", cols)
     band = next((r.band for r in rows if r.band is not None), None)
     if band is not None:
-        g.caption = (f"margin: the gain over the best baseline against the +/-{band * 100:.0f} % "
-                     "band of the step-time model (docs/validation.md); a tie is not a decision")
+        from amsp_planner.report.plan_report import band_words
+
+        g.caption = (f"margin: the gain over the best baseline against the {band_words(band)} "
+                     "(the error of the predicted ratio of two strategies, docs/validation.md);"
+                     " a tie is not a decision")
     notes: dict[str, int] = {}
     for r in rows:
         d = r.to_dict()
