@@ -3,14 +3,20 @@ with `--solver exhaustive`, and ILP vs enumeration vs brute force (all choosing 
 default rule, docs/planner.md), side by side in one run.
 
     python bench/planner.py [--runs 5] [--no-brute]
+    python bench/planner.py --before /tmp/base [--runs 15]
 
 Prints a markdown table; every figure is the median of --runs runs, all measured in one run.
+With `--before DIR` (another checkout of the project, e.g. `git worktree add /tmp/base
+<commit>`), the cold `amsp plan` of each case instead, that tree and this one in turn
+(`PYTHONPATH` at each checkout, both byte-compiled), interleaved run by run (which goes
+first alternating) so that the machine's drift falls on both alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,28 +33,60 @@ CASES = [
 ]
 
 
-def compile_package() -> None:
+def here() -> Path:
+    """The checkout this script's package is imported from."""
+    import amsp_planner
+
+    return Path(amsp_planner.__file__).parent.parent
+
+
+def compile_package(root: Path | None = None) -> None:
     """Byte-compile the package first, as an installed one is (pip compiles at install): an
     editable install under PYTHONDONTWRITEBYTECODE=1 (as on the CI machines) would otherwise
     compile every module again in every run (about 0.2 s)."""
     import compileall
 
-    import amsp_planner
+    compileall.compile_dir((root or here()) / "amsp_planner", quiet=1)
 
-    compileall.compile_dir(Path(amsp_planner.__file__).parent, quiet=1)
+
+def plan_once(args: list[str], out: Path, root: Path | None = None) -> tuple[float, float]:
+    """(wall, solve) seconds of one cold `amsp plan`, from checkout `root` (None: as this
+    process finds the package)."""
+    env = None if root is None else {**os.environ, "PYTHONPATH": str(root)}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", "plan", *args,
+                    "-o", str(out)], check=True, capture_output=True, env=env)
+    wall = time.perf_counter() - t0
+    return wall, json.loads(out.read_text())["volatile"]["solve_time_s"]
 
 
 def cold_plan(args: list[str], runs: int) -> tuple[float, float]:
-    walls, solves = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        got = [plan_once(args, Path(tmp) / "plan.json") for _ in range(runs)]
+    return statistics.median(w for w, _ in got), statistics.median(s for _, s in got)
+
+
+def before_after(before: Path, runs: int) -> None:
+    """The cold `amsp plan` of every case from checkout `before` and from this one, each run
+    of one followed by one of the other (which goes first alternating); medians."""
+    trees = (before.resolve(), here())
+    for root in trees:
+        compile_package(root)
+    print(f"before: {trees[0]}, after: {trees[1]}; {runs} runs each, interleaved\n")
+    print("| case | runs | before: wall (s) | solve (s) | after: wall (s) | solve (s) | "
+          "after / before |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", "plan", *args,
-                            "-o", str(out)], check=True, capture_output=True)
-            walls.append(time.perf_counter() - t0)
-            solves.append(json.loads(out.read_text())["volatile"]["solve_time_s"])
-    return statistics.median(walls), statistics.median(solves)
+        for name, args in CASES:
+            got: dict = {root: [] for root in trees}
+            for i in range(runs):  # in turn, each tree first every other run
+                for root in trees if i % 2 == 0 else trees[::-1]:
+                    got[root].append(plan_once(args, out, root))
+            (wb, sb), (wa, sa) = ((statistics.median(w for w, _ in got[r]),
+                                   statistics.median(s for _, s in got[r])) for r in trees)
+            print(f"| {name} | {runs} | {wb:.3f} | {sb:.3f} | {wa:.3f} | {sa:.3f} | "
+                  f"{wa / wb:.2f} |")
 
 
 def python_startup(runs: int) -> float:
@@ -98,7 +136,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--no-brute", action="store_true",
                     help="skip the ILP / enumeration / brute force table (minutes)")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="another checkout: its cold plans against this one's, interleaved")
     a = ap.parse_args()
+    if a.before is not None:
+        before_after(a.before, a.runs)
+        return
     compile_package()
     py = python_startup(a.runs)
     print(f"python -c pass: {py:.3f} s (median of {a.runs})\n")

@@ -11,7 +11,7 @@ import pytest
 
 import amsp_planner.solver.ilp as ilp
 from amsp_planner.cost.job import Job
-from amsp_planner.solver import SearchSpace, solve
+from amsp_planner.solver import SearchSpace, choice, rounds, session, solve
 from amsp_planner.solver.space import MEMORY, Preference
 from amsp_planner.specs import TrainingSpec, load_cluster, load_model
 
@@ -30,7 +30,7 @@ def _job(model, cluster, gpus, seqs):
 
 
 def _decided(job, monkeypatch, threads):
-    monkeypatch.setattr(ilp, "_threads", lambda models: min(len(models), threads))
+    monkeypatch.setattr(rounds, "_threads", lambda models: min(len(models), threads))
     r = solve(job, runners_up=3, preference=Preference.default())
     return (str(r.best.strategy), r.best.time.step_s, r.best.memory.total,
             [str(e.strategy) for e in r.runners_up],
@@ -58,7 +58,7 @@ def _steps(m):
     lossless = m._fastest()
     out.append(("lossless", lossless.objective, str(lossless.strategy)))
     least = m._tie_break(MEMORY, (m.cap, lossless.objective / m.T.time_unit * 1.1,
-                                  ilp.PHASE2_RTOLS))
+                                  choice.PHASE2_RTOLS))
     out.append(("memory under the cap", least, None))
     m._release()
     sol = fastest
@@ -93,7 +93,7 @@ def _root_gap(job, sp):
     opt = m._fastest().objective
     for v in m.prob.variables():
         v.cat = pulp.LpContinuous
-    with ilp._quiet_stdout():
+    with session.quiet_stdout():
         m.prob.solve(pulp.HiGHS(msg=False))
     bound = pulp.value(m.prob.objective) * m.T.time_unit
     return opt, (opt - bound) / opt
@@ -123,7 +123,7 @@ def test_idle_work_runs_once_beside_a_round_and_changes_nothing(monkeypatch):
     import threading
 
     job = _job("llama-7b", "dgx-a100-hdr", 1024, 1024)
-    monkeypatch.setattr(ilp, "_threads", lambda models: min(len(models), 2))
+    monkeypatch.setattr(rounds, "_threads", lambda models: min(len(models), 2))
     plain = solve(job, runners_up=3)
     calls = []
 

@@ -52,7 +52,7 @@ Optimizer: T_opt = (Phi / s_OS) x bytes per element / ``gpu.optimizer_gbyte_per_
 the rank's optimizer shard, memory-bound.
 
 ``stage_terms`` builds these terms once, for numbers (``step_time``) and for the ILP's linear
-expressions alike (solver/ilp.py passes its own max()), so both price a strategy the same way.
+expressions alike (solver/step_rows.py passes its own max()), so both price a strategy the same way.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """Exact search by enumeration over the ILP's coefficient tables, every candidate at once (numpy).
 
-The ILP (solver/ilp.py) reads the cost model into tables (``_tables``: seconds per unit call of
-each collective and compute option, GiB per component) and states a decision's step time and
-memory with them: sums of table entries, and per pipeline stage the max() of
+The ILP (solver/ilp.py) reads the cost model into tables (solver/tables.py: seconds per unit
+call of each collective and compute option, GiB per component) and states a decision's step
+time and memory with them: sums of table entries, and per pipeline stage the max() of
 ``cost/step_time.stage_time``. Here the same tables and the same stage terms
 (``cost/step_time.stages``, evaluated on arrays with ``np.maximum`` for max()) price every
 candidate of the space exactly, and the choice rule (``Preference``) is a few reductions over
 the arrays, in the brute force's order (solver/brute.py, ``preferred_order``).
 
-A candidate is a *configuration* c (s_P, s_G, s_OS, qwZ, hpZ, qgZ: every collective and the
-model-state memory) with an *activation option* j (micro-batch, checkpointing: compute, the
-TP collectives and activation memory), at one tensor-parallel degree: each degree's space has
-its own tables (``SearchSpace.by_tp``, as the ILP builds one model per degree), and the rule
-is applied to the union of their candidates. Memory is the sum of the two parts, so the
-fitting pairs are found before any step time is computed.
-
-One reduction that cannot change the choice: for a configuration and micro-batch, checkpointing
-more of the first K blocks costs no less time (compute grows with K, and a stage's time never
-falls when its compute grows), strictly more recompute, and the same process groups. So when
-the rule breaks ties by recompute before memory (the planner's default), a larger K than the
-smallest that fits is never chosen, nor is it ever faster: only that K is priced. Under rules
-that prefer memory first (or have no recompute tie-break) every K is priced.
+A candidate (solver/candidates.py) is a configuration of P/G/OS factors and ZeRO++ switches
+with an activation option, at one tensor-parallel degree: each degree's space has its own
+tables (``SearchSpace.by_tp``, as the ILP builds one model per degree), and the rule is
+applied to the union of their candidates. Where the rule breaks ties by recompute before
+memory, only the smallest block count K that fits is priced (``candidates.prunes_blocks``).
 
 Why: a what-if sweep solves hundreds of jobs, and the ILP's branch and bound on the max() stages
 costs about 0.1-0.4 s per solve with several solves per point (docs/benchmarks.md); this prices
@@ -33,17 +25,15 @@ and against each other on whole preset models.
 
 from __future__ import annotations
 
-import itertools
 import time as _time
 from collections import OrderedDict
 
 import numpy as np
 
 from amsp_planner.cost.job import Job
-from amsp_planner.cost.schedule import CLASSES
-from amsp_planner.cost.step_time import stage_time, stages
 from amsp_planner.solver.brute import MEMORY_RTOL
-from amsp_planner.solver.ilp import GIB, IlpSolution, IlpStats, _Tables, _tables
+from amsp_planner.solver.candidates import Candidates, Configs, objective_of, prunes_blocks
+from amsp_planner.solver.solution import IlpSolution, IlpStats
 from amsp_planner.solver.space import (
     FASTEST,
     GROUPS,
@@ -53,222 +43,8 @@ from amsp_planner.solver.space import (
     Preference,
     SearchSpace,
 )
-from amsp_planner.strategy import Strategy, ckpt_fields
-
-NCLS = len(CLASSES)
-
-
-def _by_factor(d: dict, idx: dict, width: int = NCLS) -> np.ndarray:
-    """A table keyed by factor as an array (factor index, class); zero where it has no entry."""
-    out = np.zeros((len(idx), width))
-    for f, v in d.items():
-        out[idx[f]] = v
-    return out
-
-
-def _scalar(d: dict, idx: dict) -> np.ndarray:
-    """A table of one number per factor as an array (factor index)."""
-    return _by_factor(d, idx, 1)[:, 0]
-
-
-class Configs:
-    """Every valid configuration (s_P, s_G, s_OS, qwZ, hpZ, qgZ) of the space, as arrays: the
-    per-unit communication and kernel seconds per class (model time units, as the ILP's
-    tables), the once-per-step terms, the model-state GiB and the process groups."""
-
-    def __init__(self, job: Job, space: SearchSpace, T: _Tables):
-        self.tp = space.tp
-        F = space.factors
-        triples = space.triples
-        if triples is None:
-            triples = [(p, g, o) for p, g, o in itertools.product(F, F, F)
-                       if g % p == 0 and o % g == 0]
-        rows = []
-        for p, g, o in triples:
-            for q, h, qg in itertools.product(space.qwz, space.hpz, space.qgz):
-                if q and p == 1 or qg and g == 1 or qg and space.qgz_needs_p and p == 1:
-                    continue
-                if h > 1 and (p <= h or p % h):
-                    continue
-                rows.append((p, g, o, q, h, qg))
-        a = np.array(rows, dtype=np.int64).reshape(-1, 6)
-        self.p, self.g, self.o, self.h = a[:, 0], a[:, 1], a[:, 2], a[:, 4]
-        self.q, self.qg = a[:, 3].astype(bool), a[:, 5].astype(bool)
-        fi = {f: i for i, f in enumerate(F)}
-        pi = np.searchsorted(np.array(F), self.p)
-        gi = np.searchsorted(np.array(F), self.g)
-        oi = np.searchsorted(np.array(F), self.o)
-        zs = sorted(T.hpz)
-        zi_map = {z: i + 1 for i, z in enumerate(zs)}  # 0: no hpZ
-        zi = np.array([zi_map.get(int(z), 0) for z in self.h], dtype=np.int64)
-
-        def hp(d, width=NCLS):  # hpZ tables with a zero row for "off"
-            out = np.zeros((len(zs) + 1, width))
-            for z, v in d.items():
-                out[zi_map[z]] = v
-            return out
-
-        q, qg = self.q[:, None], self.qg[:, None]
-        on_h = (zi > 0)[:, None]
-        self.gf = np.where(q, _by_factor(T.agq, fi)[pi], _by_factor(T.ag, fi)[pi])
-        self.kf = np.where(q, _by_factor(T.kq, fi)[pi], _by_factor(T.ka, fi)[pi])
-        self.gb = np.where(on_h, hp(T.hpz)[zi], self.gf)
-        self.kb = np.where(on_h, hp(T.khz)[zi], self.kf)
-        self.red = np.where(qg, _by_factor(T.qgz, fi)[gi], _by_factor(T.rs, fi)[gi])
-        self.kr = np.where(qg, _by_factor(T.kg, fi)[gi], _by_factor(T.krs, fi)[gi])
-        pairs = {k: i for i, k in enumerate(T.osrs)}
-        go = np.array([pairs[int(g), int(o)] for g, o in zip(self.g, self.o, strict=True)],
-                      dtype=np.int64)
-        osrs = np.array([T.osrs[k] for k in pairs]).reshape(-1, NCLS)
-        self.sync = osrs[go] + _by_factor(T.ar, fi)[oi]
-        upd_idx = {k: i for i, k in enumerate(T.upd)}
-        upd = np.array(list(T.upd.values()))
-        po = np.array([upd_idx[int(p), int(o)] for p, o in zip(self.p, self.o, strict=True)],
-                      dtype=np.int64)
-        self.cu = upd[po] + T.metrics
-        self.topt = _scalar(T.opt, fi)[oi]
-        staging = np.where((1 < self.p) & (self.p < self.g) | self.qg, T.perm, 0.0)
-        step_buf = np.array([T.step_buf[k] for k in pairs])[go]
-        self.states = (_scalar(T.mem_p, fi)[pi] + _scalar(T.mem_g, fi)[gi]
-                       + _scalar(T.mem_o, fi)[oi] + hp(T.mem_h, 1)[zi, 0]
-                       + np.where(self.q, _scalar(T.buf_agq, fi)[pi], _scalar(T.buf_ag, fi)[pi])
-                       + np.where(self.qg, _scalar(T.buf_grq, fi)[gi], _scalar(T.buf_gr, fi)[gi])
-                       + staging + step_buf)
-        self.groups = self._groups(job)
-        a2a = _scalar(T.a2a or {}, fi)[gi]
-        self.comms = (T.comm * self.groups + np.where(self.qg, a2a, 0.0)) if T.comm else (
-            np.zeros(len(self.p)))
-
-    def __len__(self) -> int:
-        return len(self.p)
-
-    def _groups(self, job: Job) -> np.ndarray:
-        """Distinct (size, stride) of the group kinds each configuration's collectives use,
-        the world and the TP group included (cost/communicators.py: one communicator each).
-        The data-parallel kinds are over the N/t ranks, R/t per node, strided by t."""
-        t, world = self.tp, job.num_gpus
-        n, r = world // t, max(1, job.gpus_per_node // t)
-        p, g, o, h, qg = self.p, self.g, self.o, self.h, self.qg
-        one = np.ones_like(p)
-        kinds = [(p, t * one), (h, t * one), (np.where(qg, 1, g), t * one),
-                 (np.where(qg, np.minimum(g, r), 1), t * one),
-                 (np.where(qg, np.maximum(1, g // r), 1), np.full_like(p, r * t)),
-                 (o // g, g * t), (n // o, o * t), (o // p, p * t),
-                 (np.full_like(p, world), one), (np.full_like(p, t), one)]
-        keys = np.stack([np.where(size > 1, size * (world + 1) + stride, -1)
-                         for size, stride in kinds], axis=1)
-        keys.sort(axis=1)
-        distinct = (keys[:, 1:] != keys[:, :-1]) & (keys[:, 1:] >= 0)
-        return distinct.sum(axis=1) + (keys[:, 0] >= 0)
-
-    def strategy(self, c: int, mb: int, ck, num_layers: int) -> Strategy:
-        return Strategy(s_p=int(self.p[c]), s_g=int(self.g[c]), s_os=int(self.o[c]),
-                        qwz=bool(self.q[c]), hpz=int(self.h[c]), qgz=bool(self.qg[c]),
-                        tp=self.tp, micro_batch=mb, **ckpt_fields(ck, num_layers))
-
-
-def _prunes_blocks(pref: Preference, T: _Tables) -> bool:
-    """Whether only the smallest fitting K of a block range can be chosen (module docstring)."""
-    tb = pref.tie_breaks
-    if RECOMPUTE not in tb or MEMORY in tb and tb.index(MEMORY) < tb.index(RECOMPUTE):
-        return False
-    return all(T.drec[j] > 0 and min(T.dbwd[j]) >= 0 and T.dact[j] <= 0
-               and (T.dtpc or {}).get(j, 0.0) >= 0 for j in T.krange)
-
-
-class Candidates:
-    """The fitting candidates, flat: configuration index, option, K, and per candidate its
-    compute per class, activation GiB, recompute, micro-batches and memory."""
-
-    def __init__(self, job: Job, T: _Tables, cf: Configs, usable_gib: float, prune: bool):
-        gpu = job.cluster.gpu
-        frag = 1 + gpu.fragmentation_fraction
-        base = cf.states * frag + cf.comms + gpu.context_reserve_gib  # (C,)
-        parts = []
-        self.options = list(T.fwd)
-        tpc, dtpc = T.tpc or {}, T.dtpc or {}
-        for oj, j in enumerate(self.options):
-            fwd, bwd, act, rec = (np.array(T.fwd[j]), np.array(T.bwd[j]), T.act[j], T.rec[j])
-            tp_s = tpc.get(j, 0.0)
-            if j in T.krange:
-                lo, hi = T.krange[j]
-                dbwd, dact, drec = np.array(T.dbwd[j]), T.dact[j], T.drec[j]
-                if prune:  # the smallest k = K - lo that fits, per configuration
-                    need = (base + act * frag - usable_gib) / (-dact * frag) if dact < 0 else (
-                        np.where(base + act * frag <= usable_gib, 0.0, np.inf))
-                    k = np.clip(np.ceil(np.nan_to_num(need, posinf=hi - lo + 1)), 0, hi - lo + 1)
-                    k = k.astype(np.int64)
-                    for _ in range(2):  # round-off at the edge: step to the true smallest k
-                        lower = np.maximum(k - 1, 0)
-                        k = np.where((k > 0) & (base + (act + lower * dact) * frag <= usable_gib),
-                                     lower, k)
-                        k = np.where((k <= hi - lo) & (base + (act + k * dact) * frag > usable_gib),
-                                     k + 1, k)
-                    cs = np.nonzero(k <= hi - lo)[0]
-                    ks = k[cs]
-                else:
-                    cs, ks = (a.ravel() for a in np.meshgrid(np.arange(len(cf)),
-                                                             np.arange(hi - lo + 1), indexing="ij"))
-                parts.append((cs, np.full(len(cs), oj), ks + lo, fwd, bwd[None] + ks[:, None] * dbwd,
-                              act + ks * dact, rec + ks * drec, tp_s + ks * dtpc.get(j, 0.0)))
-            else:
-                cs = np.arange(len(cf))
-                parts.append((cs, np.full(len(cs), oj), np.zeros(len(cs), np.int64), fwd,
-                              np.broadcast_to(bwd, (len(cs), NCLS)), np.full(len(cs), act),
-                              np.full(len(cs), rec), np.full(len(cs), tp_s)))
-        c = np.concatenate([x[0] for x in parts])
-        mem = base[c] + np.concatenate([x[5] for x in parts]) * frag
-        ok = mem <= usable_gib
-        self.c = c[ok]
-        self.option = np.concatenate([x[1] for x in parts])[ok]
-        self.blocks = np.concatenate([x[2] for x in parts])[ok]
-        self.fwd = np.concatenate([np.broadcast_to(x[3], (len(x[0]), NCLS)) for x in parts])[ok]
-        self.bwd = np.concatenate([x[4] for x in parts])[ok]
-        self.rec = np.concatenate([x[6] for x in parts])[ok]
-        self.tpc = np.concatenate([x[7] for x in parts])[ok]
-        """TP collective time per step (model time units): in fwd/bwd for the step time, added
-        on its own to the 'comm' objective."""
-        self.mem = mem[ok]
-        n_of = np.array([T.n[j] for j in self.options])
-        self.n = n_of[self.option]
-        self.total = len(c)
-
-    def __len__(self) -> int:
-        return len(self.c)
-
-
-def _objective(job: Job, T: _Tables, cf: Configs, cand: Candidates, objective: str) -> np.ndarray:
-    """Step time (or all collective time) of every candidate, in model time units: the ILP's
-    expressions (solver/ilp.py ``_add_time``) on arrays."""
-    c = cand.c
-    ci = {cls: i for i, cls in enumerate(CLASSES)}
-    comm = {"gather_fwd": cf.gf[c], "gather_bwd": cf.gb[c], "reduce": cf.red[c],
-            "sync": cf.sync[c]}
-    fwd = cand.fwd + cf.kf[c]
-    bwd = cand.bwd + cf.kb[c] + cf.kr[c]
-    counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
-    if objective == "comm":
-        per_mb = sum(counts[k] * (comm["gather_fwd"][:, i] + comm["gather_bwd"][:, i]
-                                  + comm["reduce"][:, i]) for k, i in ci.items())
-        return (cand.n * per_mb + sum(counts[k] * comm["sync"][:, i] for k, i in ci.items())
-                + cf.cu[c] + cand.tpc)
-
-    def q(role, cls):
-        i = ci[cls]
-        if role == "fwd":
-            return fwd[:, i]
-        if role == "bwd":
-            return bwd[:, i]
-        return comm[role][:, i]
-
-    sig = job.cluster.gpu.comm_compute_slowdown
-    eta = job.cluster.overlap_efficiency
-    sts, ends = stages(job.model.num_layers, q, 0.0)
-    phase = {p: ends[p] + sum(st.count * stage_time(st.compute, st.comm, sig, eta, np.maximum)
-                              for st in sts if st.phase == p)
-             for p in ("forward", "backward", "last")}
-    return (cand.n * phase["forward"] + (cand.n - 1) * phase["backward"] + phase["last"]
-            + cf.topt[c] + cf.cu[c])
+from amsp_planner.solver.tables import GIB, Tables, tables_for
+from amsp_planner.strategy import Strategy
 
 
 def _least(mask: np.ndarray, values: np.ndarray, rtol: float) -> np.ndarray:
@@ -286,11 +62,11 @@ depend on the memory limit (a what-if sweep over limits solves one job several t
 is held so that its id is not reused while cached."""
 
 
-def _priced(job: Job, space: SearchSpace) -> tuple[_Tables, Configs]:
+def _priced(job: Job, space: SearchSpace) -> tuple[Tables, Configs]:
     key = (id(job), space)
     hit = _PRICED.get(key)
     if hit is None:
-        T = _tables(job, space)
+        T = tables_for(job, space)
         hit = _PRICED[key] = (job, T, Configs(job, space, T))
         while len(_PRICED) > PRICED_SPACES:
             _PRICED.popitem(last=False)
@@ -304,8 +80,8 @@ class _Part:
     def __init__(self, job: Job, sp: SearchSpace, usable_gib: float, objective: str,
                  pref: Preference):
         self.T, self.cf = T, cf = _priced(job, sp)
-        self.cand = cand = Candidates(job, T, cf, usable_gib, _prunes_blocks(pref, T))
-        self.obj = (_objective(job, T, cf, cand, objective) * T.time_unit if len(cand)
+        self.cand = cand = Candidates(job, T, cf, usable_gib, prunes_blocks(pref, T))
+        self.obj = (objective_of(job, T, cf, cand, objective) * T.time_unit if len(cand)
                     else np.zeros(0))
         self.quant = cf.q[cand.c] | cf.qg[cand.c]
         self.rec = cand.rec * T.time_unit
@@ -325,7 +101,7 @@ class _Part:
 def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "time",
            preference: Preference = FASTEST, runners_up: int = 0
            ) -> tuple[list[IlpSolution], IlpStats, dict]:
-    """What ``ilp.solve_models`` returns, by enumeration over every tensor-parallel degree of
+    """What ``rounds.solve_models`` returns, by enumeration over every tensor-parallel degree of
     the space (``SearchSpace.by_tp``) at once: the preferred solution, up to `runners_up` more
     by objective (distinct ILP decisions: degree, configuration and activation option), and
     the references {'fastest', 'fastest_lossless'} the choice was made against."""

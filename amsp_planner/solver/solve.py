@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from amsp_planner.cost.evaluate import Evaluation, best_baseline, evaluate, evaluate_baselines
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError, InfeasibleError
-from amsp_planner.solver.ilp import GIB, IlpStats, SolverError, StrategyIlp, solve_models
+from amsp_planner.solver.ilp import StrategyIlp
+from amsp_planner.solver.rounds import solve_models
+from amsp_planner.solver.solution import IlpStats, SolverError
 from amsp_planner.solver.space import FASTEST, Preference, SearchSpace, objective_value
+from amsp_planner.solver.tables import GIB
 
 AGREE_RTOL = 1e-6
 SOLVERS = ("highs", "cbc", "exhaustive")

@@ -15,7 +15,7 @@ divide the batch), or pinned. Every option above depends on t (the factors are o
 data-parallel ranks, R/t per node; the micro-batches divide the sequences per data-parallel
 rank), so a space holds one t, and ``also`` the spaces of the other degrees searched with it:
 ``by_tp`` lists them, ``candidates`` enumerates them all, and the ILP builds one model per t
-(solver/ilp.py, ``solve_models``).
+(solver/ilp.py; across the degrees, solver/choice.py).
 
 The job's engine (amsp_planner/engines.py) restricts the space: ``triples`` lists the
 (s_P, s_G, s_OS) it runs (None: every nested triple), its ZeRO++ switches drop out of
