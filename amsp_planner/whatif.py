@@ -64,11 +64,11 @@ class SolveOptions:
     tie_band: float | None = None
     """The choice options of `amsp plan` (``Preference``); None: the validated band."""
 
-    def preference(self):
+    def preference(self, job=None):
         from amsp_planner.solver.space import Preference
 
         return Preference.default(band=self.tie_band, headroom=self.headroom,
-                                  quantization=self.quantization)
+                                  quantization=self.quantization, job=job)
 
 
 @dataclass(frozen=True)
@@ -341,8 +341,9 @@ def _usd_per_btok(price: float | None, gpus: int, tokens_per_s: float) -> float 
     return price * gpus / 3600 / tokens_per_s * 1e9
 
 
-def solve_point(p: Point, opt: SolveOptions) -> Row:
-    """Solve one point; user errors and infeasibility become the row's status."""
+def solve_point(p: Point, opt: SolveOptions, ceiling: float | None = None) -> Row:
+    """Solve one point; user errors and infeasibility become the row's status. `ceiling`:
+    ``Preference.ceiling`` (amsp_planner/monotone.py)."""
     from amsp_planner.solver import solve
 
     try:
@@ -352,7 +353,9 @@ def solve_point(p: Point, opt: SolveOptions) -> Row:
     base = dict(cluster_name=job.cluster.name, nodes=job.num_nodes,
                 batch_tokens=job.training.batch_tokens)
     try:
-        pref = opt.preference()
+        pref = opt.preference(job)
+        if ceiling is not None:
+            pref = dataclasses.replace(pref, ceiling=ceiling)
         r = solve(job, limit, objective=opt.objective, solver=opt.solver, zeropp=opt.zeropp,
                   runners_up=0, time_limit_s=opt.time_limit_s, preference=pref)
     except InfeasibleError as e:
@@ -404,8 +407,18 @@ def run(sweep: Sweep, workers: int | None = None,
     """Solve every point, in point order; `progress(k)` is called as k more points finish.
 
     Runs in this process when one worker suffices, else in a pool of min(points, workers)
-    processes fed consecutive chunks of points (neighbours share specs and topologies).
+    processes fed consecutive chunks of points (neighbours share specs and topologies). Along
+    an axis where more is never slower, a point's choice is then kept no slower than the
+    choice before it (amsp_planner/monotone.py).
     """
+    from amsp_planner.monotone import enforce
+
+    rows = _run(sweep, workers, progress)
+    return enforce(sweep, rows, lambda p, c: solve_point(p, sweep.options, c))
+
+
+def _run(sweep: Sweep, workers: int | None, progress: Callable[[int], None] | None
+         ) -> list[Row]:
     points = sweep.points()
     n = len(points)
     workers = max(1, min(n, workers or default_workers()))

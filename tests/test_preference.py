@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from amsp_testlib import assert_user_error, run_cli
@@ -41,6 +42,14 @@ def quantized(s: Strategy) -> bool:
     return s.qwz or s.qgz  # written out: the oracle does not lean on Strategy.quantized
 
 
+def _keys(job, limit, pref, objective, tp) -> list[float]:
+    """The objective of every candidate that fits with the headroom."""
+    space = SearchSpace.for_job(job, quantization=pref.quantization != "off", tp=tp)
+    usable = limit * (1 - pref.headroom)
+    return [e.step_s if objective == "time" else e.time.comm_total_s
+            for e in (evaluate(job, s, usable) for s in space.candidates(job)) if e.fits]
+
+
 def oracle_class(job, limit, pref, objective="time", tp=None):
     """The brute force, written out: every candidate evaluated, the rule applied step by step.
     Returns (the candidates the rule ends with, the best admissible objective) or None.
@@ -49,16 +58,20 @@ def oracle_class(job, limit, pref, objective="time", tp=None):
     usable = limit * (1 - pref.headroom)
     key = (lambda e: e.step_s) if objective == "time" else (lambda e: e.time.comm_total_s)
     fits = [e for e in (evaluate(job, s, usable) for s in space.candidates(job)) if e.fits]
+    if pref.ceiling is not None:  # a constraint: nothing slower than the ceiling is admissible
+        fits = [e for e in fits if key(e) <= pref.ceiling * (1 + 1e-6)]
     if not fits:
         return None
     adm = fits
+    fastest = min(map(key, fits))
     lossless = [e for e in fits if not quantized(e.strategy)]
     if pref.quantization == "auto" and lossless:
-        fastest = min(map(key, fits))
         if min(map(key, lossless)) <= fastest * (1 + pref.band):
             adm = lossless
     best = min(map(key, adm))
-    cls = [e for e in adm if key(e) <= best * (1 + pref.band) * (1 + 1e-7)]
+    # the band above the fastest admissible candidate, quantized or not: no choice is slower
+    # than any admissible candidate (a named baseline among them) beyond the band
+    cls = [e for e in adm if key(e) <= fastest * (1 + pref.band) * (1 + 1e-7)]
     for name in pref.tie_breaks:
         f = {GROUPS: lambda e: process_groups(e.strategy, job.num_gpus, job.gpus_per_node),
              MEMORY: lambda e: e.memory.total,
@@ -88,6 +101,9 @@ instances = st.fixed_dictionaries({
     # every tensor-parallel degree searched together (one ILP each, the rule across them) in
     # a quarter of the instances, data parallel only in the rest (to keep the test's time)
     "tp": st.sampled_from([1, 1, 1, None]),
+    # a ceiling (a plan known to run: the what-if sweep's previous choice) at this quantile of
+    # the fitting candidates' objectives, in a quarter of the instances
+    "ceiling": st.sampled_from([None, None, None, 0.0, 0.3, 1.0]),
 })
 
 
@@ -103,6 +119,10 @@ def test_ilp_and_enumeration_apply_the_rule_as_the_brute_force_does(p):
     pref = Preference(band=p["band"], headroom=p["headroom"], quantization=p["quantization"],
                       tie_breaks=p["tie_breaks"])
     oracle = oracle_class(job, limit, pref, p["objective"], p["tp"])
+    if p["ceiling"] is not None and oracle is not None:
+        keys = sorted(_keys(job, limit, pref, p["objective"], p["tp"]))
+        pref = replace(pref, ceiling=keys[round(p["ceiling"] * (len(keys) - 1))])
+        oracle = oracle_class(job, limit, pref, p["objective"], p["tp"])
     for solver in ("highs", "exhaustive"):  # the ILP, and the enumeration over its tables
         check_choice(job, limit, pref, p["objective"], solver, oracle, p["tp"])
 

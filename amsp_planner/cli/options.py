@@ -116,7 +116,8 @@ def choice_options(f):
                           "than the band; on = like any option; off = never."),
         click.option("--tie-band", type=float, default=None,
                      help="Relative step-time difference below which candidates are "
-                          "equivalent (default: the validated band, docs/validation.md)."),
+                          "equivalent (default: the validated relative band, the error of the "
+                          "predicted ratio of two strategies; docs/validation.md)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -124,11 +125,13 @@ def choice_options(f):
 
 
 def build_preference(headroom: float = 0.10, quantization: str = "auto",
-                     tie_band: float | None = None, **_ignored):
-    """The planner's Preference from the choice options."""
+                     tie_band: float | None = None, job=None, **_ignored):
+    """The planner's Preference from the choice options (the band: --tie-band, else the
+    validated relative band of `job`)."""
     from amsp_planner.solver.space import Preference
 
-    return Preference.default(band=tie_band, headroom=headroom, quantization=quantization)
+    return Preference.default(band=tie_band, headroom=headroom, quantization=quantization,
+                              job=job)
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict:

@@ -52,10 +52,10 @@ EQUIVALENT_RUNNERS_UP = 5
 
 def equivalent_candidates(job, e, result) -> dict:
     """Runners-up and named baselines of a re-solve whose step time is within the validated
-    step-time band of the plan's (`e`): the model cannot tell them apart."""
-    from amsp_planner.validation import step_time_band
+    relative band of the plan's (`e`): the model cannot tell them apart."""
+    from amsp_planner.solver.space import validated_band
 
-    band = step_time_band()
+    band = validated_band(job)
     chosen = _decision(e.strategy)
     rows = [(f"runner-up {i + 1}", r) for i, r in enumerate(result.runners_up)]
     rows += list(result.baselines.items())

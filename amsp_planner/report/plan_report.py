@@ -99,7 +99,7 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
     from amsp_planner.validation import memory_band, step_time_band
 
     t, band, mband = e.time, step_time_band(), memory_band()
-    pref = pref or Preference.default()
+    pref = pref or Preference.default(job=job)
     lines = [
         f"step time {secs(t.step_s)} (+/-{band * 100:.0f} %, docs/validation.md) = compute "
         f"{secs(t.compute_s)} + kernels {secs(t.kernel_s)} + optimizer {secs(t.optimizer_s)} + "
