@@ -73,6 +73,10 @@ class EngineProfile:
     activation_profile: str = "eager"
     """What autograd saves in the model code this engine runs by default (cost/activations.py,
     docs/memory.md); a training spec's own ``activation_profile`` overrides it."""
+    master_params: bool = False
+    """Its sharded parameters are the fp32 master weights, cast to the compute dtype only in
+    the all-gather (FSDP's mixed precision): 4 + 8 bytes per parameter for them and Adam's
+    moments, no second copy (cost/memory.py)."""
     op_policy: str = "matmuls"
     """Its op-level selective checkpointing: 'matmuls' keeps every matmul's output,
     'alternate' every second one (torchtitan's policy; cost/activations.py)."""
@@ -192,6 +196,7 @@ PROFILES = {
                  "(parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel)"),
         tp=True, tp_note="parallelize_module on the 'tp' dimension of a 2-D mesh, then fully_shard "
                          "on the data-parallel dimension",
+        master_params=True,
     ),
     "torchtitan": EngineProfile(
         name="torchtitan", title="torchtitan 0.3", shapes="tied", hpz=False, qwz=False,
@@ -208,7 +213,7 @@ PROFILES = {
                  "mixed_precision_reduce; apply_tp: ColwiseParallel/RowwiseParallel with "
                  "SequenceParallel norms)"),
         tp=True, tp_note="parallelism.tensor_parallel_degree, enable_async_tensor_parallel off",
-        activation_profile="torchtitan", op_policy="alternate",
+        activation_profile="torchtitan", op_policy="alternate", master_params=True,
     ),
     "internevo": EngineProfile(
         name="internevo", title="InternEvo", shapes="zero1", hpz=False, qwz=False, qgz=False,

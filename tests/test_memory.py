@@ -200,15 +200,30 @@ def test_torchtitan_op_policy_recomputes_every_second_matmul_by_hand():
     assert op_rt < op_tt < recompute_s(tt, 1, True)
 
 
-def test_compiled_profile_is_fused_blocks_with_a_bf16_logit_loss():
+def test_compiled_profile_is_fused_blocks_with_the_eager_loss():
     from amsp_planner.cost.activations import head_bytes_per_token
 
     comp, fused = _gqa_job(activation_profile="compiled"), _gqa_job(activation_profile="fused")
     assert block_bytes_per_token(comp) == block_bytes_per_token(fused)
-    # final norm input and output 2 x 256 x 2; bf16 logits 2 x 1000 (fused: fp32 softmax 4V)
-    assert head_bytes_per_token(comp) == 1_024 + 2_000
+    # fused final norm 1,028 + fp32 log-probabilities 4,000 + int64 ids and targets 16, and
+    # the eager loss peak; fused: norm input and output 1,024 + the fp32 softmax, no peak
+    assert head_bytes_per_token(comp) == 1_028 + 4_000 + 16
     assert head_bytes_per_token(fused) == 1_024 + 4_000
-    assert loss_peak_bytes(comp, 1) == 2 * 1000 * 128 and loss_peak_bytes(fused, 1) == 0
+    assert loss_peak_bytes(comp, 1) == 8 * 1000 * 128 and loss_peak_bytes(fused, 1) == 0
+
+
+def test_fsdp_engines_keep_fp32_master_parameters_and_no_copy():
+    from amsp_planner.cost.memory import model_state_bytes
+
+    s = Strategy(s_p=8, s_g=8, s_os=8)
+    ds, tt = _gqa_job("deepspeed"), _gqa_job("torchtitan")
+    phi = ds.phi
+    # DeepSpeed: bf16 parameter shard 2 + fp32 master, m, v 12 (the ZeRO paper's 2 + 2 + 12)
+    assert sum(model_state_bytes(phi, s, 2, 2).values()) == phi / 8 * 16
+    # FSDP2 / torchtitan: the fp32 sharded parameter is the master: 4 + 8 (+ 4 fp32 gradients)
+    assert sum(model_state_bytes(phi, s, 2, 4, master=True).values()) == phi / 8 * 16
+    assert memory(tt, s).model_states == phi / 8 * 16  # torchtitan reduces in fp32
+    assert memory(ds, s).model_states == phi / 8 * 16
 
 
 def test_allocated_reserved_and_device_peaks():
@@ -228,3 +243,28 @@ def test_engine_profile_is_stated_in_the_plan(tmp_path):
     assert code == 0, err
     assert "activations priced as torchtitan" in err
     assert json.loads(out.read_text())["inputs"]["training"]["activation_profile"] == "torchtitan"
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "rows whose stack presets/validation.yaml does not state yet: llm-foundry's MPT rows run "
+    "flash-attn's fused cross-entropy (activation_profile: fused), Megatron-DeepSpeed's its "
+    "fused kernels (fused), torchtitan's compiled rows compile the blocks (compiled); and "
+    "torchtitan's compiled op-SAC at local batch 16 is predicted 18 % high"))
+def test_every_published_run_that_trained_fits_with_its_engine_defaults():
+    """Every run in scope of presets/validation.yaml (each trained, most at the edge of its GPU's
+    memory), priced with its engine's profile and defaults and its own stated settings, is
+    predicted to fit in its GPU's memory."""
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.validation import load_rows, priced_job
+
+    doc = load_rows()
+    misses = []
+    for row in doc["rows"]:
+        if row["scope"] != "in" or not row.get("strategy") or not row.get("cluster"):
+            continue
+        job, s, engine, _ = priced_job(row, doc.get("models", {}))
+        e = evaluate(job, s)
+        if not e.fits:
+            misses.append((row["id"], engine, job.training.activation_profile,
+                           round(e.memory.total / 2**30, 1)))
+    assert not misses, misses

@@ -42,10 +42,11 @@ Korthikanti et al. 2022 (arXiv 2205.05198) count adapted to no dropout, GQA and 
 parallel cross-entropy), no loss peak (a fused cross-entropy computes the logits' gradient in
 its forward).
 
-``compiled`` (torch.compile of each block and of the loss, as torchtitan's ``compile``): the
+``compiled`` (torch.compile of each block, as torchtitan's ``compile`` compiles them): the
 blocks as ``fused`` (Inductor fuses the norms, RoPE and SwiGLU's pointwise ops and its min-cut
-partitioner recomputes them from the matmul outputs); the loss keeps the bf16 logits (2V,
-from which its fused kernel recomputes the softmax) and its backward writes their 2V gradient.
+partitioner recomputes them from the matmul outputs); the head and loss as eager (the final
+norm fused), as torchtitan ran them in the published compiled runs (2024: the model's blocks
+compiled, the loss not).
 
 Full checkpointing keeps each block's input (h a_b per token) and one block's activations
 while it is recomputed, plus the head. Checkpointing the first K of the L blocks keeps K inputs,
@@ -152,13 +153,11 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes the head (final norm, logits, loss) and the embedding save per token."""
     m, ab, prof = job.model, job.training.param_bytes, profile_of(job)
     if tp > 1:
-        whole = 0 if prof in KORTHIKANTI else 2 * INDEX_BYTES
+        whole = 0 if prof == "fused" else 2 * INDEX_BYTES
         return (head_bytes_per_token(job) - whole) / tp + whole + _gathered(job, tp, 1)
     if prof == "fused":
         return 2 * m.hidden_size * ab + 4 * m.vocab_size
-    if prof == "compiled":
-        return 2 * m.hidden_size * ab + ab * m.vocab_size
-    return _norm(job, fused=prof == "torchtitan") + 4 * m.vocab_size + 2 * INDEX_BYTES
+    return _norm(job, fused=prof != "eager") + 4 * m.vocab_size + 2 * INDEX_BYTES
 
 
 def _op_matmuls(job: Job) -> list[tuple[str, int]]:
@@ -244,15 +243,14 @@ def saved_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1)
     return saved_bytes_per_token(job, ckpt, tp) * tokens + rope_table_bytes(job)
 
 
-LOSS_PEAK_PER_V = {"eager": 8, "torchtitan": 8, "fused": 0}
+LOSS_PEAK_PER_V = {"eager": 8, "torchtitan": 8, "compiled": 8, "fused": 0}
 """Bytes per token and vocabulary entry that cross-entropy's backward holds above the saved
 tensors: eager fp32 gradients of the log-probabilities and the logits (measured, 8V); none
-fused; a compiled loss's one fused kernel writes the logits' gradient in their dtype (a_b V)."""
+fused."""
 
 
 def loss_peak_bytes(job: Job, micro_batch: int, tp: int = 1) -> float:
     """The cross-entropy backward's transient above the saved tensors, by profile
     (``LOSS_PEAK_PER_V``; vocabulary-parallel with TP: 1/tp of it)."""
-    prof = profile_of(job)
-    per = job.training.param_bytes if prof == "compiled" else LOSS_PEAK_PER_V[prof]
+    per = LOSS_PEAK_PER_V[profile_of(job)]
     return _div(per * job.model.vocab_size * micro_batch * job.training.seq_len, tp)

@@ -2,6 +2,8 @@
 
 Model states (ZeRO, arXiv 1910.02054, with K = 12 for mixed-precision Adam):
   parameters Phi/s_P * p_b, gradients Phi/s_G * g_b, optimizer Phi/s_OS * 12 (fp32 master, m, v),
+  or, where the engine's sharded parameters are the fp32 master (FSDP2, torchtitan:
+  ``EngineProfile.master_params``), parameters Phi/s_P * 4 and optimizer Phi/s_OS * 8;
   hpZ secondary copy Phi/h_z * p_b. (p_b, g_b: 2 in bf16, 4 in fp32; g_b = 4 with fp32
   gradient accumulation.)
 
@@ -51,6 +53,7 @@ from amsp_planner.cost.schedule import quantized_bytes
 from amsp_planner.strategy import Strategy
 
 OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v per parameter
+MASTER_BYTES = 4  # the fp32 master copy of a parameter
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,17 @@ class MemoryBreakdown:
         return d
 
 
-def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes: int = 2
-                      ) -> dict[str, float]:
-    """Model-state bytes per GPU for Phi parameters (the ZeRO paper's table)."""
+def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes: int = 2,
+                      master: bool = False) -> dict[str, float]:
+    """Model-state bytes per GPU for Phi parameters (the ZeRO paper's table). With `master`
+    (``EngineProfile.master_params``: FSDP keeps its sharded parameters in fp32 and casts
+    them in the all-gather), the parameter shard is the fp32 master (4 bytes) and the
+    optimizer holds Adam's two moments only (8)."""
     return {
-        "params": phi / s.s_p * param_bytes,
+        "params": phi / s.s_p * (MASTER_BYTES if master else param_bytes),
         "grads": phi / s.s_g * grad_bytes,
-        "optimizer": phi / s.s_os * OPTIMIZER_BYTES,
+        "optimizer": phi / s.s_os * (OPTIMIZER_BYTES - MASTER_BYTES if master
+                                     else OPTIMIZER_BYTES),
         "hpz": phi / s.hpz * param_bytes if s.hpz > 1 else 0.0,
     }
 
@@ -150,7 +157,8 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
 
 def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     t = job.training
-    states = model_state_bytes(job.tp_phi(s.tp), s, t.param_bytes, t.grad_bytes)
+    states = model_state_bytes(job.tp_phi(s.tp), s, t.param_bytes, t.grad_bytes,
+                               job.profile.master_params)
     bufs = buffer_bytes(job, s)
     act = saved_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
     peak = loss_peak_bytes(job, s.micro_batch, s.tp)
