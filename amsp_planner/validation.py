@@ -99,10 +99,31 @@ def pricing_engine(engine: str) -> tuple[str, str]:
     return alt, f"{engine} has no profile: priced as {alt}"
 
 
+REQUIRED = ("id", "source", "engine", "gpus", "metric", "value", "scope")
+
+
+def check_rows(doc: dict) -> dict:
+    """`doc` when every row has the fields a row needs, a known source and a scope; else
+    ValueError naming the row and the field."""
+    for i, row in enumerate(doc["rows"]):
+        name = row.get("id", f"#{i + 1}")
+        for field in REQUIRED:
+            if row.get(field) in (None, ""):
+                raise ValueError(f"validation.yaml: row {name}: field '{field}' is missing: "
+                                 "give it (scope: in, or the reason the row is out of scope)")
+        if row["source"] not in doc["sources"]:
+            raise ValueError(f"validation.yaml: row {name}: field 'source': "
+                             f"'{row['source']}' is not a key of sources: add it there")
+        if row["scope"] == "in" and not (row.get("strategy") and row.get("cluster")):
+            raise ValueError(f"validation.yaml: row {name}: a row in scope needs fields "
+                             "'strategy' and 'cluster'")
+    return doc
+
+
 def load_rows() -> dict:
     import yaml
 
-    return yaml.safe_load(ROWS_FILE.read_text())
+    return check_rows(yaml.safe_load(ROWS_FILE.read_text()))
 
 
 def _metric(ev, job, metric: str) -> float:

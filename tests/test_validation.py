@@ -16,6 +16,7 @@ from amsp_planner.validation import (
     Pair,
     RowResult,
     check_jobs,
+    check_rows,
     error_bands,
     load_rows,
     predict_rows,
@@ -51,6 +52,17 @@ def test_every_row_has_a_source_an_engine_and_a_scope(doc):
         assert float(r["value"]) > 0 and r["gpus"] >= 1, r["id"]
         if scope == "in":  # a row in scope is a job the model prices
             assert r.get("strategy") and r.get("cluster"), r["id"]
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("engine", None, "field 'engine' is missing"), ("scope", "", "field 'scope' is missing"),
+    ("source", "nowhere", "field 'source'"), ("strategy", None, "needs fields 'strategy'")])
+def test_a_bad_row_is_named_with_its_field(doc, field, value, says):
+    bad = copy.deepcopy(doc)
+    row = next(r for r in bad["rows"] if r["scope"] == "in")
+    row[field] = value
+    with pytest.raises(ValueError, match=f"row {row['id']}: .*{says}"):
+        check_rows(bad)
 
 
 def test_the_set_covers_engines_sources_scale_and_memory(doc):
