@@ -84,19 +84,22 @@ def enforce(sweep, rows: list, solve_again: Callable) -> list:
                             ref = evaluate(job, parse_strategy_or_baseline(
                                 prev.strategy, job.num_gpus, job.gpus_per_node),
                                 pref.usable(limit))
-                            own = evaluate(job, parse_strategy_or_baseline(
-                                r.strategy, job.num_gpus, job.gpus_per_node), limit)
                         except AmspUserError:
                             ref = None
+                        own = r.step_s if opt.objective == "time" else (
+                            None if ref is None else _objective(evaluate(
+                                job, parse_strategy_or_baseline(r.strategy, job.num_gpus,
+                                                                job.gpus_per_node), limit),
+                                opt.objective))
                         if ref is not None and ref.fits and _objective(ref, opt.objective) < \
-                                _objective(own, opt.objective) * (1 - 1e-9):
+                                own * (1 - 1e-9):
                             again = solve_again(r.point, _objective(ref, opt.objective))
                             if again.ok:
                                 again.reason = (
                                     f"kept no slower than the choice at {axis.removeprefix('set:')}"
                                     f"={_value(prev.point.get(axis))} ({prev.strategy}), which "
                                     f"runs here: alone this point would take {r.strategy}, "
-                                    f"{1 - own.tokens_per_s / ref.tokens_per_s:.1%} slower "
+                                    f"{1 - r.tokens_per_s / ref.tokens_per_s:.1%} slower "
                                     "(inside the band)")
                                 rows[index[r.point.index]] = again
                                 r, changed = again, True

@@ -226,8 +226,8 @@ def _add_sensitivity(p, opts: dict, facts: dict, lines: list[str], progress, wor
     if r is not None:
         eq = equivalent_candidates(job, e, r)
         facts["equivalent"] = eq
-        lines.append(f"equivalent candidates (step time within the {eq['band'] * 100:.1f}% band "
-                     f"of the step-time model): {len(eq['candidates']) or 'none'}")
+        lines.append(f"equivalent candidates (step time within the {eq['band'] * 100:.1f}% "
+                     f"relative band): {len(eq['candidates']) or 'none'}")
         for c in eq["candidates"]:
             lines.append(f"  {c['name']:11s} {c['strategy']}: {secs(c['step_s'])} "
                          f"({c['margin'] * 100:+.2f}%), {c['memory_gib']:.2f} GiB")
