@@ -36,6 +36,23 @@ ROUNDS = 3
 """Passes over the axes (a point solved again along one axis can slow another's line)."""
 
 
+def monotone_axes(sweep) -> list[tuple[str, int]]:
+    """The sweep's varying axes along which more (1) or less (-1) is never slower."""
+    if sweep.options.objective not in ("time", "comm"):
+        return []
+    return [(a, MORE_IS_FASTER[a]) for a in sweep.varying() if a in MORE_IS_FASTER]
+
+
+def groups(points: list, axes: list[tuple[str, int]]) -> list[list]:
+    """`points` in groups that share every value but the monotone axes' (each group is what
+    ``enforce`` needs at once), in the order of their first point."""
+    names = {a for a, _ in axes}
+    out: dict[tuple, list] = {}
+    for p in points:
+        out.setdefault(tuple(kv for kv in p.values if kv[0] not in names), []).append(p)
+    return list(out.values())
+
+
 def _objective(e, objective: str) -> float:
     return e.step_s if objective == "time" else e.time.comm_total_s
 
@@ -53,19 +70,19 @@ def _value(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def enforce(sweep, rows: list, solve_again: Callable) -> list:
-    """`rows` (in point order) with every point along a monotone axis no slower than the choice
-    at the point before it (module docstring). `solve_again(point, ceiling)`: the point's row
-    under ``Preference.ceiling`` = `ceiling` seconds of the objective."""
+def enforce(opt, axes: list[tuple[str, int]], rows: list, solve_again: Callable) -> list:
+    """`rows` (whole ``groups``) with every point along a monotone axis no slower than the
+    choice at the point before it (module docstring). `solve_again(point, ceiling)`: the
+    point's row under ``Preference.ceiling`` = `ceiling` seconds of the objective. Run where
+    the rows were solved, so that the enumeration's tables of their jobs are still cached."""
     from amsp_planner.cost.evaluate import evaluate
     from amsp_planner.errors import AmspUserError
     from amsp_planner.strategy import parse_strategy_or_baseline
     from amsp_planner.whatif import build_point_job
 
-    opt = sweep.options
-    axes = [(a, MORE_IS_FASTER[a]) for a in sweep.varying() if a in MORE_IS_FASTER]
-    if not axes or opt.objective not in ("time", "comm"):
+    if not axes:
         return rows
+    rows = list(rows)
     index = {r.point.index: i for i, r in enumerate(rows)}
     for _ in range(ROUNDS):
         changed = False
@@ -79,11 +96,10 @@ def enforce(sweep, rows: list, solve_again: Callable) -> list:
                         continue
                     if prev is not None:
                         job, limit = build_point_job(r.point, opt)
-                        pref = opt.preference(job)
                         try:
                             ref = evaluate(job, parse_strategy_or_baseline(
                                 prev.strategy, job.num_gpus, job.gpus_per_node),
-                                pref.usable(limit))
+                                opt.preference(job).usable(limit))
                         except AmspUserError:
                             ref = None
                         own = r.step_s if opt.objective == "time" else (

@@ -385,8 +385,13 @@ def solve_point(p: Point, opt: SolveOptions, ceiling: float | None = None) -> Ro
     return row
 
 
-def _solve_chunk(opt: SolveOptions, points: list[Point]) -> list[Row]:
-    return [solve_point(p, opt) for p in points]
+def _solve_chunk(opt: SolveOptions, points: list[Point], axes: list = ()) -> list[Row]:
+    """The rows of `points`, kept monotone along `axes` (whole groups of
+    ``monotone.groups``; amsp_planner/monotone.py)."""
+    from amsp_planner.monotone import enforce
+
+    rows = [solve_point(p, opt) for p in points]
+    return enforce(opt, list(axes), rows, lambda p, c: solve_point(p, opt, c))
 
 
 # ----- the sweep ------------------------------------------------------------------------------
@@ -411,24 +416,29 @@ def run(sweep: Sweep, workers: int | None = None,
     an axis where more is never slower, a point's choice is then kept no slower than the
     choice before it (amsp_planner/monotone.py).
     """
-    from amsp_planner.monotone import enforce
+    from amsp_planner.monotone import monotone_axes
 
-    rows = _run(sweep, workers, progress)
-    return enforce(sweep, rows, lambda p, c: solve_point(p, sweep.options, c))
+    return _run(sweep, workers, progress, monotone_axes(sweep))
 
 
-def _run(sweep: Sweep, workers: int | None, progress: Callable[[int], None] | None
-         ) -> list[Row]:
+def _run(sweep: Sweep, workers: int | None, progress: Callable[[int], None] | None,
+         axes: list) -> list[Row]:
     points = sweep.points()
     n = len(points)
     workers = max(1, min(n, workers or default_workers()))
     rows: list[Row] = []
     if workers == 1:
-        for p in points:
-            rows.append(solve_point(p, sweep.options))
-            if progress:
-                progress(1)
-        return rows
+        from amsp_planner.monotone import enforce, groups
+
+        for group in groups(points, axes) if axes else [points]:
+            part = []
+            for p in group:
+                part.append(solve_point(p, sweep.options))
+                if progress:
+                    progress(1)
+            rows += enforce(sweep.options, axes, part,
+                            lambda p, c: solve_point(p, sweep.options, c))
+        return sorted(rows, key=lambda r: r.point.index)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
@@ -440,12 +450,17 @@ def _run(sweep: Sweep, workers: int | None, progress: Callable[[int], None] | No
     size = max(1, min(16, n // (workers * 4)))
     if len(sweep.memory_limits_gib) > 1 and group <= 32 and n >= 2 * workers * group:
         size = group
+    chunks = list(_chunks(points, size))
+    if axes:  # whole groups of points along the monotone axes, each kept monotone where solved
+        from amsp_planner.monotone import groups
+
+        chunks = groups(points, axes)
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
     with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
-        futures = [ex.submit(_solve_chunk, sweep.options, c) for c in _chunks(points, size)]
+        futures = [ex.submit(_solve_chunk, sweep.options, c, axes) for c in chunks]
         for fut in futures:
             chunk = fut.result()
             rows.extend(chunk)
             if progress:
                 progress(len(chunk))
-    return rows
+    return sorted(rows, key=lambda r: r.point.index)
