@@ -248,7 +248,9 @@ def test_engine_profile_is_stated_in_the_plan(tmp_path):
 @pytest.mark.xfail(strict=False, reason=(
     "rows whose stack presets/validation.yaml does not state yet: llm-foundry's MPT rows run "
     "flash-attn's fused cross-entropy (activation_profile: fused), Megatron-DeepSpeed's its "
-    "fused kernels (fused), torchtitan's compiled rows compile the blocks (compiled); and "
+    "fused kernels (fused), torchtitan's compiled rows compile the blocks (compiled); "
+    "DeepSpeed ZeRO-3 on 530B and 1T blocks gathers per module within "
+    "stage3_max_live_parameters, where the model prices two whole-block buffers; and "
     "torchtitan's compiled op-SAC at local batch 16 is predicted 18 % high"))
 def test_every_published_run_that_trained_fits_with_its_engine_defaults():
     """Every run in scope of presets/validation.yaml (each trained, most at the edge of its GPU's
