@@ -36,9 +36,9 @@ Totals: (states + buffers + activations + loss peak) * (1 + fragmentation) + com
 + context reserve. Three figures of the peak (docs/memory.md, "Allocated, reserved, device"):
 ``allocated`` (the tensors: torch.cuda.max_memory_allocated), ``reserved`` (with the
 fragmentation reserve: max_memory_reserved, torchtitan's logged figure), ``total`` (with NCCL's
-buffers and the CUDA context: what the GPU holds and what must fit). The fragmentation reserve covers what the caching allocator holds beyond the
-live tensors (rounding to its block sizes, split blocks it cannot return) and the short-lived
-tensors of backward (activation gradients, SDPA workspaces); NCCL's buffers are allocated
+buffers and the CUDA context: what the GPU holds and what must fit). The fragmentation
+reserve covers what the caching allocator holds beyond the live tensors (rounding to its block
+sizes, split blocks it cannot return) and the short-lived tensors of backward (activation gradients, SDPA workspaces); NCCL's buffers are allocated
 outside it, and the context reserve is the CUDA context and the libraries' process-wide state.
 """
 

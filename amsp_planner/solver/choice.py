@@ -12,11 +12,11 @@ union of their spaces:
    is not re-solved lossless, its fastest standing as its lower bound;
 3. the band's cap above the fastest admissible objective (the fastest of step 1, quantized or
    not, so that no choice is slower than any admissible candidate beyond the band; at most
-   ``Preference.ceiling``), a model whose admissible optimum is beyond the band's edge dropped; each tie-break (``Preference.tie_breaks``) minimised in
-   every model still in the race under the caps, the models above the least value dropped and
-   the caps set to it (a criterion the admissible optimum already has at its least takes no
-   solve; a model whose least number of process groups is above the least found, no groups
-   solve);
+   ``Preference.ceiling``), a model whose admissible optimum is beyond the band's edge
+   dropped; each tie-break (``Preference.tie_breaks``) minimised in every model still in the
+   race under the caps, the models above the least value dropped and the caps set to it (a
+   criterion the admissible optimum already has at its least takes no solve; a model whose
+   least number of process groups is above the least found, no groups solve);
 4. the chosen: the exact solution of the models left, the lowest (objective, memory,
    strategy); runners-up by objective alone from no-good cuts on the owner and the other
    models' fastest.
