@@ -3,7 +3,7 @@ with `--solver exhaustive`, and ILP vs enumeration vs brute force (all choosing 
 default rule, docs/planner.md), side by side in one run.
 
     python bench/planner.py [--runs 5] [--no-brute]
-    python bench/planner.py --before /tmp/base [--runs 15]
+    python bench/planner.py --before /tmp/base [--runs 15] [--case llama-7b]
 
 Prints a markdown table; every figure is the median of --runs runs, all measured in one run.
 With `--before DIR` (another checkout of the project, e.g. `git worktree add /tmp/base
@@ -66,9 +66,9 @@ def cold_plan(args: list[str], runs: int) -> tuple[float, float]:
     return statistics.median(w for w, _ in got), statistics.median(s for _, s in got)
 
 
-def before_after(before: Path, runs: int) -> None:
-    """The cold `amsp plan` of every case from checkout `before` and from this one, each run
-    of one followed by one of the other (which goes first alternating); medians."""
+def before_after(before: Path, runs: int, cases: list) -> None:
+    """The cold `amsp plan` of `cases` from checkout `before` and from this one, each run of
+    one followed by one of the other (which goes first alternating); medians."""
     trees = (before.resolve(), here())
     for root in trees:
         compile_package(root)
@@ -78,7 +78,7 @@ def before_after(before: Path, runs: int) -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
-        for name, args in CASES:
+        for name, args in cases:
             got: dict = {root: [] for root in trees}
             for i in range(runs):  # in turn, each tree first every other run
                 for root in trees if i % 2 == 0 else trees[::-1]:
@@ -138,9 +138,11 @@ def main() -> None:
                     help="skip the ILP / enumeration / brute force table (minutes)")
     ap.add_argument("--before", type=Path, default=None,
                     help="another checkout: its cold plans against this one's, interleaved")
+    ap.add_argument("--case", default="", help="only the cases whose name contains this")
     a = ap.parse_args()
+    cases = [(name, args) for name, args in CASES if a.case in name]
     if a.before is not None:
-        before_after(a.before, a.runs)
+        before_after(a.before, a.runs, cases)
         return
     compile_package()
     py = python_startup(a.runs)
@@ -148,7 +150,7 @@ def main() -> None:
     print("| case | cold `amsp plan` wall (s) | solve (s) | with `--solver exhaustive` (s) | "
           "solve (s) |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for name, args in CASES:
+    for name, args in cases:
         wall, solve_s = cold_plan(args, a.runs)
         wall_e, solve_e = cold_plan([*args, "--solver", "exhaustive"], a.runs)
         print(f"| {name} | {wall:.3f} | {solve_s:.3f} | {wall_e:.3f} | {solve_e:.3f} |")

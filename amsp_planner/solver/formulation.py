@@ -102,14 +102,14 @@ PARAM_CLASSES = (DENSE,)
 
 @dataclass
 class FactorVars:
-    """A component's factor binaries; called with a factor f, the sum that is 1 when f is
-    chosen (plain or quantized)."""
+    """A component's factor binaries; called with a factor f, what is 1 when f is chosen:
+    the plain binary, plus the quantized one where f has it."""
 
     plain: dict
     quant: dict
 
     def __call__(self, f):
-        return self.plain[f] + (self.quant[f] if f in self.quant else 0)
+        return self.plain[f] + self.quant[f] if f in self.quant else self.plain[f]
 
 
 def _tag(j: tuple[int, int | str]) -> str:
