@@ -134,6 +134,16 @@ class EngineProfile:
     execution: Execution = Execution(sources=(
         ("gather_grouping", "amsp_planner/runtime/engine.py: one flat buffer per unit"),))
     """How it groups and overlaps its collectives (``Execution``)."""
+    activation_profile: str = "eager"
+    """What autograd saves in the model code this engine runs by default (cost/activations.py,
+    docs/memory.md); a training spec's own ``activation_profile`` overrides it."""
+    master_params: bool = False
+    """Its sharded parameters are the fp32 master weights, cast to the compute dtype only in
+    the all-gather (FSDP's mixed precision): 4 + 8 bytes per parameter for them and Adam's
+    moments, no second copy (cost/memory.py)."""
+    op_policy: str = "matmuls"
+    """Its op-level selective checkpointing: 'matmuls' keeps every matmul's output,
+    'alternate' every second one (torchtitan's policy; cost/activations.py)."""
 
     # ----- the search space ------------------------------------------------------------------
     def runs_ckpt(self, value, num_layers: int) -> bool:
@@ -169,7 +179,11 @@ class EngineProfile:
 
     # ----- behaviour -------------------------------------------------------------------------
     def training_for(self, training):
-        """The TrainingSpec as this engine runs it (its gradient-reduction dtype)."""
+        """The TrainingSpec as this engine runs it (its gradient-reduction dtype, and its
+        activation profile where the spec leaves it open)."""
+        if training.activation_profile is None:
+            training = training.model_copy(
+                update={"activation_profile": self.activation_profile})
         want = self.grad_dtype(training)
         if want is None or want == training.grad_accum_dtype:
             return training
@@ -185,11 +199,11 @@ class EngineProfile:
 
     def training_note(self, training) -> str | None:
         """One line when the engine changes the job's gradient dtype, else None."""
-        got = self.training_for(training)
-        if got is training:
+        want = self.grad_dtype(training)
+        if want is None or want == training.grad_accum_dtype:
             return None
         return (f"{self.title} reduces gradients {self.reduce_source}: priced with "
-                f"--grad-accum-dtype {got.grad_accum_dtype}, not {training.grad_accum_dtype}")
+                f"--grad-accum-dtype {want}, not {training.grad_accum_dtype}")
 
     @property
     def reduce_source(self) -> str:
@@ -292,6 +306,7 @@ PROFILES = {
                  "(parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel)"),
         tp=True, tp_note="parallelize_module on the 'tp' dimension of a 2-D mesh, then fully_shard "
                          "on the data-parallel dimension",
+        master_params=True,
         execution=Execution(sources=_FSDP2_SOURCES),
     ),
     "torchtitan": EngineProfile(
@@ -309,6 +324,7 @@ PROFILES = {
                  "mixed_precision_reduce; apply_tp: ColwiseParallel/RowwiseParallel with "
                  "SequenceParallel norms)"),
         tp=True, tp_note="parallelism.tensor_parallel_degree, enable_async_tensor_parallel off",
+        activation_profile="torchtitan", op_policy="alternate", master_params=True,
         execution=Execution(sources=_FSDP2_SOURCES),
     ),
     "internevo": EngineProfile(
@@ -325,6 +341,7 @@ PROFILES = {
                  "gradient's own dtype, the model dtype)"),
         tp_note="InternEvo's own tensor parallelism (parallel.tensor) is not described by this "
                 "profile: plan with --engine torchtitan or fsdp2 for tp > 1",
+        activation_profile="fused",
         execution=Execution(
             reduce_bucket=512 * 1024 * 1024, update_collective="broadcast",
             replicated_reduce="all_reduce", sync_overlap=True,

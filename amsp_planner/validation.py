@@ -199,7 +199,12 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
         r.activation_profile = job.training.activation_profile
         ev = evaluate(job, s)
         r.predicted, r.step_s = _metric(ev, job, row["metric"]), ev.step_s
-        r.fits, r.memory_gib = ev.fits, ev.memory.total / 2**30
+        # the published figure's kind (docs/memory.md): torch's max_memory_reserved unless
+        # the row says 'allocated' or 'device' (nvidia-smi); fitting is decided on the device
+        r.fits = ev.fits
+        kind = "device" if r.published_memory_gib is None else row.get("memory_kind",
+                                                                         "reserved")
+        r.memory_gib = ev.memory.peak(kind) / 2**30
     return out
 
 

@@ -207,8 +207,9 @@ def _usd_per_btok(price: float | None, gpus: int, tokens_per_s: float) -> float 
     return price * gpus / 3600 / tokens_per_s * 1e9
 
 
-def solve_point(p: Point, opt: SolveOptions) -> Row:
-    """Solve one point; user errors and infeasibility become the row's status."""
+def solve_point(p: Point, opt: SolveOptions, ceiling: float | None = None) -> Row:
+    """Solve one point; user errors and infeasibility become the row's status. `ceiling`:
+    ``Preference.ceiling`` (amsp_planner/monotone.py)."""
     from amsp_planner.solver import solve
 
     try:
@@ -218,7 +219,9 @@ def solve_point(p: Point, opt: SolveOptions) -> Row:
     base = dict(cluster_name=job.cluster.name, nodes=job.num_nodes,
                 batch_tokens=job.training.batch_tokens)
     try:
-        pref = opt.preference()
+        pref = opt.preference(job)
+        if ceiling is not None:
+            pref = dataclasses.replace(pref, ceiling=ceiling)
         r = solve(job, limit, objective=opt.objective, solver=opt.solver, zeropp=opt.zeropp,
                   runners_up=0, time_limit_s=opt.time_limit_s, preference=pref)
     except InfeasibleError as e:
@@ -248,8 +251,13 @@ def solve_point(p: Point, opt: SolveOptions) -> Row:
     return row
 
 
-def _solve_chunk(opt: SolveOptions, points: list[Point]) -> list[Row]:
-    return [solve_point(p, opt) for p in points]
+def _solve_chunk(opt: SolveOptions, points: list[Point], axes: list = ()) -> list[Row]:
+    """The rows of `points`, kept monotone along `axes` (whole groups of
+    ``monotone.groups``; amsp_planner/monotone.py)."""
+    from amsp_planner.monotone import enforce
+
+    rows = [solve_point(p, opt) for p in points]
+    return enforce(opt, list(axes), rows, lambda p, c: solve_point(p, opt, c))
 
 
 # ----- the sweep ------------------------------------------------------------------------------
@@ -278,21 +286,35 @@ def run(sweep: Sweep, workers: int | None = None,
 
     Refuses a sweep above `max_points` first (``Sweep.check_size``). Runs in this process when
     one worker suffices, else in a pool of min(points, workers) processes fed consecutive chunks
-    of points (neighbours share specs and topologies). The workers ignore SIGINT: on Ctrl-C
-    (KeyboardInterrupt here) the pool is terminated before the interrupt goes on, so no worker
-    outlives the sweep.
+    of points (neighbours share specs and topologies). Along an axis where more is never slower,
+    a point's choice is then kept no slower than the choice before it (amsp_planner/monotone.py).
+    The workers ignore SIGINT: on Ctrl-C (KeyboardInterrupt here) the pool is terminated before
+    the interrupt goes on, so no worker outlives the sweep.
     """
+    from amsp_planner.monotone import monotone_axes
+
     sweep.check_size(max_points)
+    return _run(sweep, workers, progress, monotone_axes(sweep))
+
+
+def _run(sweep: Sweep, workers: int | None, progress: Callable[[int], None] | None,
+         axes: list) -> list[Row]:
     points = sweep.points()
     n = len(points)
     workers = max(1, min(n, workers or default_workers()))
     rows: list[Row] = []
     if workers == 1:
-        for p in points:
-            rows.append(solve_point(p, sweep.options))
-            if progress:
-                progress(1)
-        return rows
+        from amsp_planner.monotone import enforce, groups
+
+        for group in groups(points, axes) if axes else [points]:
+            part = []
+            for p in group:
+                part.append(solve_point(p, sweep.options))
+                if progress:
+                    progress(1)
+            rows += enforce(sweep.options, axes, part,
+                            lambda p, c: solve_point(p, sweep.options, c))
+        return sorted(rows, key=lambda r: r.point.index)
     import multiprocessing as mp
     from functools import partial
 
@@ -304,10 +326,15 @@ def run(sweep: Sweep, workers: int | None = None,
     size = max(1, min(16, n // (workers * 4)))
     if len(sweep.memory_limits_gib) > 1 and group <= 32 and n >= 2 * workers * group:
         size = group
+    chunks = list(_chunks(points, size))
+    if axes:  # whole groups of points along the monotone axes, each kept monotone where solved
+        from amsp_planner.monotone import groups
+
+        chunks = groups(points, axes)
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     pool = ctx.Pool(workers, initializer=_ignore_sigint)
     try:
-        for chunk in pool.imap(partial(_solve_chunk, sweep.options), _chunks(points, size)):
+        for chunk in pool.imap(partial(_solve_chunk, sweep.options, axes=axes), chunks):
             rows.extend(chunk)
             if progress:
                 progress(len(chunk))
@@ -317,4 +344,4 @@ def run(sweep: Sweep, workers: int | None = None,
         raise
     finally:
         pool.join()
-    return rows
+    return sorted(rows, key=lambda r: r.point.index)

@@ -60,11 +60,11 @@ class SolveOptions:
     tie_band: float | None = None
     """The choice options of `amsp plan` (``Preference``); None: the validated band."""
 
-    def preference(self):
+    def preference(self, job=None):
         from amsp_planner.solver.space import Preference
 
         return Preference.default(band=self.tie_band, headroom=self.headroom,
-                                  quantization=self.quantization)
+                                  quantization=self.quantization, job=job)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,6 @@ import json
 import pytest
 from amsp_testlib import run_cli
 
-from amsp_planner.validation import step_time_band
-
 # A job whose choice moves with the inter-node bandwidth: llama-7b on 4 DGX A100 nodes with a
 # small batch (one sequence per GPU), so communication is a large part of the step. At HDR
 # (200 Gbit/s per NIC) the rule takes ZeRO-3 (one process group, least memory, inside the band
@@ -99,12 +97,13 @@ def test_equivalent_candidates_are_inside_the_band(explained):
     path, facts, _ = explained
     from amsp_planner.cost.evaluate import evaluate
     from amsp_planner.plan import load_plan
+    from amsp_planner.solver.space import validated_band
     from amsp_planner.strategy import Strategy
 
     eq = facts["equivalent"]
-    band = step_time_band()
-    assert eq["band"] == band
     p = load_plan(path)
+    band = validated_band(p.job)  # the job's relative band, the plan's tie band
+    assert eq["band"] == band == p.doc["inputs"]["search"]["preference"]["band"]
     names = [c["name"] for c in eq["candidates"]]
     assert "runner-up 1" in names and "ddp" not in names  # ddp does not fit in 80 GiB
     for c in eq["candidates"]:

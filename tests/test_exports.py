@@ -219,7 +219,9 @@ def test_fsdp2_closest_for_zero1_and_zeropp(job):
         r = fsdp2.export(job, plan)
         c = r.closest
         assert not r.exact and c.s_p == c.s_g == c.s_os and not (c.qwz or c.qgz)
-        evals = [try_evaluate(job, x, None) for x in fsdp2.candidates(job, plan)]
+        # priced as FSDP2 runs them (fp32 master parameters: cost/memory.py)
+        tjob = job.for_engine("fsdp2")
+        evals = [try_evaluate(tjob, x, None) for x in fsdp2.candidates(job, plan)]
         assert c == min((e for e in evals if e), key=rank_key).strategy
     assert any(d.startswith("qwz on -> off: FSDP2 has no quantized") for d in r.differences)
 

@@ -98,7 +98,7 @@ def test_activation_profile_option(tmp_path):
     assert code == code_f == 0
     assert out_e != out_f
     code, _, err = run_cli(["compare", "-m", "llama-7b", "-n", "64",
-                            "--activation-profile", "compiled"])
+                            "--activation-profile", "jitted"])
     assert code == 2 and "activation-profile" in err
 
 
@@ -131,3 +131,142 @@ def test_deepspeed_buffers_are_the_counted_ones():
     z2 = json.loads(ds.export(job, baseline("zero2", 64, 8)).text)["zero_optimization"]
     assert z2["allgather_bucket_size"] == z2["reduce_bucket_size"] == u
     assert "stage3_max_live_parameters" not in z2
+
+
+# ----- profiles by engine (docs/memory.md, "Activations: profiles by engine") ----------------
+def _gqa_job(engine: str = "amsp", **training):
+    """h 256, 8 heads of 32, 2 KV heads (d_kv 64), SwiGLU f 512, V 1000, 2 blocks, bf16."""
+    from amsp_planner.cost.job import Job
+    from amsp_planner.specs import TrainingSpec, load_cluster
+    from amsp_planner.specs.model import ModelSpec
+
+    spec = ModelSpec(name="gqa", num_layers=2, hidden_size=256, num_heads=8, num_kv_heads=2,
+                     ffn_hidden_size=512, vocab_size=1000, max_seq_len=256)
+    t = TrainingSpec(seq_len=128, global_batch_seqs=16, **training)
+    return Job.create(spec, load_cluster("dgx-a100-hdr"), t, 8, engine)
+
+
+def test_engine_default_profiles_and_the_override():
+    from amsp_planner.cost.activations import profile_of
+
+    assert {e: profile_of(_gqa_job(e)) for e in ("amsp", "deepspeed", "fsdp2", "torchtitan",
+                                                  "internevo")} == {
+        "amsp": "eager", "deepspeed": "eager", "fsdp2": "eager", "torchtitan": "torchtitan",
+        "internevo": "fused"}
+    job = _gqa_job("torchtitan", activation_profile="compiled")
+    assert job.training.activation_profile == "compiled"  # the spec's own wins
+
+
+def test_torchtitan_profile_by_hand():
+    from amsp_planner.cost.activations import head_bytes_per_token
+
+    job = _gqa_job("torchtitan")
+    # nn.RMSNorm fused: input 256 x 2 + 1/rms 4 + output (the next matmul's input) 256 x 2
+    #   = 1,028, twice = 2,056
+    # fused QKV output kept whole (256 + 2 x 64) x 2 = 768; fp32 copies of Q and K
+    #   4 x (256 + 64) = 1,280; rotated Q, K (256 + 64) x 2 = 640; attention output and its
+    #   .contiguous() copy 2 x 256 x 2 = 1,024; log-sum-exp 4 x 8 = 32
+    # SwiGLU 4 x 512 x 2 = 4,096
+    assert block_bytes_per_token(job) == 2_056 + 768 + 1_280 + 640 + 1_024 + 32 + 4_096
+    # head: fused final norm 1,028, fp32 log-probabilities 4,000, int64 ids and targets 16
+    assert head_bytes_per_token(job) == 1_028 + 4_000 + 16
+    assert loss_peak_bytes(job, 1) == 8 * 1000 * 128
+    assert rope_table_bytes(job) == 0  # freqs_cis is a model buffer
+
+
+def test_torchtitan_op_policy_recomputes_every_second_matmul_by_hand():
+    from amsp_planner.cost.activations import (
+        op_kept_bytes_per_token,
+        op_recompute_bytes_per_token,
+        op_recomputed_matmuls,
+    )
+    from amsp_planner.cost.compute import recompute_s
+
+    tt, amsp = _gqa_job("torchtitan"), _gqa_job("amsp")
+    assert op_recomputed_matmuls(tt) == ("wo", "w3") and op_recomputed_matmuls(amsp) == ()
+    # torchtitan's code under another sharding engine (FSDP1) brings its policy with it
+    assert op_recomputed_matmuls(_gqa_job("fsdp2", activation_profile="torchtitan")) == (
+        "wo", "w3")
+    # kept: input 512, wqkv 768, attention output 512 + log-sum-exp 32, w1 1,024, w2 512
+    assert op_kept_bytes_per_token(tt) == 512 + 768 + 512 + 32 + 1_024 + 512
+    # the runtime's policy keeps wo (512) and the whole gate/up (2,048) instead of w1 alone
+    assert op_kept_bytes_per_token(amsp) == 512 + 768 + 512 + 32 + 512 + 2_048 + 512
+    # recomputing a block saves its tensors again except the kept ones its backward saves
+    # (the QKV output 768, the attention output 512 and log-sum-exp 32, w1 1,024)
+    assert op_recompute_bytes_per_token(tt) == block_bytes_per_token(tt) - (768 + 512 + 32
+                                                                            + 1_024)
+    # recomputing wo and w3 costs time: more than the runtime's policy, less than full
+    op_tt, op_rt = recompute_s(tt, 1, "op"), recompute_s(amsp, 1, "op")
+    assert op_rt < op_tt < recompute_s(tt, 1, True)
+
+
+def test_compiled_profile_is_fused_blocks_with_the_eager_loss():
+    from amsp_planner.cost.activations import head_bytes_per_token
+
+    comp, fused = _gqa_job(activation_profile="compiled"), _gqa_job(activation_profile="fused")
+    assert block_bytes_per_token(comp) == block_bytes_per_token(fused)
+    # fused final norm 1,028 + fp32 log-probabilities 4,000 + int64 ids and targets 16, and
+    # the eager loss peak; fused: norm input and output 1,024 + the fp32 softmax, no peak
+    assert head_bytes_per_token(comp) == 1_028 + 4_000 + 16
+    assert head_bytes_per_token(fused) == 1_024 + 4_000
+    assert loss_peak_bytes(comp, 1) == 8 * 1000 * 128 and loss_peak_bytes(fused, 1) == 0
+
+
+def test_fsdp_engines_keep_fp32_master_parameters_and_no_copy():
+    from amsp_planner.cost.memory import model_state_bytes
+
+    s = Strategy(s_p=8, s_g=8, s_os=8)
+    ds, tt = _gqa_job("deepspeed"), _gqa_job("torchtitan")
+    phi = ds.phi
+    # DeepSpeed: bf16 parameter shard 2 + fp32 master, m, v 12 (the ZeRO paper's 2 + 2 + 12)
+    assert sum(model_state_bytes(phi, s, 2, 2).values()) == phi / 8 * 16
+    # FSDP2 / torchtitan: the fp32 sharded parameter is the master: 4 + 8 (+ 4 fp32 gradients)
+    assert sum(model_state_bytes(phi, s, 2, 4, master=True).values()) == phi / 8 * 16
+    assert memory(tt, s).model_states == phi / 8 * 16  # torchtitan reduces in fp32
+    assert memory(ds, s).model_states == phi / 8 * 16
+
+
+def test_allocated_reserved_and_device_peaks():
+    m = memory(_gqa_job(), Strategy(micro_batch=2))
+    assert m.allocated == m.runtime_tensors + m.activations + m.loss_peak
+    assert m.reserved == pytest.approx(m.allocated * 1.05)  # the 5 % fragmentation reserve
+    assert m.total == m.reserved + m.communicators + m.context == m.peak("device")
+
+
+def test_engine_profile_is_stated_in_the_plan(tmp_path):
+    import json
+
+    out = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "-m", "llama3-8b", "-n", "8", "--engine", "torchtitan",
+                            "--seq-len", "8192", "--global-batch-seqs", "16", "-o", str(out),
+                            "--format", "json"])
+    assert code == 0, err
+    assert "activations priced as torchtitan" in err
+    assert json.loads(out.read_text())["inputs"]["training"]["activation_profile"] == "torchtitan"
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "rows whose stack presets/validation.yaml does not state yet: llm-foundry's MPT rows run "
+    "flash-attn's fused cross-entropy (activation_profile: fused), Megatron-DeepSpeed's its "
+    "fused kernels (fused), torchtitan's compiled rows compile the blocks (compiled); "
+    "DeepSpeed ZeRO-3 on 530B and 1T blocks gathers per module within "
+    "stage3_max_live_parameters, where the model prices two whole-block buffers; and "
+    "torchtitan's compiled op-SAC at local batch 16 is predicted 18 % high"))
+def test_every_published_run_that_trained_fits_with_its_engine_defaults():
+    """Every run in scope of presets/validation.yaml (each trained, most at the edge of its GPU's
+    memory), priced with its engine's profile and defaults and its own stated settings, is
+    predicted to fit in its GPU's memory."""
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.validation import load_rows, priced_job
+
+    doc = load_rows()
+    misses = []
+    for row in doc["rows"]:
+        if row["scope"] != "in" or not row.get("strategy") or not row.get("cluster"):
+            continue
+        job, s, engine, _ = priced_job(row, doc.get("models", {}))
+        e = evaluate(job, s)
+        if not e.fits:
+            misses.append((row["id"], engine, job.training.activation_profile,
+                           round(e.memory.total / 2**30, 1)))
+    assert not misses, misses

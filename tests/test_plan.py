@@ -212,4 +212,4 @@ def test_plan_says_a_margin_inside_the_validated_band_is_a_tie():
     assert "beyond" in margin_words(2 * band, band)
     code, out, _ = run_cli(["plan", "--model", "llama-7b", "--gpus", "1024", "-o", "-"])
     assert code == 0
-    assert "band of the step-time model" in out
+    assert "relative band" in out

@@ -120,8 +120,12 @@ def job_options(f):
                      help="Activation checkpointing: on (every block), off, K (the first K "
                           "blocks), op (op-level selective); auto lets the planner choose."),
         click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations."),
-        click.option("--activation-profile", type=click.Choice(["eager", "fused"]), default="eager",
-                     show_default=True, help="Activations of eager PyTorch or of fused kernels."),
+        click.option("--activation-profile",
+                     type=click.Choice(["auto", "eager", "torchtitan", "compiled", "fused"]),
+                     default="auto", show_default=True,
+                     help="What autograd saves (docs/memory.md): eager PyTorch, torchtitan's "
+                          "Llama, torch.compile, fused kernels (Megatron/TE, Liger); auto: the "
+                          "engine's default."),
         click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16",
                      show_default=True, help="bf16 mixed precision or fp32 everywhere."),
         click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
@@ -146,7 +150,8 @@ def choice_options(f):
                           "than the band; on = like any option; off = never."),
         click.option("--tie-band", type=float, default=None,
                      help="Relative step-time difference below which candidates are "
-                          "equivalent (default: the validated band, docs/validation.md)."),
+                          "equivalent (default: the validated relative band, the error of the "
+                          "predicted ratio of two strategies; docs/validation.md)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -154,11 +159,13 @@ def choice_options(f):
 
 
 def build_preference(headroom: float = 0.10, quantization: str = "auto",
-                     tie_band: float | None = None, **_ignored):
-    """The planner's Preference from the choice options."""
+                     tie_band: float | None = None, job=None, **_ignored):
+    """The planner's Preference from the choice options (the band: --tie-band, else the
+    validated relative band of `job`)."""
     from amsp_planner.solver.space import Preference
 
-    return Preference.default(band=tie_band, headroom=headroom, quantization=quantization)
+    return Preference.default(band=tie_band, headroom=headroom, quantization=quantization,
+                              job=job)
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict:
@@ -201,7 +208,7 @@ def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
 
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
-              memory_limit=None, activation_profile="eager", engine="amsp", **_ignored):
+              memory_limit=None, activation_profile="auto", engine="amsp", **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -223,7 +230,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          global_batch_seqs=global_batch_seqs, micro_batch=micro_batch,
                          activation_checkpointing=ckpt, flash_attention=not no_flash_attention,
                          precision=precision, grad_accum_dtype=grad_accum_dtype,
-                         activation_profile=activation_profile)
+                         activation_profile=None if activation_profile in (None, "auto")
+                         else activation_profile)
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     warn_seq_len(m, seq_len)
@@ -234,6 +242,10 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     note = job.profile.training_note(t)
     if note:
         click.echo(f"note: {note}", err=True)
+    if t.activation_profile is None and job.training.activation_profile != "eager":
+        click.echo(f"note: activations priced as {job.profile.title} runs them "
+                   f"(--activation-profile {job.training.activation_profile}, docs/memory.md)",
+                   err=True)
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit
 

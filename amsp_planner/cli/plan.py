@@ -86,7 +86,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         check_output(output, "-o", "an amsp plan", _is_plan_file)
     tp = parse_tp(tp)
     job, limit = build_job(**opts)
-    pref = build_preference(headroom, quantization, tie_band)
+    pref = build_preference(headroom, quantization, tie_band, job=job)
     if tp is not None and (strategy is not None or strategy_from is not None):
         from amsp_planner.errors import AmspUserError
 

@@ -1,11 +1,13 @@
 """Activation memory of one micro-batch, by implementation profile (docs/memory.md).
 
 Bytes per token, a_b = bytes of an activation element (2 in bf16, 4 in fp32), h hidden size,
-d_kv = kv_heads x head_dim, f FFN size, a heads, V vocabulary, L blocks.
+d_kv = kv_heads x head_dim, f FFN size, a heads, V vocabulary, L blocks. The profile is the
+training spec's ``activation_profile``, by default the engine's (``EngineProfile.
+activation_profile``: amsp, FSDP2 and DeepSpeed eager, torchtitan its own, InternEvo fused).
 
-``eager`` (the default): what eager PyTorch saves for backward with SDPA / FlashAttention, as
-the bundled runtime, FSDP2 and DeepSpeed run LLaMA-style models, each tensor counted once per
-storage (tests/test_saved_tensors.py counts them with ``saved_tensors_hooks``):
+``eager``: what eager PyTorch saves for backward with SDPA / FlashAttention, as the bundled
+runtime, and Hugging Face models under FSDP2 or DeepSpeed, run LLaMA-style models, each tensor
+counted once per storage (tests/test_saved_tensors.py counts them with ``saved_tensors_hooks``):
   per RMSNorm     4h (fp32 copy of the input) + 4 (fp32 1/rms) + 2h a_b (normalized, weighted);
                   LayerNorm: the input and output 2h a_b + 8 (fp32 mean and 1/std)
   attention       (h + 2 d_kv) a_b  QKV projection output (V is a view of it, so it stays whole)
@@ -21,30 +23,56 @@ storage (tests/test_saved_tensors.py counts them with ``saved_tensors_hooks``):
                   log-probabilities and of the logits exist together with the saved 4V, 12V in
                   all (measured by tests/test_saved_tensors.py on CPU: 12.0 bytes per entry).
 
-``fused`` (compiled or fused-kernel stacks: torch.compile, Liger, Apex fused norms): the
+``torchtitan``: torchtitan's Llama code run eagerly (torchtitan/models/common/attention.py,
+rope.py; components/loss.py), the eager count with three differences:
+  norms           ``nn.RMSNorm``, one fused kernel on CUDA: its input and fp32 1/rms (the
+                  output is saved by the next matmul): 2h a_b + 4
+  attention       one fused QKV projection (``fuse_qkv``), kept whole as V (a view) is saved
+                  (h + 2 d_kv) a_b; RoPE as a complex product in fp32
+                  (``view_as_complex(q.float())``): the fp32 copies of Q and K 4(h + d_kv), the
+                  rotated Q and K (h + d_kv) a_b; the attention output and its
+                  ``.contiguous()`` copy 2h a_b; log-sum-exp 4a
+  tables          ``freqs_cis`` is a model buffer (not per micro-batch): none
+  head            fused final norm, fp32 cross-entropy (``F.cross_entropy(pred.float())``): 4V
+                  saved and the 8V loss peak of eager.
+
+``fused`` (Megatron-Core with Transformer Engine, Liger, flash-attn's fused ops): the
 Korthikanti et al. 2022 (arXiv 2205.05198) count adapted to no dropout, GQA and SwiGLU,
-(6h + 2 d_kv + 3f) a_b + 4a per block, head 2h a_b + 4V, no loss peak (a fused linear
-cross-entropy never holds the fp32 logits of the whole micro-batch).
+(6h + 2 d_kv + 3f) a_b + 4a per block, head 2h a_b + 4V (the fp32 softmax of a vocabulary-
+parallel cross-entropy), no loss peak (a fused cross-entropy computes the logits' gradient in
+its forward).
+
+``compiled`` (torch.compile of each block, as torchtitan's ``compile`` compiles them): the
+blocks as ``fused`` (Inductor fuses the norms, RoPE and SwiGLU's pointwise ops and its min-cut
+partitioner recomputes them from the matmul outputs); the head and loss as eager (the final
+norm fused), as torchtitan ran them in the published compiled runs (2024: the model's blocks
+compiled, the loss not).
 
 Full checkpointing keeps each block's input (h a_b per token) and one block's activations
 while it is recomputed, plus the head. Checkpointing the first K of the L blocks keeps K inputs,
 the L - K other blocks whole and, when K > 0, one block's activations while it is recomputed.
-Op-level selective checkpointing (every block; matmul and attention outputs kept, the rest
-recomputed) keeps per block the input h, the QKV output h + 2 d_kv, the attention output h and
-its 4a log-sum-exp, the output projection's h, the MLP's up projection 2f (SwiGLU's gate and up;
-GELU: f) and its down projection's h, and while one block is recomputed the saved tensors it
-does not have yet: its norms, the rotated Q and K, the head-merged attention output, SiLU's
-output and the product (docs/memory.md derives both).
+Op-level selective checkpointing (every block) keeps the block's input and the outputs of
+attention (with its log-sum-exp) and of the matmuls its policy saves (``op_policy``: the
+engine's ``EngineProfile.op_policy``, torchtitan's wherever the torchtitan profile runs):
+  matmuls    every matmul (the bundled runtime: QKV h + 2 d_kv, output projection h, gate/up
+             2f (GELU: f), down h);
+  alternate  every second matmul in forward order, counted per block (torchtitan's policy:
+             ``_save_list`` = aten.mm, the SDPA kernels and reduce-scatter, "every second mm"
+             recomputed: torchtitan/distributed/activation_checkpoint.py, formerly
+             parallelisms/parallelize_llama.py): of wqkv, wo, w1, w3, w2 it keeps wqkv
+             h + 2 d_kv, w1 f and w2 h, and recomputes wo and w3 (GELU: keeps wqkv and fc1);
+and, while one block is recomputed, the saved tensors of the profile that it does not have yet
+(docs/memory.md derives both).
 
 Tensor + sequence parallelism of degree t (Korthikanti et al. 2022, arXiv 2205.05198, section
 4.2.2: with SP every activation of a block is divided by t): each TP rank saves 1/t of every
 tensor above (norms and residual-stream tensors over its s/t tokens, attention and MLP tensors
 over its heads and its f/t columns, log-probabilities over its V/t vocabulary), except what
 every rank holds whole: the int64 token ids and targets and the RoPE tables, and, in the eager
-profile, the all-gathered inputs of the column-parallel matmuls (QKV, the MLP's gate/up, the LM
+profiles, the all-gathered inputs of the column-parallel matmuls (QKV, the MLP's gate/up, the LM
 head: h a_b per token each), which autograd saves as PyTorch's DTensor runs them (so backward
-needs no second all-gather: docs/cost-model.md). The fused profile is Megatron's count, every
-block tensor divided by t.
+needs no second all-gather: docs/cost-model.md). The fused and compiled profiles are Megatron's
+count, every block tensor divided by t.
 """
 
 from __future__ import annotations
@@ -55,11 +83,29 @@ from amsp_planner.strategy import checkpointed_blocks
 INDEX_BYTES = 8
 """int64 token ids (embedding backward) and targets (cross-entropy backward)."""
 
+PROFILES = ("eager", "torchtitan", "compiled", "fused")
+KORTHIKANTI = frozenset({"compiled", "fused"})
+"""Profiles whose blocks are Korthikanti et al.'s fused count (and all-gathered TP inputs are
+not kept whole)."""
 
-def _norm(job: Job) -> float:
+
+def profile_of(job: Job) -> str:
+    """The job's activation profile: its training spec's, else its engine's default."""
+    return job.training.activation_profile or job.profile.activation_profile
+
+
+def op_policy(job: Job) -> str:
+    """The op-level checkpointing policy: the engine's, or torchtitan's wherever its model
+    code runs (the torchtitan profile: its code and its ``SelectiveAC`` come together)."""
+    return "alternate" if profile_of(job) == "torchtitan" else job.profile.op_policy
+
+
+def _norm(job: Job, fused: bool = False) -> float:
     m, ab = job.model, job.training.param_bytes
     if m.norm_type == "layernorm":
         return 2 * m.hidden_size * ab + 8
+    if fused:
+        return 2 * m.hidden_size * ab + 4
     return 4 * m.hidden_size + 4 + 2 * m.hidden_size * ab
 
 
@@ -70,64 +116,100 @@ def _div(x: float, tp: int) -> float:
 
 def _gathered(job: Job, tp: int, count: int) -> float:
     """Bytes per token, beyond their 1/tp share, of `count` all-gathered matmul inputs kept
-    whole on every TP rank (eager profile only; module docstring)."""
-    if tp == 1 or job.training.activation_profile == "fused":
+    whole on every TP rank (eager profiles only; module docstring)."""
+    if tp == 1 or profile_of(job) in KORTHIKANTI:
         return 0.0
     return count * job.model.hidden_size * job.training.param_bytes * (1 - 1 / tp)
+
+
+def _softmax(job: Job) -> float:
+    """Attention's own saved statistics per token: fp32 log-sum-exp per head with
+    FlashAttention, else the scores and probabilities."""
+    m, t = job.model, job.training
+    return 4 * m.num_heads if t.flash_attention else 2 * m.num_heads * t.seq_len * t.param_bytes
 
 
 def block_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes one block saves per token in the job's activation profile (per TP rank)."""
     if tp > 1:
         return block_bytes_per_token(job) / tp + _gathered(job, tp, 2)
-    m, t = job.model, job.training
-    ab = t.param_bytes
-    h, f, kv, a = m.hidden_size, m.ffn_hidden_size, m.kv_dim, m.num_heads
-    softmax = 4 * a if t.flash_attention else 2 * a * t.seq_len * ab
-    if t.activation_profile == "fused":
-        mlp = 3 * f if m.ffn_type != "gelu" else 2 * f
-        return (6 * h + 2 * kv + mlp) * ab + softmax
-    rope = (h + kv) * ab if m.position_embedding == "rope" else 0
-    mlp = 4 * f if m.ffn_type != "gelu" else 2 * f
-    attention = (h + 2 * kv) * ab + rope + 2 * h * ab + softmax
-    return 2 * _norm(job) + attention + mlp * ab
+    m, ab, prof = job.model, job.training.param_bytes, profile_of(job)
+    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
+    gelu = m.ffn_type == "gelu"
+    if prof in KORTHIKANTI:
+        return (6 * h + 2 * kv + (2 * f if gelu else 3 * f)) * ab + _softmax(job)
+    rope = m.position_embedding == "rope"
+    mlp = (2 * f if gelu else 4 * f) * ab
+    if prof == "torchtitan":
+        rotary = 4 * (h + kv) + (h + kv) * ab if rope else 0  # fp32 Q, K; rotated Q, K
+        qkv = (h + 2 * kv) * ab + rotary
+        return 2 * _norm(job, fused=True) + qkv + 2 * h * ab + _softmax(job) + mlp
+    rotated = (h + kv) * ab if rope else 0
+    attention = (h + 2 * kv) * ab + rotated + 2 * h * ab + _softmax(job)
+    return 2 * _norm(job) + attention + mlp
 
 
 def head_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes the head (final norm, logits, loss) and the embedding save per token."""
-    m, t = job.model, job.training
+    m, ab, prof = job.model, job.training.param_bytes, profile_of(job)
     if tp > 1:
-        whole = 0 if t.activation_profile == "fused" else 2 * INDEX_BYTES
+        whole = 0 if prof == "fused" else 2 * INDEX_BYTES
         return (head_bytes_per_token(job) - whole) / tp + whole + _gathered(job, tp, 1)
-    if t.activation_profile == "fused":
-        return 2 * m.hidden_size * t.param_bytes + 4 * m.vocab_size
-    return _norm(job) + 4 * m.vocab_size + 2 * INDEX_BYTES
+    if prof == "fused":
+        return 2 * m.hidden_size * ab + 4 * m.vocab_size
+    return _norm(job, fused=prof != "eager") + 4 * m.vocab_size + 2 * INDEX_BYTES
+
+
+def _op_matmuls(job: Job) -> list[tuple[str, int]]:
+    """(name, output width) of a block's matmuls in forward order (torchtitan's fused wqkv,
+    wo, w1, w3, w2; GELU: fc1, fc2)."""
+    m = job.model
+    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
+    mlp = [("fc1", f), ("fc2", h)] if m.ffn_type == "gelu" else [("w1", f), ("w3", f), ("w2", h)]
+    return [("wqkv", h + 2 * kv), ("wo", h)] + mlp
+
+
+def op_recomputed_matmuls(job: Job) -> tuple[str, ...]:
+    """The matmuls the engine's op-level policy recomputes in backward: none for 'matmuls',
+    every second in forward order for 'alternate' (torchtitan: wo and w3; GELU: wo, fc2)."""
+    if op_policy(job) != "alternate":
+        return ()
+    return tuple(name for i, (name, _) in enumerate(_op_matmuls(job)) if i % 2)
 
 
 def op_kept_bytes_per_token(job: Job, tp: int = 1) -> float:
-    """Bytes one op-level checkpointed block keeps per token: its input and the outputs of
-    its matmuls and of attention (module docstring); with TP also the gathered matmul inputs
-    (so no TP collective is repeated)."""
+    """Bytes one op-level checkpointed block keeps per token: its input, the outputs of
+    attention and of the matmuls the engine's policy saves (module docstring); with TP also
+    the gathered matmul inputs (so no TP collective is repeated)."""
     m, t = job.model, job.training
     if tp > 1:
         return op_kept_bytes_per_token(job) / tp + _gathered(job, tp, 2)
-    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
-    up = f if m.ffn_type == "gelu" else 2 * f
+    h = m.hidden_size
     lse = 4 * m.num_heads if t.flash_attention else 0
+    if op_policy(job) == "alternate":
+        gone = set(op_recomputed_matmuls(job))
+        kept = sum(w for name, w in _op_matmuls(job) if name not in gone)
+        return (h + h + kept) * t.param_bytes + lse
+    f, kv = m.ffn_hidden_size, m.kv_dim
+    up = f if m.ffn_type == "gelu" else 2 * f
     return (h + (h + 2 * kv) + h + h + up + h) * t.param_bytes + lse
 
 
 def op_recompute_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes the recomputation of one op-level block adds per token: the block's saved
-    tensors other than the kept matmul and attention outputs that backward saves too (the QKV
-    output, the attention output and its log-sum-exp, the MLP's up projection)."""
+    tensors other than the kept outputs that backward saves too (attention's output and
+    log-sum-exp, and V and the MLP's first projection, or with the 'matmuls' policy the whole
+    QKV output and the MLP's up projection)."""
     m, t = job.model, job.training
     if tp > 1:
         return op_recompute_bytes_per_token(job) / tp
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
-    up = f if m.ffn_type == "gelu" else 2 * f
     lse = 4 * m.num_heads if t.flash_attention else 0
-    shared = (h + 2 * kv + h + up) * t.param_bytes + lse
+    if op_policy(job) == "alternate":
+        shared = (h + 2 * kv + h + f) * t.param_bytes + lse
+    else:
+        up = f if m.ffn_type == "gelu" else 2 * f
+        shared = (h + 2 * kv + h + up) * t.param_bytes + lse
     return max(0.0, block_bytes_per_token(job) - shared)
 
 
@@ -150,7 +232,7 @@ def saved_bytes_per_token(job: Job, ckpt: bool | int | str, tp: int = 1) -> floa
 def rope_table_bytes(job: Job) -> float:
     """The cos and sin tables of one micro-batch (eager; one per position, shared by blocks)."""
     m, t = job.model, job.training
-    if t.activation_profile == "fused" or m.position_embedding != "rope":
+    if profile_of(job) != "eager" or m.position_embedding != "rope":
         return 0.0
     return t.seq_len * m.head_dim * t.param_bytes
 
@@ -161,9 +243,14 @@ def saved_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1)
     return saved_bytes_per_token(job, ckpt, tp) * tokens + rope_table_bytes(job)
 
 
+LOSS_PEAK_PER_V = {"eager": 8, "torchtitan": 8, "compiled": 8, "fused": 0}
+"""Bytes per token and vocabulary entry that cross-entropy's backward holds above the saved
+tensors: eager fp32 gradients of the log-probabilities and the logits (measured, 8V); none
+fused."""
+
+
 def loss_peak_bytes(job: Job, micro_batch: int, tp: int = 1) -> float:
-    """The cross-entropy backward's transient above the saved tensors (eager: 8V per token;
-    vocabulary-parallel with TP: 8V/tp)."""
-    if job.training.activation_profile == "fused":
-        return 0.0
-    return _div(8 * job.model.vocab_size * micro_batch * job.training.seq_len, tp)
+    """The cross-entropy backward's transient above the saved tensors, by profile
+    (``LOSS_PEAK_PER_V``; vocabulary-parallel with TP: 1/tp of it)."""
+    per = LOSS_PEAK_PER_V[profile_of(job)]
+    return _div(per * job.model.vocab_size * micro_batch * job.training.seq_len, tp)

@@ -24,7 +24,9 @@ recomputes K forwards per micro-batch: the block class (one class, counted L tim
 model) takes the average, backward + (K/L) x forward, so that the step stays linear in K (the
 ILP and the cost model use this same figure; docs/cost-model.md says what it approximates).
 Op-level selective checkpointing keeps the matmul and attention outputs and recomputes the
-elementwise kernels only: backward + the block's forward elementwise time.
+elementwise kernels only: backward + the block's forward elementwise time; with torchtitan's
+policy (every second matmul recomputed: ``activations.op_recomputed_matmuls``) also the
+forward of wo and w3 (GELU: wo and fc2).
 
 Elementwise bytes per token and block, forward (eager, a = activation bytes per element):
   2 RMSNorms 2 x 14h a  (upcast to fp32, variance, normalise, downcast, weight: ~7 passes of h)
@@ -101,6 +103,18 @@ def _block_matmuls(job: Job, tp: int = 1) -> list[tuple[int, int]]:
     return [(h, q + 2 * kv), (q, h)] + mlp
 
 
+def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
+    """Forward seconds of the matmuls the op-level policy recomputes (torchtitan's: wo and w3
+    of one TP rank's shard; none for the bundled runtime's)."""
+    from amsp_planner.cost.activations import op_recomputed_matmuls
+
+    m = job.model
+    h, f = m.hidden_size, _div(m.ffn_hidden_size, tp)
+    q = _div(m.num_heads * m.head_dim, tp)
+    shape = {"wo": (q, h), "w3": (h, f), "fc2": (f, h)}
+    return sum(_matmul(r, t, *shape[n]) for n in op_recomputed_matmuls(job))
+
+
 def _elementwise_block(job: Job) -> float:
     """Forward elementwise bytes per token of one block (module docstring)."""
     m = job.model
@@ -122,7 +136,7 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
     fwd = mm + attn + elem
     bwd = 2 * mm + 2.5 * attn + 2 * elem
     k, op = checkpointed_blocks(ckpt, m.num_layers)
-    recompute = elem if op else fwd * (k / m.num_layers)
+    recompute = elem + _op_matmuls_s(job, r, t, tp) if op else fwd * (k / m.num_layers)
     return UnitCompute(fwd, bwd + recompute)
 
 

@@ -2,6 +2,8 @@
 
 Model states (ZeRO, arXiv 1910.02054, with K = 12 for mixed-precision Adam):
   parameters Phi/s_P * p_b, gradients Phi/s_G * g_b, optimizer Phi/s_OS * 12 (fp32 master, m, v),
+  or, where the engine's sharded parameters are the fp32 master (FSDP2, torchtitan:
+  ``EngineProfile.master_params``), parameters Phi/s_P * 4 and optimizer Phi/s_OS * 8;
   hpZ secondary copy Phi/h_z * p_b. (p_b, g_b: 2 in bf16, 4 in fp32; g_b = 4 with fp32
   gradient accumulation.)
 
@@ -31,9 +33,12 @@ Activations per micro-batch: ``cost/activations.py`` (eager or fused profile; th
 tensors, and the cross-entropy backward's peak above them). NCCL communicator buffers per
 process group the strategy uses: ``cost/communicators.py``.
 Totals: (states + buffers + activations + loss peak) * (1 + fragmentation) + communicators
-+ context reserve. The fragmentation reserve covers what the caching allocator holds beyond the
-live tensors (rounding to its block sizes, split blocks it cannot return) and the short-lived
-tensors of backward (activation gradients, SDPA workspaces); NCCL's buffers are allocated
++ context reserve. Three figures of the peak (docs/memory.md, "Allocated, reserved, device"):
+``allocated`` (the tensors: torch.cuda.max_memory_allocated), ``reserved`` (with the
+fragmentation reserve: max_memory_reserved, torchtitan's logged figure), ``total`` (with NCCL's
+buffers and the CUDA context: what the GPU holds and what must fit). The fragmentation
+reserve covers what the caching allocator holds beyond the live tensors (rounding to its block
+sizes, split blocks it cannot return) and the short-lived tensors of backward (activation gradients, SDPA workspaces); NCCL's buffers are allocated
 outside it, and the context reserve is the CUDA context and the libraries' process-wide state.
 """
 
@@ -48,6 +53,7 @@ from amsp_planner.cost.schedule import quantized_bytes
 from amsp_planner.strategy import Strategy
 
 OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v per parameter
+MASTER_BYTES = 4  # the fp32 master copy of a parameter
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,27 @@ class MemoryBreakdown:
         return self.model_states + self.buffers
 
     @property
+    def allocated(self) -> float:
+        """The live tensors at the peak: what ``torch.cuda.max_memory_allocated`` reports."""
+        return self.runtime_tensors + self.activations + self.loss_peak
+
+    @property
+    def reserved(self) -> float:
+        """The caching allocator's segments at the peak (the tensors and the fragmentation
+        reserve): what ``torch.cuda.max_memory_reserved`` reports, and torchtitan logs as
+        ``memory:`` (max_reserved_gib)."""
+        return self.allocated + self.fragmentation
+
+    @property
     def total(self) -> float:
-        return (self.runtime_tensors + self.activations + self.loss_peak + self.fragmentation
-                + self.communicators + self.context)
+        """What the GPU holds (nvidia-smi's figure): the reserved segments, NCCL's buffers and
+        the CUDA context, all outside the allocator's statistics. What must fit."""
+        return self.reserved + self.communicators + self.context
+
+    def peak(self, kind: str) -> float:
+        """The figure a published peak reports: 'allocated', 'reserved' or 'device'."""
+        return {"allocated": self.allocated, "reserved": self.reserved,
+                "device": self.total}[kind]
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -91,13 +115,17 @@ class MemoryBreakdown:
         return d
 
 
-def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes: int = 2
-                      ) -> dict[str, float]:
-    """Model-state bytes per GPU for Phi parameters (the ZeRO paper's table)."""
+def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes: int = 2,
+                      master: bool = False) -> dict[str, float]:
+    """Model-state bytes per GPU for Phi parameters (the ZeRO paper's table). With `master`
+    (``EngineProfile.master_params``: FSDP keeps its sharded parameters in fp32 and casts
+    them in the all-gather), the parameter shard is the fp32 master (4 bytes) and the
+    optimizer holds Adam's two moments only (8)."""
     return {
-        "params": phi / s.s_p * param_bytes,
+        "params": phi / s.s_p * (MASTER_BYTES if master else param_bytes),
         "grads": phi / s.s_g * grad_bytes,
-        "optimizer": phi / s.s_os * OPTIMIZER_BYTES,
+        "optimizer": phi / s.s_os * (OPTIMIZER_BYTES - MASTER_BYTES if master
+                                     else OPTIMIZER_BYTES),
         "hpz": phi / s.hpz * param_bytes if s.hpz > 1 else 0.0,
     }
 
@@ -129,7 +157,8 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
 
 def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     t = job.training
-    states = model_state_bytes(job.tp_phi(s.tp), s, t.param_bytes, t.grad_bytes)
+    states = model_state_bytes(job.tp_phi(s.tp), s, t.param_bytes, t.grad_bytes,
+                               job.profile.master_params)
     bufs = buffer_bytes(job, s)
     act = saved_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
     peak = loss_peak_bytes(job, s.micro_batch, s.tp)

@@ -45,10 +45,10 @@ EQUIVALENT_RUNNERS_UP = 5
 
 def equivalent_candidates(job, e, result) -> dict:
     """Runners-up and named baselines of a re-solve whose step time is within the validated
-    step-time band of the plan's (`e`): the model cannot tell them apart."""
-    from amsp_planner.validation import step_time_band
+    relative band of the plan's (`e`): the model cannot tell them apart."""
+    from amsp_planner.solver.space import validated_band
 
-    band = step_time_band()
+    band = validated_band(job)
     chosen = _decision(e.strategy)
     rows = [(f"runner-up {i + 1}", r) for i, r in enumerate(result.runners_up)]
     rows += list(result.baselines.items())
@@ -219,8 +219,8 @@ def _add_sensitivity(p, opts: dict, facts: dict, lines: list[str], progress, wor
     if r is not None:
         eq = equivalent_candidates(job, e, r)
         facts["equivalent"] = eq
-        lines.append(f"equivalent candidates (step time within the {eq['band'] * 100:.1f}% band "
-                     f"of the step-time model): {len(eq['candidates']) or 'none'}")
+        lines.append(f"equivalent candidates (step time within the {eq['band'] * 100:.1f}% "
+                     f"relative band): {len(eq['candidates']) or 'none'}")
         for c in eq["candidates"]:
             lines.append(f"  {c['name']:11s} {c['strategy']}: {secs(c['step_s'])} "
                          f"({c['margin'] * 100:+.2f}%), {c['memory_gib']:.2f} GiB")

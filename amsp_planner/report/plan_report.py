@@ -32,11 +32,17 @@ def components_grid(e: Evaluation, gpus_per_node: int) -> Grid:
     return g
 
 
+def band_words(band: float) -> str:
+    """The tie band in words: the validated error of the predicted ratio of two strategies'
+    step times (docs/validation.md, "Relative band"), or a band given with --tie-band."""
+    return f"+/-{band * 100:.1f} % relative band"
+
+
 def margin_words(gain: float, band: float) -> str:
-    """What a relative margin means against the validated band."""
+    """What a relative margin means against the tie band."""
     if abs(gain) <= band:
-        return f"within the +/-{band * 100:.0f} % band of the step-time model: a tie"
-    return f"beyond the +/-{band * 100:.0f} % band of the step-time model"
+        return f"within the {band_words(band)}: a tie"
+    return f"beyond the {band_words(band)}"
 
 
 def preferred_for(job, chosen: Evaluation, other: Evaluation, pref) -> list[str]:
@@ -93,7 +99,7 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
     from amsp_planner.validation import memory_band, step_time_band
 
     t, band, mband = e.time, step_time_band(), memory_band()
-    pref = pref or Preference.default()
+    pref = pref or Preference.default(job=job)
     lines = [
         f"step time {secs(t.step_s)} (+/-{band * 100:.0f} %, docs/validation.md) = compute "
         f"{secs(t.compute_s)} + kernels {secs(t.kernel_s)} + optimizer {secs(t.optimizer_s)} + "

@@ -89,8 +89,10 @@ def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation
             row.append(None if same or not e.fits else (gain, abs(gain) <= band))
         g.rows.append(row)
     if ref is not None:
-        g.caption = (f"tie: within the +/-{band * 100:.0f} % band of the step-time model "
-                     "(docs/validation.md), which cannot tell such rows apart")
+        from amsp_planner.report.plan_report import band_words
+
+        g.caption = (f"tie: within the {band_words(band)} (the error of the predicted ratio "
+                     "of two strategies, docs/validation.md), which cannot tell such rows apart")
     return _with_engine(g, job)
 
 

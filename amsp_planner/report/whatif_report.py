@@ -109,8 +109,11 @@ def sweep_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
     g = Grid(f"what-if: {title(sweep)} ({len(rows)} points)", cols)
     band = next((r.band for r in rows if r.band is not None), None)
     if band is not None:
-        g.caption = (f"margin: the gain over the best baseline against the +/-{band * 100:.0f} % "
-                     "band of the step-time model (docs/validation.md); a tie is not a decision")
+        from amsp_planner.report.plan_report import band_words
+
+        g.caption = (f"margin: the gain over the best baseline against the {band_words(band)} "
+                     "(the error of the predicted ratio of two strategies, docs/validation.md);"
+                     " a tie is not a decision")
     notes: dict[str, int] = {}
     for r in rows:
         d = r.to_dict()
@@ -118,7 +121,9 @@ def sweep_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
         cells += [d.get(c.key) for c in cols[len(keys):]]
         if not r.ok:
             cells[len(keys)] = _status_cell(r, notes)
-        elif not r.baseline:
+        elif r.reason:  # kept no slower than a point with less of a resource (monotone.py)
+            cells[len(keys)] = f"{r.strategy} *"
+        if r.ok and not r.baseline:
             cells[[c.key for c in cols].index("baseline")] = "none fits"
         g.rows.append(cells)
     return g
@@ -168,12 +173,18 @@ def compare_grid(sweep: Sweep, rows: Sequence[Row]) -> Grid:
 
 
 def footnotes(rows: Sequence[Row]) -> list[str]:
-    """'[n] reason' for each distinct reason of an invalid or infeasible row."""
+    """'[n] reason' for each distinct reason of an invalid or infeasible row, and '*' for rows
+    the monotone sweep kept no slower than a point before them."""
     seen: dict[str, int] = {}
     for r in rows:
         if not r.ok and r.reason not in seen:
             seen[r.reason] = len(seen) + 1
-    return [f"[{n}] {reason}" for reason, n in seen.items()]
+    out = [f"[{n}] {reason}" for reason, n in seen.items()]
+    if any(r.ok and r.reason for r in rows):
+        out.append("* kept no slower than the choice at the point with less of the swept "
+                   "resource, which runs here (docs/whatif.md, \"Monotone sweeps\"; the row's "
+                   "reason in CSV and JSON names it)")
+    return out
 
 
 # ----- files ----------------------------------------------------------------------------------

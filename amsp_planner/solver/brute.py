@@ -1,9 +1,9 @@
 """Brute force: evaluate every complete candidate with the cost model (the ILP's test oracle).
 
 The order is the planner's (``Preference``, docs/planner.md): candidates that fit with the
-rule's headroom; lossless ones unless a quantized one is faster beyond the band; those within
-the band of the best; then each tie-break in turn (least recompute, fewest process groups,
-least memory); then the lowest objective and the strategy string, so ties resolve the
+rule's headroom (and under its ceiling, if any); lossless ones unless a quantized one is
+faster beyond the band; those within the band of the fastest admissible one, quantized or
+not; then each tie-break in turn (least recompute, fewest process groups, least memory); then the lowest objective and the strategy string, so ties resolve the
 same way every time.
 """
 
@@ -46,17 +46,20 @@ def preferred_order(job: Job, fits: list[Evaluation], objective: str,
     chosen one first, then the rest of its tie class, then everything else by objective."""
     if not fits:
         return []
+    fits = [e for e in fits if pref.under_ceiling(objective_value(e, objective))]
+    if not fits:
+        return []
     admissible = fits
+    t_all = min(objective_value(e, objective) for e in fits)
     if pref.quantization == "auto":
         lossless = [e for e in fits if not e.strategy.quantized]
         if lossless:
-            t_all = min(objective_value(e, objective) for e in fits)
             t_lossless = min(objective_value(e, objective) for e in lossless)
             if not t_lossless > t_all * (1 + pref.band) * (1 + TIME_RTOL):
                 admissible = lossless
-    best = min(objective_value(e, objective) for e in admissible)
+    # the band above the fastest admissible candidate, quantized or not
     tie = [e for e in admissible
-           if within(objective_value(e, objective), best, pref.band + TIME_RTOL)]
+           if within(objective_value(e, objective), t_all, pref.band + TIME_RTOL)]
     for name in pref.tie_breaks:
         least = min(criterion(job, e, name) for e in tie)
         rtol = MEMORY_RTOL if name != GROUPS else 0.0

@@ -4,17 +4,19 @@ models (one per degree, solver/ilp.py) the planner takes, by ``Preference`` (doc
 The rule is applied across the models as the brute force (solver/brute.py) applies it to the
 union of their spaces:
 
-1. the fastest over all (each model's fastest: one round of solves);
+1. the fastest over all (each model's fastest: one round of solves), under
+   ``Preference.ceiling`` when one is set;
 2. with quantization "auto" and a quantized fastest: lossless unless the fastest quantized
    solution beats the fastest lossless of all by more than the band (then every model is
    restricted to lossless solutions); a model whose fastest is beyond the best lossless found
    is not re-solved lossless, its fastest standing as its lower bound;
-3. the band's cap at the best admissible objective, a model whose admissible optimum is
-   beyond the band's edge dropped; each tie-break (``Preference.tie_breaks``) minimised in
-   every model still in the race under the caps, the models above the least value dropped and
-   the caps set to it (a criterion the admissible optimum already has at its least takes no
-   solve; a model whose least number of process groups is above the least found, no groups
-   solve);
+3. the band's cap above the fastest admissible objective (the fastest of step 1, quantized or
+   not, so that no choice is slower than any admissible candidate beyond the band; at most
+   ``Preference.ceiling``), a model whose admissible optimum is beyond the band's edge
+   dropped; each tie-break (``Preference.tie_breaks``) minimised in every model still in the
+   race under the caps, the models above the least value dropped and the caps set to it (a
+   criterion the admissible optimum already has at its least takes no solve; a model whose
+   least number of process groups is above the least found, no groups solve);
 4. the chosen: the exact solution of the models left, the lowest (objective, memory,
    strategy); runners-up by objective alone from no-good cuts on the owner and the other
    models' fastest.
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from amsp_planner.solver.solution import IlpSolution, IlpStats, merged_stats
-from amsp_planner.solver.space import GROUPS, RECOMPUTE, TIME_RTOL, Preference
+from amsp_planner.solver.space import CEILING_RTOL, GROUPS, RECOMPUTE, TIME_RTOL, Preference
 
 if TYPE_CHECKING:
     from amsp_planner.solver.ilp import StrategyIlp
@@ -51,7 +53,12 @@ def _stats(models: list[StrategyIlp], owner: StrategyIlp | None = None) -> IlpSt
     return merged_stats([m.stats for m in models], owner.stats if owner else None)
 
 
-def _fastest(m: StrategyIlp) -> IlpSolution | None:
+def _fastest(m: StrategyIlp, ceiling: float | None = None) -> IlpSolution | None:
+    """The model's fastest, under `ceiling` (seconds) when one is set (``Preference.ceiling``:
+    the objective capped through the tie-breaks' cap variable until the rule sets it)."""
+    if ceiling is not None:
+        m.build()
+        m.cap.upBound = ceiling / m.T.time_unit * (1 + CEILING_RTOL)
     return m._fastest()
 
 
@@ -110,7 +117,7 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
     refs: dict = {}
     for m in models:
         m.snapshot, m.cuts = None, 0
-    fastest = each(_fastest, models)
+    fastest = each(lambda m: _fastest(m, preference.ceiling), models)
     alive = [m for m in models if fastest[id(m)] is not None]
     if not alive:
         return [], _stats(models), refs
@@ -140,14 +147,18 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
         else:  # the fastest is lossless: quantized candidates are not admissible
             for m in alive:
                 m._fix_lossless(True)
+    # the band's edge: the band above the fastest admissible candidate, quantized or not (so
+    # no choice is slower than any of them beyond the band), and at most the ceiling
+    top = refs["fastest"].objective * (1 + preference.band)
+    if preference.ceiling is not None:
+        top = min(top, max(best_obj, preference.ceiling * (1 + CEILING_RTOL)))
     # a model whose admissible optimum is beyond the band's edge has nothing in the band
-    edge = best_obj * (1 + preference.band) * (1 + PHASE2_RTOLS[-1])
+    edge = top * (1 + PHASE2_RTOLS[-1])
     alive = [m for m in alive if m is owner or low[id(m)] <= edge]
     # lexicographic re-solves inside the band: each tie-break minimised with the objective
     # capped at the band's edge and the earlier tie-breaks at their optimum
     # (objectives compare in seconds across models; each model's cap is in its time unit)
-    pending = {id(m): (m.cap, best_obj / m.T.time_unit * (1 + preference.band), PHASE2_RTOLS)
-               for m in alive}
+    pending = {id(m): (m.cap, top / m.T.time_unit, PHASE2_RTOLS) for m in alive}
     solved = False  # whether a tie-break solve has held (the chosen is then re-derived)
     for name in preference.tie_breaks:
         floor = min(m.groups_floor for m in alive)

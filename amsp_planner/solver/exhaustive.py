@@ -35,6 +35,7 @@ from amsp_planner.solver.brute import MEMORY_RTOL
 from amsp_planner.solver.candidates import Candidates, Configs, objective_of, prunes_blocks
 from amsp_planner.solver.solution import IlpSolution, IlpStats
 from amsp_planner.solver.space import (
+    CEILING_RTOL,
     FASTEST,
     GROUPS,
     MEMORY,
@@ -137,16 +138,23 @@ def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "
         return min(idx, key=lambda i: str(solution(int(i)).strategy)) if len(idx) > 1 else idx[0]
 
     every = np.ones(len(obj), dtype=bool)
+    if preference.ceiling is not None:
+        every = obj <= preference.ceiling * (1 + CEILING_RTOL) + 1e-15
+        if not every.any():
+            stats.status = "Infeasible"
+            stats.solve_time_s = _time.perf_counter() - t1
+            return [], stats, refs
     refs["fastest"] = solution(first(every))
     admissible = every
-    if preference.quantization == "auto" and (~quant).any():
-        t_all, t_lossless = obj.min(), obj[~quant].min()
+    t_all = obj[every].min()
+    if preference.quantization == "auto" and (every & ~quant).any():
+        t_lossless = obj[every & ~quant].min()
         if not t_lossless > t_all * (1 + preference.band) * (1 + TIME_RTOL):
-            admissible = ~quant
+            admissible = every & ~quant
             if quant[first(every)]:
                 refs["fastest_lossless"] = solution(first(admissible))
-    best = obj[admissible].min()
-    tie = admissible & (obj <= best * (1 + preference.band + TIME_RTOL) + 1e-15)
+    # the band above the fastest admissible candidate, quantized or not (choice.py)
+    tie = admissible & (obj <= t_all * (1 + preference.band + TIME_RTOL) + 1e-15)
     crit = {RECOMPUTE: rec, GROUPS: groups, MEMORY: mem_bytes}
     for name in preference.tie_breaks:
         tie = _least(tie, crit[name], 0.0 if name == GROUPS else MEMORY_RTOL)

@@ -68,7 +68,7 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
           preference: Preference | None = None, tp: int | None = None,
           idle: Callable[[], object] | None = None) -> SolveResult:
     """The preferred strategy for `job` under `memory_limit` bytes (default: the GPU's memory)
-    by `preference` (default ``Preference.default()``: the validated band, 10 % headroom,
+    by `preference` (default ``Preference.default``: the validated relative band, 10 % headroom,
     lossless unless quantization wins beyond the band, fewer process groups, less memory).
 
     `tp` pins the tensor-parallel degree (None: every degree the job admits, one ILP each,
@@ -84,7 +84,7 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
         raise AmspUserError(f"--objective '{objective}': use 'time' or 'comm'")
     if solver not in SOLVERS:
         raise AmspUserError(f"--solver '{solver}': use {', '.join(SOLVERS)}")
-    pref = Preference.default() if preference is None else preference
+    pref = Preference.default(job=job) if preference is None else preference
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     usable = pref.usable(limit)
     space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,

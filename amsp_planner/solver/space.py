@@ -52,17 +52,25 @@ class Preference:
     2. Lossless before quantized (``quantization="auto"``): qwZ/qgZ are admissible only when the
        fastest quantized candidate beats the fastest lossless one by more than ``band``;
        ``"on"`` admits them like any other option, ``"off"`` excludes them.
-    3. The admissible candidates whose objective is within ``band`` (relative) of the best are
-       equivalent: the step-time model cannot tell them apart. Among them ``tie_breaks`` apply
-       in turn: ``"recompute"`` the least recomputation from activation checkpointing (the
-       headroom already keeps the plan fitting, so memory is not bought with recompute),
-       ``"groups"`` fewest process groups (communicators), ``"memory"`` least memory per GPU.
+    3. The admissible candidates whose objective is within ``band`` (relative) of the fastest
+       admissible one, quantized or not, are equivalent: the model's error on the ratio of two
+       strategies' predictions (the relative band) cannot tell them apart; so no choice is
+       slower than any admissible candidate, a named baseline included, by more than the
+       band. Among them ``tie_breaks`` apply in turn: ``"recompute"`` the least recomputation
+       from activation checkpointing (the headroom already keeps the plan fitting, so memory
+       is not bought with recompute), ``"groups"`` fewest process groups (communicators),
+       ``"memory"`` least memory per GPU.
+
+    ``ceiling``, when set, is an objective value (seconds) no admissible candidate may exceed:
+    a plan known to run on the job, as the what-if sweep's choice at a point with less of a
+    resource (docs/whatif.md, "Monotone sweeps"); a constraint like the headroom.
     """
 
     band: float = 0.0
     headroom: float = 0.0
     quantization: str = "on"
     tie_breaks: tuple[str, ...] = (MEMORY,)
+    ceiling: float | None = None
 
     def __post_init__(self):
         from amsp_planner.errors import AmspUserError
@@ -80,20 +88,21 @@ class Preference:
 
     @classmethod
     def default(cls, band: float | None = None, headroom: float = 0.10,
-                quantization: str = "auto") -> Preference:
-        """The planner's rule: the validated step-time band (presets/error_bands.json), 10 %
+                quantization: str = "auto", job: Job | None = None) -> Preference:
+        """The planner's rule: the validated relative band of `job` (``validated_band``), 10 %
         headroom, lossless unless quantization wins beyond the band, then the least recompute,
         fewer process groups, less memory."""
         if band is None:
-            from amsp_planner.validation import step_time_band
-
-            band = step_time_band()
+            band = validated_band(job)
         return cls(band=band, headroom=headroom, quantization=quantization,
                    tie_breaks=(RECOMPUTE, GROUPS, MEMORY))
 
     def to_dict(self) -> dict:
-        return {"band": self.band, "headroom": self.headroom, "quantization": self.quantization,
-                "tie_breaks": list(self.tie_breaks)}
+        d = {"band": self.band, "headroom": self.headroom, "quantization": self.quantization,
+             "tie_breaks": list(self.tie_breaks)}
+        if self.ceiling is not None:
+            d["ceiling"] = self.ceiling
+        return d
 
     @classmethod
     def from_dict(cls, d: dict | None) -> Preference:
@@ -101,11 +110,32 @@ class Preference:
         if not d:
             return FASTEST
         return cls(band=d["band"], headroom=d["headroom"], quantization=d["quantization"],
-                   tie_breaks=tuple(d["tie_breaks"]))
+                   tie_breaks=tuple(d["tie_breaks"]), ceiling=d.get("ceiling"))
+
+    def under_ceiling(self, value: float) -> bool:
+        """Whether an objective value is admissible under ``ceiling`` (to the agreement of the
+        cost model and the solver's tables, ``CEILING_RTOL``)."""
+        return self.ceiling is None or value <= self.ceiling * (1 + CEILING_RTOL) + 1e-15
 
     def usable(self, memory_limit: float) -> float:
         """Bytes per GPU a candidate may use under this rule."""
         return memory_limit * (1 - self.headroom)
+
+
+CEILING_RTOL = 1e-6
+"""A ceiling admits the plan it was read from: the solver's tables and the cost model agree on
+an objective to 1e-6 (solver/solve.py checks it)."""
+
+
+def validated_band(job: Job | None = None) -> float:
+    """The planner's tie band: the validated 90th-percentile error of the predicted ratio of two
+    strategies' throughput on one job (``relative_band`` of presets/error_bands.json: `job`'s
+    engine's pairs, else its scale's, else all pairs; docs/validation.md, "Relative band"),
+    and the absolute step-time band where no pair has been measured."""
+    from amsp_planner.validation import relative_band, step_time_band
+
+    rel = relative_band(job.engine, job.num_gpus) if job is not None else relative_band()
+    return step_time_band() if rel is None else rel
 
 
 FASTEST = Preference()

@@ -136,7 +136,8 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         ar[f] = _unit(e.get(("grad_sync", "OS_replica")))
         w = e.get(("update", "world"))
         metrics = w.time_s if w else 0.0
-        st = model_state_bytes(job.tp_phi(tp), base, pb, gb)
+        st = model_state_bytes(job.tp_phi(tp), base, pb, gb,
+                               job.profile.master_params)
         mem_p[f], mem_g[f], mem_o[f] = st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB
         b = buffer_bytes(job, base)
         buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB

@@ -29,9 +29,11 @@ class TrainingSpec(BaseModel):
     selective checkpointing of every block; None lets the planner choose (compare uses off)."""
     flash_attention: Flag = True
     """FlashAttention (no s^2 attention-score activations)."""
-    activation_profile: Literal["eager", "fused"] = "eager"
-    """What autograd saves: eager PyTorch with SDPA (the bundled runtime, FSDP2, DeepSpeed on
-    Hugging Face models) or compiled / fused kernels (torch.compile, Liger); docs/memory.md."""
+    activation_profile: Literal["eager", "torchtitan", "compiled", "fused"] | None = None
+    """What autograd saves (cost/activations.py, docs/memory.md): eager PyTorch with SDPA (the
+    bundled runtime, FSDP2 and DeepSpeed on Hugging Face models), torchtitan's Llama code,
+    torch.compile'd blocks and loss, or fused kernels (Megatron-Core with Transformer Engine,
+    Liger, flash-attn's ops); None: the engine's default (``EngineProfile.activation_profile``)."""
     precision: Literal["bf16", "fp32"] = "bf16"
     """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests)."""
     grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
