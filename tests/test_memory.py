@@ -245,13 +245,19 @@ def test_engine_profile_is_stated_in_the_plan(tmp_path):
     assert json.loads(out.read_text())["inputs"]["training"]["activation_profile"] == "torchtitan"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "rows whose stack presets/validation.yaml does not state yet: llm-foundry's MPT rows run "
-    "flash-attn's fused cross-entropy (activation_profile: fused), Megatron-DeepSpeed's its "
-    "fused kernels (fused), torchtitan's compiled rows compile the blocks (compiled); "
-    "DeepSpeed ZeRO-3 on 530B and 1T blocks gathers per module within "
-    "stage3_max_live_parameters, where the model prices two whole-block buffers; and "
-    "torchtitan's compiled op-SAC at local batch 16 is predicted 18 % high"))
+KNOWN_MISSES = {
+    # DeepSpeed ZeRO-3 gathers per module within stage3_max_live_parameters; the model prices
+    # two whole-block gather and gradient buffers (40-63 GiB on 175B-1T blocks)
+    "mz3-530b-640": "deepspeed",
+    "azure-175b-256": "deepspeed",
+    "azure-1t-1024": "deepspeed",
+    # torchtitan's compiled op-SAC at local batch 16: predicted 8-10 % above the published peak
+    "tt165-compile-sac-lbs16": "torchtitan",
+}
+"""Published runs that trained but are predicted not to fit, each with the model's reason
+(docs/validation.md lists them); the test fails when one more appears or one of these fits."""
+
+
 def test_every_published_run_that_trained_fits_with_its_engine_defaults():
     """Every run in scope of presets/validation.yaml (each trained, most at the edge of its GPU's
     memory), priced with its engine's profile and defaults and its own stated settings, is
@@ -269,4 +275,4 @@ def test_every_published_run_that_trained_fits_with_its_engine_defaults():
         if not e.fits:
             misses.append((row["id"], engine, job.training.activation_profile,
                            round(e.memory.total / 2**30, 1)))
-    assert not misses, misses
+    assert {m[0]: m[1] for m in misses} == KNOWN_MISSES, misses
