@@ -70,16 +70,17 @@ def _value(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def enforce(opt, axes: list[tuple[str, int]], rows: list, solve_again: Callable) -> list:
+def enforce(opt, axes: list[tuple[str, int]], rows: list, solve_again: Callable,
+            build_job: Callable) -> list:
     """`rows` (whole ``groups``) with every point along a monotone axis no slower than the
     choice at the point before it (module docstring). `solve_again(point, ceiling)`: the
-    point's row under ``Preference.ceiling`` = `ceiling` seconds of the objective. Run where
+    point's row under ``Preference.ceiling`` = `ceiling` seconds of the objective;
+    `build_job(point, opt)`: the point's (Job, memory limit) (``whatif.build_point_job``,
+    passed in so that this module does not import the sweep that imports it). Run where
     the rows were solved, so that the enumeration's tables of their jobs are still cached."""
     from amsp_planner.cost.evaluate import evaluate
     from amsp_planner.errors import AmspUserError
     from amsp_planner.strategy import parse_strategy_or_baseline
-    from amsp_planner.whatif import build_point_job
-
     if not axes:
         return rows
     rows = list(rows)
@@ -95,7 +96,7 @@ def enforce(opt, axes: list[tuple[str, int]], rows: list, solve_again: Callable)
                         prev = None
                         continue
                     if prev is not None:
-                        job, limit = build_point_job(r.point, opt)
+                        job, limit = build_job(r.point, opt)
                         try:
                             ref = evaluate(job, parse_strategy_or_baseline(
                                 prev.strategy, job.num_gpus, job.gpus_per_node),

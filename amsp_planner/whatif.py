@@ -170,8 +170,8 @@ def _point_job(values: tuple, opt: SolveOptions):
     from pydantic import ValidationError
 
     from amsp_planner.cost.job import Job
-    from amsp_planner.errors import format_validation_error
     from amsp_planner.specs import TrainingSpec, load_model, parse_batch
+    from amsp_planner.specs.option_names import training_error
 
     model = load_model(p.get("model"))
     key = (p.get("cluster"), cluster_overrides(p.get("cluster"), p.get("gpu_type"), p.sets))
@@ -186,7 +186,7 @@ def _point_job(values: tuple, opt: SolveOptions):
                          flash_attention=opt.flash_attention, precision=opt.precision,
                          grad_accum_dtype=opt.grad_accum_dtype)
     except ValidationError as e:
-        raise AmspUserError(format_validation_error(e, "training options")) from None
+        raise AmspUserError(training_error(e)) from None
     cluster, split = Job.fit_nodes(cluster, p.get("gpus"))
     job = Job.create(model, cluster, t, p.get("gpus"), opt.engine)
     if split is None:  # the cluster as given: its topology is shared by the points that use it
@@ -257,7 +257,7 @@ def _solve_chunk(opt: SolveOptions, points: list[Point], axes: list = ()) -> lis
     from amsp_planner.monotone import enforce
 
     rows = [solve_point(p, opt) for p in points]
-    return enforce(opt, list(axes), rows, lambda p, c: solve_point(p, opt, c))
+    return enforce(opt, list(axes), rows, lambda p, c: solve_point(p, opt, c), build_point_job)
 
 
 # ----- the sweep ------------------------------------------------------------------------------
@@ -313,7 +313,7 @@ def _run(sweep: Sweep, workers: int | None, progress: Callable[[int], None] | No
                 if progress:
                     progress(1)
             rows += enforce(sweep.options, axes, part,
-                            lambda p, c: solve_point(p, sweep.options, c))
+                            lambda p, c: solve_point(p, sweep.options, c), build_point_job)
         return sorted(rows, key=lambda r: r.point.index)
     import multiprocessing as mp
     from functools import partial

@@ -76,9 +76,12 @@ def test_llama_7b_on_8_gpus_does_not_take_zero3_far_slower_than_zero1():
 def test_llama_7b_on_64_gpus_is_not_far_slower_than_os8():
     doc = _plan(CASES["llama-7b-64"])
     fastest = doc["predictions"]["references"]["fastest"]
-    assert fastest["strategy"] == "p=1,g=1,os=8,mb=1"
     band = doc["inputs"]["search"]["preference"]["band"]
-    assert doc["predictions"]["time"]["step_s"] <= fastest["step_s"] * (1 + band)
-    # the choice of the absolute band was 12.5 % slower: beyond this band, so not taken
+    step = doc["predictions"]["time"]["step_s"]
+    assert step <= fastest["step_s"] * (1 + band)
+    # the choice of the absolute band was 12.5 % slower than p=1,g=1,os=8: beyond this band
+    os8 = _plan([*CASES["llama-7b-64"], "--strategy", "p=1,g=1,os=8,mb=1"])
+    assert os8["predictions"]["fits"]
     assert band < 0.125
-    assert doc["predictions"]["time"]["step_s"] < fastest["step_s"] * 1.125
+    assert step <= os8["predictions"]["time"]["step_s"] * (1 + band)
+    assert step < os8["predictions"]["time"]["step_s"] * 1.125

@@ -103,3 +103,13 @@ def test_ctrl_c_ends_the_sweep_and_its_workers(tmp_path):
             break
         assert time.monotonic() < deadline, "a worker outlived the sweep"
         time.sleep(0.1)
+
+
+def test_invalid_points_name_the_option_not_the_field():
+    # a what-if point's training error names what the user typed (--global-batch), as
+    # `amsp plan` does, not TrainingSpec's field (global_batch_tokens)
+    p = subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", "whatif", "--model",
+                        "llama-7b", "--gpus", "64", "--global-batch", "1000", "--format", "csv"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "--global-batch 1000" in p.stdout and "global_batch_tokens" not in p.stdout

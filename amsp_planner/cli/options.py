@@ -5,11 +5,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import re
 
 import click
 
 from amsp_planner.errors import AmspUserError, shown
+from amsp_planner.specs.option_names import (  # noqa: F401 - also this module's API
+    OPTION_OF,
+    as_options,
+    training_error,
+)
 
 
 @contextlib.contextmanager
@@ -213,7 +217,6 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     from pydantic import ValidationError
 
     from amsp_planner.cost.job import Job, check_batch_tokens
-    from amsp_planner.errors import format_validation_error
     from amsp_planner.specs import TrainingSpec, load_cluster, load_model, parse_batch
 
     m = load_model(model)
@@ -248,34 +251,6 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                    err=True)
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit
-
-
-OPTION_OF = {"seq_len": "--seq-len", "global_batch_tokens": "--global-batch",
-             "global_batch_seqs": "--global-batch-seqs", "micro_batch": "--micro-batch",
-             "activation_checkpointing": "--activation-checkpointing",
-             "precision": "--precision", "grad_accum_dtype": "--grad-accum-dtype",
-             "activation_profile": "--activation-profile"}
-"""The option that sets each TrainingSpec field."""
-_FIELD = re.compile(r"\b(" + "|".join(OPTION_OF) + r")\b")
-
-
-def as_options(text: str) -> str:
-    """`text` with TrainingSpec's field names replaced by the options that set them."""
-    return _FIELD.sub(lambda m: OPTION_OF[m.group(1)], text)
-
-
-def training_error(exc) -> str:
-    """One line from TrainingSpec's ValidationError, naming the options (``--global-batch``),
-    not the fields (``global_batch_tokens``)."""
-    from amsp_planner.errors import readable
-
-    parts = []
-    for err in exc.errors():
-        msg = as_options(err.get("msg", "invalid value").removeprefix("Value error, "))
-        field = ".".join(str(p) for p in err.get("loc", ()))
-        opt = OPTION_OF.get(field.split(".")[0])
-        parts.append(msg if not opt or opt in msg else f"{opt}: {msg}")
-    return readable("; ".join(parts))
 
 
 def ckpt_option(text: str) -> bool | int | str | None:

@@ -1,0 +1,91 @@
+"""How an engine groups and overlaps its collectives: the ``Execution`` part of an engine
+profile (``engines.py``), which the schedule and the step-time model read (grouping into
+calls, bucket sizes, when the gradient sync and the update gather run, per-call host time),
+and the difference between two engines' executions in words (``execution_differences``), which
+``amsp explain --engine`` and ``amsp export`` print. Every value carries its source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How an engine turns the schedule's collectives into calls, and when it runs them: data
+    the step model reads (cost/schedule.py ``call_groups``, docs/cost-model.md "Engines as they
+    execute"). Every value is the engine's default; ``sources`` says where each is written."""
+
+    gather_grouping: str = "unit"
+    """'unit': one all-gather per unit (a block, the embedding, the head); 'module': one fetch
+    per parameter-holding module, the modules fetched together coalesced into calls of at most
+    ``prefetch_bucket`` elements; tensors under ``persistence_threshold`` elements are kept
+    whole and never gathered."""
+    persistence_threshold: int = 0
+    """Parameters with fewer elements stay whole on every rank (not gathered)."""
+    prefetch_bucket: int | None = None
+    """Elements gathered ahead in one call ('module' grouping); None: one unit."""
+    prefetch_depth: int = 1
+    """Units gathered ahead of the one computing (the step model prices one)."""
+    reduce_bucket: int | None = None
+    """Elements per gradient-reduction call; None: one call per unit. A bucket larger than a
+    unit reduces several units' gradients at once: each unit is charged its share of the call."""
+    reduce_bucket_per_rank: int = 0
+    """The bucket grows with the data-parallel ranks d: max(reduce_bucket, this x d)."""
+    update_bucket: int | None = None
+    """Elements per all-gather call of the updated parameters after the step; None: per unit."""
+    replicated_reduce: str = "reduce_scatter"
+    """How gradients that are not sharded during backward (s_G = 1: DDP, ZeRO-1) reach the
+    optimizer shard: 'reduce_scatter', or 'all_reduce' (the whole buffer is all-reduced and each
+    rank keeps its slice: twice the bytes)."""
+    sync_overlap: bool = True
+    """The once-per-step gradient reduction runs during the last backward, overlapped with it
+    (True), or after backward, before the step (False: exposed)."""
+    update_collective: str = "all_gather"
+    """How the updated parameter shards reach the ranks that hold them: 'all_gather' (one
+    collective per bucket), or 'broadcast' (one broadcast per rank of the group, each of that
+    rank's shard of the whole model: NCCL's ring broadcast, its latency paid once per rank)."""
+    update_overlap: bool = False
+    """The all-gather of updated parameters after the step overlaps the next forward (True) or
+    runs before it (False: exposed). Every profile's default is False, the only case priced."""
+    launch_us: float = 0.0
+    """Host time the engine adds per collective call (hooks, bucket bookkeeping, the launch),
+    microseconds: it delays the call."""
+    reduce_host_us: float = 0.0
+    """Host time per (member of the group x parameter tensor) of a gradient reduce-scatter,
+    microseconds: an engine that interleaves every tensor's per-rank chunks into the send
+    buffer in Python pays it on the thread that launches the backward kernels, so it adds to
+    the backward's critical path (compute stream)."""
+    sources: tuple[tuple[str, str], ...] = ()
+    """(field, where it is written) for every value above that is not the default."""
+
+    def source(self, name: str) -> str:
+        return dict(self.sources).get(name, "")
+
+    def reduce_elements(self, dp_ranks: int) -> int | None:
+        """Elements per gradient-reduction call with `dp_ranks` data-parallel ranks."""
+        if self.reduce_bucket is None:
+            return None
+        return max(self.reduce_bucket, self.reduce_bucket_per_rank * dp_ranks)
+
+
+
+def execution_differences(a, b) -> list[str]:
+    """'field x -> y' for every execution value (``Execution``) in which engine `b` runs a
+    plan differently from engine `a`: what separates their predictions beyond the strategy
+    and the gradient dtype (each value's source is ``b.execution.source(field)``)."""
+    out = []
+    for f in dataclasses.fields(Execution):
+        x, y = getattr(a.execution, f.name), getattr(b.execution, f.name)
+        if f.name != "sources" and x != y:
+            out.append(f"{f.name} {_words(x)} -> {_words(y)}")
+    return out
+
+
+def _words(v) -> str:
+    if v is None:
+        return "per unit"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return f"{v:,}" if isinstance(v, int) else str(v)
