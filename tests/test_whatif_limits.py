@@ -113,3 +113,14 @@ def test_invalid_points_name_the_option_not_the_field():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "--global-batch 1000" in p.stdout and "global_batch_tokens" not in p.stdout
+
+
+@pytest.mark.parametrize("argv", [["--memory-limit", "40,1e308"], ["--memory-limit", "nan"],
+                                  ["--gpu-hour-price", "inf"], ["--gpu-hour-price", "1e-400"]])
+def test_swept_numbers_are_finite_and_in_range(argv):
+    p = subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", "whatif", "--model",
+                        "llama-7b", "--gpus", "64", *argv], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2, (argv, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and argv[0] in lines[0] and "Traceback" not in p.stderr

@@ -71,6 +71,11 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
     from amsp_planner.runtime import worker as W
     from amsp_planner.runtime.preflight import check_options
 
+    if report and checkpoint_dir:  # two outputs of one command on one path: refused first
+        rep, ck = os.path.realpath(report), os.path.realpath(checkpoint_dir)
+        if rep == ck:
+            raise AmspUserError(f"--report and --checkpoint-dir name the same path {report}: "
+                                "give the report a path of its own")
     opts = {"steps": steps, "data": data, "checkpoint_dir": checkpoint_dir,
             "checkpoint_every": checkpoint_every, "resume": resume, "resume_from": resume_from,
             "on_nonfinite": on_nonfinite,

@@ -47,12 +47,22 @@ def _pos_int(t: str) -> int:
     return v
 
 
-def _pos_float(t: str) -> float:
+def _pos_float(t: str, hi: float = 1e6) -> float:
     """write positive numbers, e.g. 40,80"""
     v = float(t)
-    if not v > 0 or v == float("inf"):
+    if not 0 < v <= hi:  # nan compares false: refused too
         raise ValueError
     return v
+
+
+def _memory_gib(t: str) -> float:
+    """write GiB per GPU in (0, 4096], e.g. 40,80 (as --memory-limit of amsp plan)"""
+    return _pos_float(t, 4096.0)
+
+
+def _price(t: str) -> float:
+    """write prices of one GPU-hour in (0, 1e6], e.g. 2.5"""
+    return _pos_float(t, 1e6)
 
 
 def _name(t: str) -> str:
@@ -171,7 +181,7 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
                else split_list(global_batches, _batch, "--global-batch"))
     prices = ()
     if gpu_hour_price is not None:
-        pv = split_list(gpu_hour_price, _pos_float, "--gpu-hour-price")
+        pv = split_list(gpu_hour_price, _price, "--gpu-hour-price")
         if len(pv) == 1:
             prices = ((None, pv[0]),)
         elif len(pv) == len(cl):
@@ -195,7 +205,7 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
         sets=parse_set_lists(sets),
         seq_lens=split_list(seq_lens, _pos_int, "--seq-len"),
         global_batches=batches,
-        memory_limits_gib=split_list(memory_limits, _pos_float, "--memory-limit"),
+        memory_limits_gib=split_list(memory_limits, _memory_gib, "--memory-limit"),
         options=opts,
     )
     sweep.check_size(max_points)

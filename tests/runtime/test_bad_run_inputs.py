@@ -363,3 +363,16 @@ def test_the_checkpoint_error_lines_reach_the_cli_as_exit_2(ckpt, tmp_path):
              cwd=tmp_path, timeout=60)
     one_error_line(r, f"--resume: checkpoint step_2: {SUMS} is not a checksum table")
     assert isinstance(r, subprocess.CompletedProcess)
+
+
+def test_report_and_checkpoint_dir_on_one_path_are_refused(tmp_path):
+    import sys
+
+    plan = Path(__file__).resolve().parents[1] / "golden" / "tiny_cpu-local_8.json"
+    same = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", "train", str(plan),
+                        "--steps", "1", "--checkpoint-dir", str(same), "--report", str(same)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().count("\n") == 0 and "--report and --checkpoint-dir" in p.stderr
+    assert not same.exists()  # refused before anything was made
