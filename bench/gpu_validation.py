@@ -271,7 +271,7 @@ def write_doc(results, b, orders, pairs, met, doc) -> str:
     out += band_table("engine", b["memory_by_engine"], check=memory_meets)
     out += ["", f"Overall: {band_cells(mem).replace(' | ', ', ')} (median, 90th percentile, worst).", ""]
     out += memory_table(results)
-    out += ["", (f"Every run in scope that trained is predicted to fit." if not bad else
+    out += ["", ("Every run in scope that trained is predicted to fit." if not bad else
                  f"{len(bad)} runs in scope that trained are predicted NOT to fit: "
                  + ", ".join(r.id for r in bad) + ".")]
     out += ["", "## Rows in scope", ""] + row_table(results)

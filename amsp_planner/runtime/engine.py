@@ -59,11 +59,11 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
     """Model states of one rank under one strategy, and the training step over them."""
 
     def __init__(self, job, strategy, comm: Comm, groups: dict[str, Group], rank: int,
-                 optim: OptimConfig = OptimConfig(), device: str | torch.device = "cpu"):
+                 optim: OptimConfig | None = None, device: str | torch.device = "cpu"):
         M.check_supported(job.model)
         check_tp(strategy, job)
         self.job, self.s, self.comm, self.groups = job, strategy, comm, groups
-        self.rank, self.optim, self.device = rank, optim, torch.device(device)
+        self.rank, self.optim, self.device = rank, optim or OptimConfig(), torch.device(device)
         t = job.training
         self.pdt, self.gdt = DTYPES[t.dtype_name], DTYPES[t.grad_dtype_name]
         tp = self.tp = strategy.tp
