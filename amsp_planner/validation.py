@@ -121,9 +121,11 @@ def check_rows(doc: dict) -> dict:
 
 
 def load_rows() -> dict:
-    import yaml
+    """The rows, read as every YAML input is (``textfile.load``: a key given twice in one row
+    is refused, not silently the last one)."""
+    from amsp_planner.textfile import load
 
-    return check_rows(yaml.safe_load(ROWS_FILE.read_text()))
+    return check_rows(load(ROWS_FILE))
 
 
 def _metric(ev, job, metric: str) -> float:
