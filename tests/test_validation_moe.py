@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from amsp_planner.specs import load_model
+from amsp_planner.specs import load_cluster, load_model
 from amsp_planner.specs.model import ModelSpec
+from amsp_planner.strategy import Strategy
 from amsp_planner.textfile import load
 from amsp_planner.validation import PRESETS, check_jobs, check_rows
 
@@ -62,10 +63,11 @@ def test_a_row_in_scope_is_a_whole_published_bf16_job_with_balanced_routing(doc)
     for r in rows_in:
         assert r["precision"] == "bf16" and r.get("expert_imbalance") == 1.0, r["id"]
         assert r.get("seq_len") and r.get("global_batch_seqs") and r.get("ep"), r["id"]
-        tokens = dict(t.split("=", 1) if "=" in t else (t, "") for t in r["strategy"].split(","))
-        assert int(tokens["ep"]) == r["ep"], r["id"]
-        assert all(k in tokens for k in ("p", "g", "os", "ep.p", "ep.g", "ep.os", "mb")), r["id"]
-        assert r["global_batch_seqs"] % (r["gpus"] * int(tokens["mb"])) == 0, r["id"]
+        s = Strategy.parse(r["strategy"])
+        assert s.has_experts and s.ep == r["ep"], r["id"]
+        s.check(r["gpus"], load_cluster(r["cluster"], r.get("set")).gpus_per_node)
+        s.n_micro(r["global_batch_seqs"], r["gpus"])
+        s.check_experts(_model(doc, r["model"]).num_experts)
         m = _model(doc, r["model"])
         assert m.is_moe and m.num_experts % r["ep"] == 0, r["id"]
         assert r["seq_len"] <= m.max_seq_len, r["id"]
