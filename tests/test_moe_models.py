@@ -304,3 +304,21 @@ def test_bad_moe_config_json_is_one_line_exit_2(tmp_path):
     from amsp_testlib import assert_user_error, run_cli
 
     assert_user_error(*run_cli(["specs", "show", d]), "num_experts_per_tok", "give the router's top-k")
+
+
+def test_specs_show_gives_total_and_active_parameters_and_experts():
+    from amsp_testlib import run_cli
+
+    code, out, _ = run_cli(["specs", "show", "qwen3-30b-a3b"])
+    assert code == 0
+    m = load_model("qwen3-30b-a3b")
+    for line in ("num_experts: 128", "experts_per_token: 8", "expert_ffn_hidden_size: 768",
+                 f"params: {m.num_params:,}", f"active_params: {m.num_active_params:,}",
+                 "moe_layers: 48", f"routed_expert_params: {48 * 128 * 3 * 2048 * 768:,}"):
+        assert f"  {line}\n" in out, line
+    code, out, _ = run_cli(["specs", "show", "deepseek-v3", "--json"])
+    derived = json.loads(out)["derived"]
+    assert derived["moe_layers"] == 59 and derived["active_params"] < derived["params"]
+    assert derived["dense_params"] + derived["routed_expert_params"] == derived["params"]
+    _, out, _ = run_cli(["specs", "show", "llama-7b"])
+    assert "active_params" not in out and "moe_layers" not in out

@@ -19,6 +19,10 @@ Parameter count, per unit (the units are what the runtime shards; see docs/desig
               biases     d_q + 2*d_kv [qkv], + h [out] when attention_bias='all'; f + h for the MLP
 - head:       final norm (h or 2h) + V*h LM head unless tied to the embedding
 
+Attention sinks, sliding-window layers and multi-head latent attention: specs/attention.py;
+routed and shared experts, the router and multi-token-prediction modules: specs/moe.py; the
+Hugging Face families and what each maps to: docs/models.md.
+
 With tensor parallelism of degree t (Megatron-style: QKV and the MLP's gate/up column-parallel,
 the output projection and the MLP's down row-parallel, the embedding and LM head vocab-parallel),
 each TP rank holds 1/t of every matrix and of the column-parallel biases, and the whole of the
