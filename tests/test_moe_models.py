@@ -322,3 +322,14 @@ def test_specs_show_gives_total_and_active_parameters_and_experts():
     assert derived["dense_params"] + derived["routed_expert_params"] == derived["params"]
     _, out, _ = run_cli(["specs", "show", "llama-7b"])
     assert "active_params" not in out and "moe_layers" not in out
+
+
+@pytest.mark.parametrize("name, field", [("gpt-oss-120b", "attention_sinks"),
+                                         ("deepseek-v3", "kv_lora_rank")])
+def test_runtime_refuses_attention_it_does_not_run(name, field):
+    """The bundled runtime's attention is full grouped-query attention: MLA, sinks and sliding
+    windows are refused by name before anything is launched."""
+    from amsp_planner.runtime.support import check_supported
+
+    with pytest.raises(AmspUserError, match=field):
+        check_supported(load_model(name))

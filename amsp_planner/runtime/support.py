@@ -1,7 +1,8 @@
 """What the bundled runtime can train, checked from the plan alone (no torch, no host).
 
 - the model family: LLaMA-style decoders (RMSNorm, RoPE, SwiGLU, no biases, head_dim =
-  hidden_size / num_heads, no qk or post norms); anything else is refused in one line.
+  hidden_size / num_heads, no qk or post norms, full attention: no multi-head latent
+  attention, sinks or sliding windows); anything else is refused in one line.
 - tensor parallelism (runtime/tp.py): tp = t > 1 splits the vocabulary, the MLP width and
   the sequence evenly over the t ranks, so t must divide each.
 
@@ -27,6 +28,8 @@ def check_supported(model) -> None:
         bad.append("attention_bias: none, mlp_bias: false")
     if model.q_dim != model.hidden_size or model.qk_norm != "none" or model.post_norms:
         bad.append("head_dim: hidden_size/num_heads, qk_norm: none, post_norms: false")
+    if model.is_mla or model.attention_sinks or model.sliding_layers:
+        bad.append("no kv_lora_rank, attention_sinks or sliding_layers")
     if bad:
         raise AmspUserError(
             f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "
