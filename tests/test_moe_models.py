@@ -333,3 +333,20 @@ def test_runtime_refuses_attention_it_does_not_run(name, field):
 
     with pytest.raises(AmspUserError, match=field):
         check_supported(load_model(name))
+
+
+POISONS = [float("nan"), -1, 0, True, "x", [1, "a"], {"a": 1}, None, 10**9]
+
+
+@pytest.mark.parametrize("name", ["Qwen2-57B-A14B", "DeepSeek-V3", "gpt-oss-20b"])
+def test_any_poisoned_moe_config_key_is_one_line_or_ignored(tmp_path, name):
+    """Every key of a published MoE config, set to each poison: exit 0 (a key amsp does not
+    read, or a value it takes) or one line and exit 2, never a traceback."""
+    from amsp_testlib import assert_user_error, run_cli
+
+    cfg = {**_BASE, **HF[name][0]}
+    for n, (key, poison) in enumerate((k, p) for k in sorted(cfg) for p in POISONS):
+        d = _folder(tmp_path, f"m{n}", {**cfg, key: poison})
+        code, out, err = run_cli(["specs", "show", d])
+        if code != 0:
+            assert_user_error(code, out, err)
