@@ -350,3 +350,21 @@ def test_any_poisoned_moe_config_key_is_one_line_or_ignored(tmp_path, name):
         code, out, err = run_cli(["specs", "show", d])
         if code != 0:
             assert_user_error(code, out, err)
+
+
+def test_flops_count_sliding_windows_mla_and_the_mtp_head_by_hand():
+    """Attention FLOPs per token, forward and backward, by hand from the papers' shapes:
+    6 * keys seen * (H * d_qk + H * d_v) per layer (PaLM's 12 * d_q * s when d_qk = d_v)."""
+    s = 4096
+    oss = load_model("gpt-oss-120b")  # 64 heads of 64; 18 layers see 128 keys, 18 see all
+    attn = 6 * (64 * 64 + 64 * 64) * (18 * s + 18 * 128)
+    assert oss.flops_per_token(s) == 6 * oss.num_flop_params + attn
+    # 6 x the published 5.13B active parameters (no embedding) is the matmul part
+    assert 6 * oss.num_flop_params == pytest.approx(6 * 5.13e9, rel=0.002)
+    ds = load_model("deepseek-v3")  # 128 heads, d_qk 128 + 64, d_v 128, 62 blocks with MTP
+    attn = 6 * (128 * 192 + 128 * 128) * s * 62
+    mtp_head = 6 * 129280 * 7168  # the MTP module runs the shared output head once more
+    assert ds.flops_per_token(s) == 6 * ds.num_flop_params + attn + mtp_head
+    mix = load_model("mixtral-8x7b")  # top-2 of 8 experts: the active 12.9B, not 46.7B
+    assert mix.flops_per_token(s) == 6 * mix.num_flop_params + 12 * 32 * 4096 * s
+    assert mix.num_flop_params == pytest.approx(12.9e9 - 32000 * 4096, rel=0.005)
