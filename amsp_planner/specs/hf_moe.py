@@ -187,7 +187,11 @@ def moe_data(cfg: dict[str, Any], mtype: str, source: str) -> dict[str, Any]:
                routing=_routing(c, mtype, fam, source))
     if mtp:
         out.update(num_layers=layers + mtp, mtp_layers=mtp)
-    if fam.get("shared") and c[fam["shared"]]:
+    if fam.get("shared"):
+        if not c[fam["shared"]]:
+            raise AmspUserError(f"{source}: field '{fam['shared']}' is {c[fam['shared']]}: "
+                                f"{mtype} still builds the shared expert's gate, which is not "
+                                "modelled without the shared expert: give its width")
         out.update(shared_expert_ffn_hidden_size=c[fam["shared"]], shared_expert_gate=True)
     if fam["place"] == "deepseek" and c["n_shared_experts"]:
         out["shared_expert_ffn_hidden_size"] = c["n_shared_experts"] * width
