@@ -16,12 +16,13 @@ PRESETS = {
     "qwen3-30b-a3b": (30.5e9, 3.3e9, False),
     # model card of Qwen/Qwen3-235B-A22B: "235B in total and 22B activated"
     "qwen3-235b-a22b": (235e9, 22e9, False),
-    # Mixtral of Experts, arXiv 2401.04088, section 2.1: 46.7B, 13B active (12.9B in the
-    # release post mistral.ai/news/mixtral-of-experts)
+    # release post mistral.ai/news/mixtral-of-experts: 46.7B total, 12.9B per token (the paper,
+    # arXiv 2401.04088, rounds to 47B and 13B)
     "mixtral-8x7b": (46.7e9, 12.9e9, False),
     # OLMoE, arXiv 2409.02060, table 1: 6.9B total, 1.3B active
     "olmoe-1b-7b": (6.9e9, 1.3e9, False),
-    # Qwen2 technical report, arXiv 2407.10671, table 1: 57B total, 14B activated
+    # model card of Qwen/Qwen2-57B-A14B and the Qwen2 report (arXiv 2407.10671): 57B total,
+    # 14B activated
     "qwen2-57b-a14b": (57.4e9, 14e9, False),
     # gpt-oss-120b model card, arXiv 2508.10925, table 1: 116.83B total, 5.13B active
     # ("active parameters": every parameter a token uses but the embedding)
@@ -103,7 +104,7 @@ HF = {
     "Qwen3-235B-A22B": ({**_QWEN3_30B, "hidden_size": 4096, "intermediate_size": 12288,
                          "moe_intermediate_size": 1536, "num_hidden_layers": 94,
                          "num_attention_heads": 64}, 235e9, 22e9, False, "qwen3-235b-a22b"),
-    # Qwen2 technical report, arXiv 2407.10671, table 1
+    # model card and Qwen2 report (arXiv 2407.10671): 57B, 14B activated
     "Qwen2-57B-A14B": ({"model_type": "qwen2_moe", "hidden_size": 3584,
                         "intermediate_size": 18944, "moe_intermediate_size": 2560,
                         "shared_expert_intermediate_size": 20480, "num_hidden_layers": 28,
@@ -122,7 +123,8 @@ HF = {
                           "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
                           "vocab_size": 50304, "max_position_embeddings": 4096},
                          6.9e9, 1.3e9, False, "olmoe-1b-7b"),
-    # model card of ibm-granite/granite-3.0-3b-a800m: 3.3B parameters, 800M active
+    # Granite 3.0 language models report (github.com/ibm-granite/granite-3.0-language-models,
+    # table 1): 3.3B parameters, 800M active
     "granite-3.0-3b-a800m": ({"model_type": "granitemoe", "hidden_size": 1536,
                               "intermediate_size": 512, "num_hidden_layers": 32,
                               "num_attention_heads": 24, "num_key_value_heads": 8,
