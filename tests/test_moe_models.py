@@ -19,7 +19,7 @@ PRESETS = {
     # release post mistral.ai/news/mixtral-of-experts: 46.7B total, 12.9B per token (the paper,
     # arXiv 2401.04088, rounds to 47B and 13B)
     "mixtral-8x7b": (46.7e9, 12.9e9, False),
-    # OLMoE, arXiv 2409.02060, table 1: 6.9B total, 1.3B active
+    # OLMoE, arXiv 2409.02060: 6.9B total, 1.3B active (the abstract rounds to 7B and 1B)
     "olmoe-1b-7b": (6.9e9, 1.3e9, False),
     # model card of Qwen/Qwen2-57B-A14B and the Qwen2 report (arXiv 2407.10671): 57B total,
     # 14B activated
@@ -123,8 +123,8 @@ HF = {
                           "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
                           "vocab_size": 50304, "max_position_embeddings": 4096},
                          6.9e9, 1.3e9, False, "olmoe-1b-7b"),
-    # Granite 3.0 language models report (github.com/ibm-granite/granite-3.0-language-models,
-    # table 1): 3.3B parameters, 800M active
+    # model card of ibm-granite/granite-3.0-3b-a800m-base, its table: "# Parameters 3.3B",
+    # "# Active Parameters 800M"
     "granite-3.0-3b-a800m": ({"model_type": "granitemoe", "hidden_size": 1536,
                               "intermediate_size": 512, "num_hidden_layers": 32,
                               "num_attention_heads": 24, "num_key_value_heads": 8,
