@@ -234,6 +234,24 @@ def test_counts_equal_transformers_modules(tmp_path, name, change):
     assert 0 < spec.num_moe_layers
 
 
+@pytest.mark.parametrize("name", sorted(HF))
+def test_full_size_totals_equal_transformers(tmp_path, name):
+    """Each published config at full size (the meta device allocates nothing): the total and
+    the routed experts' share equal transformers' modules exactly."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = {**_BASE, **HF[name][0], "num_nextn_predict_layers": 0}
+    spec = load_model(_folder(tmp_path, "m", cfg))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items()
+                                                 if k != "num_nextn_predict_layers"}))
+    params = dict(model.named_parameters())
+    assert sum(p.numel() for p in params.values()) == spec.num_params
+    routed = sum(p.numel() for n, p in params.items() if ".experts." in n)
+    assert routed == sum(spec.unit_expert_params())
+
+
 def test_full_size_deepseek_v3_main_model_equals_transformers(tmp_path):
     """The published config at full size (the meta device allocates nothing): transformers
     builds the 671B main model; amsp's count without the MTP module is the same."""
