@@ -284,6 +284,7 @@ def test_full_size_deepseek_v3_main_model_equals_transformers(tmp_path):
     ("Qwen2-57B-A14B", {"shared_expert_intermediate_size": 0},
      "field 'shared_expert_intermediate_size' is 0"),
     ("DeepSeek-V3", {"kv_lora_rank": None}, "field 'kv_lora_rank' is missing"),
+    ("DeepSeek-V3", {"first_k_dense_replace": None}, "field 'first_k_dense_replace' is missing"),
     ("gpt-oss-20b", {"layer_types": ["chunked_attention"] * 24}, "'chunked_attention'"),
     ("Mixtral-8x7B-v0.1", {"num_local_experts": None}, "'num_local_experts' is missing"),
     ("Mixtral-8x7B-v0.1", {"model_type": "jamba"}, "hybrid with state-space"),

@@ -166,6 +166,10 @@ def moe_data(cfg: dict[str, Any], mtype: str, source: str) -> dict[str, Any]:
                             "modelled: set it to false, or write a model spec YAML")
     if mtype == "qwen2_moe":
         out["attention_bias"] = "qkv" if c["qkv_bias"] in (None, True) else "none"
+    for key in ("first_k_dense_replace", "n_shared_experts") if fam["place"] == "deepseek" else ():
+        if c[key] is None:
+            raise AmspUserError(f"{source}: field '{key}' is missing: a {mtype} config needs it "
+                                "(transformers' defaults differ between DeepSeek-V2 and V3)")
     experts = c[fam["experts"]]
     if not experts:
         if experts is None:
