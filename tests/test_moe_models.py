@@ -348,10 +348,13 @@ def test_specs_show_gives_total_and_active_parameters_and_experts():
 
 
 @pytest.mark.parametrize("name, field", [("gpt-oss-120b", "attention_sinks"),
-                                         ("deepseek-v3", "kv_lora_rank")])
-def test_runtime_refuses_attention_it_does_not_run(name, field):
-    """The bundled runtime's attention is full grouped-query attention: MLA, sinks and sliding
-    windows are refused by name before anything is launched."""
+                                         ("deepseek-v3", "kv_lora_rank"),
+                                         ("deepseek-v3", "mtp_layers: 0"),
+                                         ("qwen2-57b-a14b", "shared_expert_gate: false")])
+def test_runtime_refuses_what_it_does_not_run(name, field):
+    """The bundled runtime's attention is full grouped-query attention and its router a
+    softmax top-k without bias: MLA, sinks, sliding windows, router biases, the shared
+    expert's gate and MTP modules are refused by name before anything is launched."""
     from amsp_planner.runtime.support import check_supported
 
     with pytest.raises(AmspUserError, match=field):

@@ -1,8 +1,7 @@
 """What the bundled runtime can train, checked from the plan alone (no torch, no host).
 
 - the model family: LLaMA-style decoders (RMSNorm, RoPE, SwiGLU, no biases, head_dim =
-  hidden_size / num_heads, no qk or post norms, full attention: no multi-head latent
-  attention, sinks or sliding windows); anything else is refused in one line.
+  hidden_size / num_heads, no qk or post norms); anything else is refused in one line.
 - tensor parallelism (runtime/tp.py): tp = t > 1 splits the vocabulary, the MLP width and
   the sequence evenly over the t ranks, so t must divide each.
 
@@ -28,8 +27,14 @@ def check_supported(model) -> None:
         bad.append("attention_bias: none, mlp_bias: false")
     if model.q_dim != model.hidden_size or model.qk_norm != "none" or model.post_norms:
         bad.append("head_dim: hidden_size/num_heads, qk_norm: none, post_norms: false")
+    # full grouped-query attention only: no latent attention, sinks or sliding windows
     if model.is_mla or model.attention_sinks or model.sliding_layers:
         bad.append("no kv_lora_rank, attention_sinks or sliding_layers")
+    # a softmax top-k router without bias, an ungated shared expert, no MTP modules
+    if (model.router_bias or model.shared_expert_gate or model.mtp_layers
+            or model.routing != "softmax_topk"):
+        bad.append("router_bias: false, shared_expert_gate: false, mtp_layers: 0, "
+                   "routing: softmax_topk")
     if bad:
         raise AmspUserError(
             f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "
