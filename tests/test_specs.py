@@ -125,9 +125,13 @@ def test_hf_config_counts_like_the_preset(tmp_path, cfg, preset):
     assert m.unit_params() == load_model(preset).unit_params()
 
 
-def test_hf_moe_config_is_refused(tmp_path):
-    with pytest.raises(AmspUserError, match="num_local_experts.*mixture-of-experts"):
-        load_model(_write(tmp_path, MIXTRAL_HF))
+def test_hf_moe_config_counts_like_the_preset(tmp_path):
+    m = load_model(_write(tmp_path, MIXTRAL_HF))  # more families: tests/test_moe_models.py
+    assert m.unit_params() == load_model("mixtral-8x7b").unit_params()
+    assert m.unit_expert_params() == load_model("mixtral-8x7b").unit_expert_params()
+    with pytest.raises(AmspUserError, match="'num_local_experts' = 8: model_type 'llama' with "
+                                            "experts is not supported"):
+        load_model(_write(tmp_path, {**LLAMA_7B_HF, "num_local_experts": 8}, "llama.json"))
 
 
 @pytest.mark.parametrize("key", ["num_hidden_layers", "hidden_size", "num_attention_heads",

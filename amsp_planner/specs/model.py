@@ -19,6 +19,10 @@ Parameter count, per unit (the units are what the runtime shards; see docs/desig
               biases     d_q + 2*d_kv [qkv], + h [out] when attention_bias='all'; f + h for the MLP
 - head:       final norm (h or 2h) + V*h LM head unless tied to the embedding
 
+Attention sinks, sliding-window layers and multi-head latent attention: specs/attention.py;
+routed and shared experts, the router and multi-token-prediction modules: specs/moe.py; the
+Hugging Face families and what each maps to: docs/models.md.
+
 With tensor parallelism of degree t (Megatron-style: QKV and the MLP's gate/up column-parallel,
 the output projection and the MLP's down row-parallel, the embedding and LM head vocab-parallel),
 each TP rank holds 1/t of every matrix and of the column-parallel biases, and the whole of the
@@ -258,9 +262,9 @@ class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
         """Unpadded elements one TP rank holds of each unit (module docstring): the sharded
         part split in `tp` (rounded up), the replicated part whole; `tp` = 1 is
         ``unit_params``."""
-        if tp > 1 and (self.is_moe or self.is_mla):
-            raise ValueError("tensor parallelism of a mixture-of-experts model or of multi-head "
-                             "latent attention is not modelled")
+        if tp > 1 and not self._tp_modelled:
+            raise ValueError("tensor parallelism of a mixture-of-experts model, of multi-head "
+                             "latent attention or of MTP modules is not modelled")
         if tp == 1:
             return self.unit_params()
         rep = self._replicated()
@@ -274,12 +278,17 @@ class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
         emb, blk, head = self._replicated()
         return [emb] + [blk] * self.num_layers + [head]
 
+    @property
+    def _tp_modelled(self) -> bool:
+        """Expert TP, MLA's TP and the MTP modules' are not modelled yet (docs/models.md)."""
+        return not (self.is_moe or self.is_mla or self.mtp_layers)
+
     def tp_degrees(self, gpus_per_node: int) -> list[int]:
         """Tensor-parallel degrees the model admits on nodes of R GPUs: divisors of R that
         divide the query and the key/value heads (each TP rank holds whole heads) and the MLP
         width (column-sharded gate/up, row-sharded down: equal slices)."""
-        if self.is_moe or self.is_mla:
-            return [1]  # expert TP and MLA's TP are not modelled yet (docs/moe.md)
+        if not self._tp_modelled:
+            return [1]
         return [t for t in range(1, gpus_per_node + 1) if gpus_per_node % t == 0
                 and self.num_heads % t == 0 and self.kv_heads % t == 0
                 and self.ffn_hidden_size % t == 0]
