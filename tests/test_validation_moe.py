@@ -123,3 +123,23 @@ def test_inline_gpt_oss_20b_has_the_model_card_counts(doc):
     big = load_model("gpt-oss-120b")
     assert (big.num_params - m.num_params) == pytest.approx(
         12 * big.layer_params(0) + 24 * 96 * big.expert_params(), rel=0.01)
+
+
+def test_rows_in_scope_are_priced_with_their_expert_imbalance(doc):
+    """The rows in scope are jobs the MoE cost model prices (bench/gpu_validation.py reports
+    their statistics); a row's expert_imbalance reaches the training spec: an imbalanced gate
+    is predicted slower than the balanced one the source forced."""
+    import copy
+
+    from amsp_planner.validation import MOE_ROWS_FILE, load_rows, predict_rows, row_job
+
+    assert load_rows(MOE_ROWS_FILE) == doc
+    rows_in = [r for r in doc["rows"] if r["scope"] == "in"]
+    got = predict_rows({**doc, "rows": rows_in})
+    assert all(r.predicted and r.predicted > 0 and r.fits is not None for r in got)
+    row = copy.deepcopy(rows_in[0])
+    job, _ = row_job(row, doc.get("models", {}))
+    assert job.training.expert_imbalance == row["expert_imbalance"] == 1.0
+    row["expert_imbalance"] = 1.5
+    (skewed,) = predict_rows({**doc, "rows": [row]})
+    assert skewed.predicted < got[0].predicted

@@ -88,8 +88,8 @@ def closest_expressible(job: Job, plan: Strategy, candidates: Iterable[Strategy]
 def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     """Every strategy ``job.engine`` runs exactly (its SearchSpace, ZeRO++ included), with the
     plan's micro-batch, accumulation and checkpointing (every checkpointing setting the engine
-    runs, when it does not run the plan's); for a plan with an expert strategy, also every
-    expert setting the engine runs with each (exports/moe.py)."""
+    runs, when it does not run the plan's); for a mixture of experts, each dense one with the
+    experts following it and with every expert setting the engine runs (exports/moe.py)."""
     from amsp_planner.solver.space import SearchSpace
 
     ck = plan.ckpt_value
@@ -103,7 +103,7 @@ def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     space = SearchSpace.for_job(job, micro_batch=mb, ckpt=ck, tp=tp)
     ga = plan.grad_accum if tp == plan.tp else None
     cands = [c.with_(grad_accum=ga) for c in space.candidates(job)]
-    if plan.has_experts:  # the engine's expert settings with each dense one (exports/moe.py)
+    if job.model.is_moe:  # the engine's expert settings with each dense one (exports/moe.py)
         from amsp_planner.exports.moe import with_experts
 
         cands = with_experts(job.engine, job.model.num_experts, job.num_gpus,

@@ -86,11 +86,14 @@ RULES: dict[str, Callable[[Strategy, int, bool, int, int], list[Triple]]] = {
 
 def with_experts(engine: str, num_experts: int, num_gpus: int, gpus_per_node: int,
                  dense: list[Strategy]) -> list[Strategy]:
-    """The MoE candidates of `engine`: each dense candidate as it is (experts follow the dense
-    triple, e = 1) and with every expert setting the engine runs with it, valid by the strategy
-    rules (``Strategy.check``)."""
+    """The MoE candidates of `engine`: each dense setting of `dense` with the experts following
+    the dense triple (e = 1) and with every expert setting the engine runs with it, valid by the
+    strategy rules (``Strategy.check``)."""
     rule = RULES.get(engine)
-    out = [c for c in dense if not c.has_experts]
+    # the engine's search space may already spell experts (every triple the strategy rules
+    # allow): keep its dense settings, the engine's rule decides the expert ones
+    out = list(dict.fromkeys(c.with_(ep=1, ep_span=False, ep_p=None, ep_g=None, ep_os=None)
+                             for c in dense))
     if rule is None or not num_experts:
         return out
     n, r = num_gpus, gpus_per_node
