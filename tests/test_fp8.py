@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from amsp_planner.cost import fp8
+from amsp_planner.cost import fp8, fp8_bytes
 from amsp_planner.errors import AmspUserError
 from amsp_planner.specs import load_model
 from amsp_planner.specs.cluster import GpuSpec, gpu_presets
@@ -139,23 +139,23 @@ def test_fp8_all_gather_bytes_by_hand():
     m = load_model("llama3-8b")
     f = fp8.fp8_matmuls(m, "tensorwise", "torchtitan")
     lin, norms = f.fp8_params_per_block, 2 * 4096
-    g = fp8.fp8_all_gather("tensorwise", "torchtitan", lin, norms, fp8_linears=7)
+    g = fp8_bytes.fp8_all_gather("tensorwise", "torchtitan", lin, norms, fp8_linears=7)
     assert g.fp8 and g.gather_bytes == 218_103_808 + 2 * 8192
     assert g.amax_allreduce_bytes == 28 and g.amax_allreduces == 0
-    slow = fp8.fp8_all_gather("tensorwise", "torchtitan", lin, norms, 7, precompute=False)
+    slow = fp8_bytes.fp8_all_gather("tensorwise", "torchtitan", lin, norms, 7, precompute=False)
     assert slow.amax_allreduces == 7
     # rowwise and MX gather in bf16 (torchao asserts tensorwise for the FP8 all-gather)
     for recipe in ("rowwise",):
-        bf = fp8.fp8_all_gather(recipe, "torchtitan", lin, norms, 7)
+        bf = fp8_bytes.fp8_all_gather(recipe, "torchtitan", lin, norms, 7)
         assert not bf.fp8 and bf.gather_bytes == 2 * (lin + norms)
-    mg = fp8.fp8_all_gather("mxfp8", "megatron", 1 << 20, 0, 1)
+    mg = fp8_bytes.fp8_all_gather("mxfp8", "megatron", 1 << 20, 0, 1)
     assert mg.gather_bytes == (1 << 20) * (1 + 1 / 32)
 
 
 def test_memory_of_fp8_copies():
     # torchao keeps the bf16 input (save_for_backward(input_hp, weight_hp_t)); TE the FP8
     # column-wise input and its scale
-    assert fp8.saved_input_bytes("rowwise", "torchtitan", 8192, 4096) == 2 * 8192 * 4096
-    assert fp8.saved_input_bytes("tensorwise", "megatron", 8192, 4096) == 8192 * 4096 + 4
-    assert fp8.weight_copy_bytes("tensorwise", "torchtitan", 1000) == 0
-    assert fp8.weight_copy_bytes("delayed", "megatron", 1000) == 2000
+    assert fp8_bytes.saved_input_bytes("rowwise", "torchtitan", 8192, 4096) == 2 * 8192 * 4096
+    assert fp8_bytes.saved_input_bytes("tensorwise", "megatron", 8192, 4096) == 8192 * 4096 + 4
+    assert fp8_bytes.weight_copy_bytes("tensorwise", "torchtitan", 1000) == 0
+    assert fp8_bytes.weight_copy_bytes("delayed", "megatron", 1000) == 2000

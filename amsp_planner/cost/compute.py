@@ -130,7 +130,12 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
     r = _rates(job)
     m, s = job.model, job.training.seq_len
     t = micro_batch * s
-    mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job, tp))
+    if job.training.precision == "fp8":  # the blocks' linears in FP8 (cost/fp8.py)
+        from amsp_planner.cost.fp8 import block_matmul_s
+
+        mm = block_matmul_s(job, t, tp, lambda k, n: _matmul(r, t, k, n))
+    else:
+        mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job, tp))
     attn = _div(2.0 * t * s * m.num_heads * m.head_dim, tp) / r.attn
     elem = _div(t * _elementwise_block(job), tp) / r.hbm if r.hbm else 0.0
     fwd = mm + attn + elem

@@ -102,6 +102,27 @@ def recipe_for(name: str, engine: str, arch: str | None = None) -> Fp8Recipe:
     return r
 
 
+DEFAULT_RECIPE = {"torchao": "rowwise", "te": "delayed"}
+"""--fp8-recipe auto: torchtitan's Float8LinearConverter default (recipe_name = "rowwise" at
+b5bcd76) and Megatron's (TransformerConfig.fp8_recipe = "delayed" at d98e8a6)."""
+
+
+def default_recipe(engine: str) -> str:
+    return DEFAULT_RECIPE[family_of(engine)]
+
+
+def check_training(training, engine: str, arch: str) -> str:
+    """The job's recipe after checking it runs on this engine and GPU, and that an FP8
+    all-gather asked for exists there (one line, exit 2, otherwise)."""
+    name = training.fp8_recipe or default_recipe(engine)
+    recipe_for(name, engine, arch)
+    if training.fp8_all_gather == "on" and not fp8_all_gather_supported(name, engine):
+        raise AmspUserError(f"--fp8-all-gather on: {engine} gathers FP8 weights with the "
+                            "tensorwise recipe only (torchao); use --fp8-recipe tensorwise or "
+                            "--fp8-all-gather off")
+    return name
+
+
 # ----- which matmuls run in FP8 --------------------------------------------------------------
 @dataclass(frozen=True)
 class Linear:
@@ -176,7 +197,7 @@ def fp8_matmuls(model, recipe: str, engine: str, tp: int = 1, auto_filter: bool 
 
 
 # ----- casting and scaling overhead ----------------------------------------------------------
-def _scales(recipe: Fp8Recipe, rows: int, cols: int, weight: bool) -> int:
+def scale_count(recipe: Fp8Recipe, rows: int, cols: int, weight: bool) -> int:
     """Scales of a (rows x cols) tensor scaled along its rows (contiguous cols share one)."""
     if recipe.block is None:
         return 1
@@ -197,7 +218,7 @@ def cast_bytes(recipe: Fp8Recipe, rows: int, cols: int, family: str, weight: boo
     along the columns of a 2-D weight tile are the same tiles: counted once more anyway."""
     e = rows * cols
     amax = 2 * e if recipe.amax_pass else 0
-    scales = (_scales(recipe, rows, cols, weight) + _scales(recipe, cols, rows, weight)) \
+    scales = (scale_count(recipe, rows, cols, weight) + scale_count(recipe, cols, rows, weight)) \
         * recipe.scale_bytes
     data = 2 * (2 * e + e) if family == "torchao" else 2 * e + 2 * e
     return amax + data + scales
@@ -306,19 +327,21 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
     return Speedup(bf16 / roofline_linear_s(gpu, m, k, n, r, fam), "roofline")
 
 
-# ----- FP8 weight all-gather -----------------------------------------------------------------
-@dataclass(frozen=True)
-class Fp8Gather:
-    """What one FSDP/ZeRO-3 all-gather of a unit moves, per element of the unsharded unit."""
-
-    fp8: bool
-    gather_bytes: float
-    """Bytes of the gathered (unsharded) unit: 1 per FP8 element (+ its gathered scales),
-    2 per bf16 element."""
-    amax_allreduce_bytes: int
-    """fp32 amax bytes all-reduced (MAX) so every rank casts with the same scale."""
-    amax_allreduces: int
-    """How many all-reduces that takes per gather of the unit (0 when precomputed)."""
+def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
+    """Forward matmul seconds of one block of an FP8 job, as cost/compute.py counts them
+    (backward = 2 x forward): each of the engine's linears at its bf16 seconds
+    ``bf16_s(k, n)`` (compute.py's roofline), divided by its linear_speedup when it runs FP8;
+    Megatron's bf16 first/last layers averaged over the L blocks like partial checkpointing.
+    The speed-up covers forward + backward with the casts, so scaling the forward by it scales
+    the backward alike."""
+    engine, gpu = job.engine, job.cluster.gpu
+    recipe = check_training(job.training, engine, gpu.arch)
+    f = fp8_matmuls(job.model, recipe, engine, tp)
+    bf16 = sum(bf16_s(x.k, x.n) for x in f.block)
+    low = sum(bf16_s(x.k, x.n) / linear_speedup(gpu, recipe, tokens, x.k, x.n, engine).value
+              if x.fp8 else bf16_s(x.k, x.n) for x in f.block)
+    share = f.bf16_layers / job.model.num_layers
+    return share * bf16 + (1 - share) * low
 
 
 def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
@@ -326,61 +349,3 @@ def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     param dtype: MXFP8TrainingWeightWrapper's fsdp_pre_all_gather casts to bf16). Megatron:
     --fp8-param-gather for every FP8 recipe."""
     return family_of(engine) == "te" or recipe == "tensorwise"
-
-
-def fp8_all_gather(recipe: str, engine: str, fp8_params: int, other_params: int,
-                   fp8_linears: int, precompute: bool = True) -> Fp8Gather:
-    """Bytes of one all-gather of a unit holding `fp8_params` elements of FP8 linears'
-    weights (`fp8_linears` tensors) and `other_params` elements of everything else.
-
-    torchao tensorwise (torchao/float8/fsdp_utils.py, WeightWithDynamicFloat8CastTensor):
-    fsdp_pre_all_gather returns the FP8 data as the all-gather input and the scale as
-    metadata, so the gather moves 1 byte per element and no scale; the scale comes from the
-    amax all-reduce: with precompute_float8_dynamic_scale_for_fsdp one all-reduce of all
-    FP8 weights' amaxes per step (after the optimizer, not per gather: counted 0 here, its
-    bytes 4 x fp8_linears), else one 4-byte all-reduce per weight per gather
-    (hp_tensor_to_float8_dynamic(reduce_amax=True)). Megatron --fp8-param-gather: 1 byte per
-    element plus the recipe's weight scales (blockwise: one fp32 per 128 x 128 block,
-    approximated as 4/16384 B per element; mxfp8: one E8M0 byte per 32); the tensorwise
-    scale by an amax all-reduce after the optimizer step. Not verified against Megatron's
-    code at the pinned commit (docs/fp8.md)."""
-    recipe_for(recipe, engine)
-    if not fp8_all_gather_supported(recipe, engine):
-        return Fp8Gather(False, 2.0 * (fp8_params + other_params), 0, 0)
-    r = RECIPE[recipe]
-    per = 1.0
-    if r.block and family_of(engine) == "te":
-        per += r.scale_bytes / ((r.weight_block or r.block) ** (2 if r.weight_block else 1))
-    amax = 4 * fp8_linears if r.amax_pass else 0
-    count = 0 if precompute or not r.amax_pass else fp8_linears
-    return Fp8Gather(True, per * fp8_params + 2.0 * other_params, amax, count)
-
-
-# ----- memory --------------------------------------------------------------------------------
-def saved_input_bytes(recipe: str, engine: str, m: int, k: int) -> float:
-    """Bytes one FP8 linear keeps of its (m x k) input for the weight gradient.
-
-    torchao: the bf16 input (matmul_with_hp_or_float8_args.forward saves input_hp and
-    weight_hp_t and re-casts in backward): 2 B per element, as in bf16. te: the quantized
-    input in its column-wise layout (linear.py: inputmat.update_usage(rowwise_usage=False,
-    columnwise_usage=True) before saving): 1 B per element plus its scales."""
-    if family_of(engine) == "torchao":
-        return 2.0 * m * k
-    r = RECIPE[recipe]
-    return float(m * k + _scales(r, k, m, False) * r.scale_bytes)
-
-
-def weight_copy_bytes(recipe: str, engine: str, fp8_params: int) -> float:
-    """Bytes of FP8 weight copies a rank keeps beside its bf16 weights (unsharded layers).
-
-    torchao: none (casts per use; with the FP8 all-gather the unsharded weight is the FP8
-    one: 1 byte in place of 2, see Fp8Gather). te: the cached weight workspace, row-wise and
-    column-wise FP8 (quantize_weight(cache=...) with is_first_microbatch): 2 bytes per element
-    plus scales, for the layers currently unsharded."""
-    if family_of(engine) == "torchao":
-        return 0.0
-    r = RECIPE[recipe]
-    per = 2.0
-    if r.block:
-        per += 2 * r.scale_bytes / ((r.weight_block or r.block) ** (2 if r.weight_block else 1))
-    return per * fp8_params
