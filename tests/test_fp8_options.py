@@ -66,3 +66,13 @@ def test_megatron_first_and_last_layers_default_to_fp8():
     """Megatron's first_last_layers_bf16 is off by default: every block runs FP8 (delayed)."""
     fp8 = block_compute(_job("fp8", engine="megatron"), 1, False)
     assert fp8.forward < block_compute(_job("bf16", engine="megatron"), 1, False).forward
+
+
+def test_fp8_plans_are_planned_but_not_exported_yet(tmp_path):
+    plan = tmp_path / "plan.json"
+    code, out, err = run_cli(["plan", "--model", "llama3-8b", "--gpus", "8", "--cluster",
+                              "dgx-h100-ndr", "--engine", "torchtitan", "--precision", "fp8",
+                              "--fp8-recipe", "tensorwise", "-o", str(plan)])
+    assert code == 0, err
+    for target in ("torchtitan", "megatron", "deepspeed"):
+        assert_user_error(*run_cli(["export", str(plan), "--to", target]), "FP8 plans")
