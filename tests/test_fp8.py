@@ -159,3 +159,10 @@ def test_memory_of_fp8_copies():
     assert fp8_bytes.saved_input_bytes("tensorwise", "megatron", 8192, 4096) == 8192 * 4096 + 4
     assert fp8_bytes.weight_copy_bytes("tensorwise", "torchtitan", 1000) == 0
     assert fp8_bytes.weight_copy_bytes("delayed", "megatron", 1000) == 2000
+
+
+def test_tp_wire_bytes():
+    # torchao tensorwise: FP8 sequence-parallel all-gathers, bf16 reduce-scatters
+    assert fp8_bytes.fp8_tp_wire("tensorwise", "torchtitan") == fp8_bytes.Fp8TpWire(1, 2, 1)
+    assert fp8_bytes.fp8_tp_wire("rowwise", "torchtitan") == fp8_bytes.Fp8TpWire(2, 2, 0)
+    assert fp8_bytes.fp8_tp_wire("delayed", "megatron") == fp8_bytes.Fp8TpWire(2, 2, 0)

@@ -85,3 +85,33 @@ def weight_copy_bytes(recipe: str, engine: str, fp8_params: int) -> float:
     if r.block:
         per += 2 * r.scale_bytes / ((r.weight_block or r.block) ** (2 if r.weight_block else 1))
     return per * fp8_params
+
+
+# ----- tensor-parallel collectives -----------------------------------------------------------
+@dataclass(frozen=True)
+class Fp8TpWire:
+    """Bytes per element on the wire of the sequence-parallel collectives around the FP8
+    linears, and the 4-byte amax all-reduces over the TP group that tensorwise casts of a
+    sharded activation need (one per FP8 all-gather)."""
+
+    all_gather: int
+    reduce_scatter: int
+    amax_allreduces_per_all_gather: int
+
+
+def fp8_tp_wire(recipe: str, engine: str) -> Fp8TpWire:
+    """torchao tensorwise (torchao/float8/float8_tensor_parallel.py at 36027d8; torchtitan
+    applies it when the recipe is tensorwise, ``enable_float8_tensorwise_tp``):
+    Float8ColwiseParallel / PrepareFloat8ModuleInput cast the sequence-sharded input to FP8
+    before the redistribute, so the forward all-gathers before wq/wk/wv and w1/w3 move 1 byte
+    per element; Float8RowwiseParallel's NoopFwToFloat8BwDynamic casts the output gradient to
+    FP8 before the backward of the output redistribute, so the backward all-gathers before wo
+    and w2 move 1 byte too; the reduce-scatters (forward outputs of wo/w2, backward input
+    gradients of the column-parallel linears) carry bf16 GEMM outputs. The cast of a sharded
+    tensor takes its global amax: one all-reduce of 4 bytes over the TP group per all-gather.
+    Every other recipe and engine here: bf16 both ways (Transformer Engine's FP8
+    sequence-parallel all-gather is not modelled: docs/fp8.md)."""
+    recipe_for(recipe, engine)
+    if family_of(engine) == "torchao" and recipe == "tensorwise":
+        return Fp8TpWire(1, 2, 1)
+    return Fp8TpWire(2, 2, 0)
