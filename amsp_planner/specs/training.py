@@ -51,15 +51,9 @@ class TrainingSpec(BaseModel):
     matmuls, the token all-to-alls and their buffers (docs/moe.md). Left out of the dump at
     its default, so dense plan files are what they were."""
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        out = handler(self)
-        if out.get("expert_imbalance") == 1.0:
-            del out["expert_imbalance"]
-        return out
-
-    # FP8 fields at their defaults stay out of the dump: bf16 plan files and hashes unchanged.
-    _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto"}
+    # FP8 fields (and the expert imbalance) at their defaults stay out of the dump: bf16 plan
+    # files and hashes unchanged.
+    _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0}
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
@@ -73,7 +67,7 @@ class TrainingSpec(BaseModel):
     def _check_fp8(self) -> TrainingSpec:
         if self.precision != "fp8":
             for key, default in self._OMIT_DEFAULT.items():
-                if getattr(self, key) != default:
+                if key != "expert_imbalance" and getattr(self, key) != default:
                     raise ValueError(f"{key} is set but precision is {self.precision}: give "
                                      "precision fp8, or drop it")
         return self
