@@ -182,3 +182,62 @@ def test_every_moe_candidate_is_valid_and_renders(job, target):
             assert json.loads(text)["expert_parallel"]["autoep_size"] == c.ep
         else:
             assert fsdp2.load_module(text).EP_SPAN == c.ep_span
+
+
+_FSDP2_HF_MOE = """
+import json, os, sys
+import torch, torch.distributed as dist, transformers
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from amsp_planner.exports.fsdp2 import load_module
+mod = load_module(sys.stdin.read())
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+cfg = transformers.Qwen3MoeConfig(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=8, num_experts=4, num_experts_per_tok=2, vocab_size=128)
+model = transformers.Qwen3MoeForCausalLM(cfg)
+mod.apply(model, mesh, strict=False)
+model(torch.randint(0, 128, (2, 8))).logits.float().sum().backward()
+meshes = {n: p.device_mesh.mesh_dim_names for n, p in model.named_parameters()
+          if isinstance(p, DTensor)}
+out = {"experts": sorted({str(v) for n, v in meshes.items() if ".experts." in n}),
+       "dense": sorted({str(v) for n, v in meshes.items() if ".experts." not in n}),
+       "all_sharded": len(meshes) == len(list(model.parameters())),
+       "grads": all(p.grad is not None for p in model.parameters())}
+print(json.dumps(out), flush=True)
+os._exit(0)
+"""
+
+
+def test_fsdp2_module_finds_hugging_face_qwen3_moe_experts(job):
+    """The module's EXPERT_MODULES ('experts') is transformers' Qwen3-MoE naming: on a tiny
+    Qwen3MoeForCausalLM the experts get the expert mesh, the rest the dense one."""
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    s = _s("ep=4,p=16,g=16,os=16,ep.p=4,ep.g=4,ep.os=4,mb=4,ckpt")
+    text = export("fsdp2", job.for_engine("fsdp2"), s).text
+    proc = subprocess.run([sys.executable, "-c", _FSDP2_HF_MOE], input=text, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"experts": ["('ereplicate', 'eshard')"], "dense": ["('replicate', 'shard')"],
+                   "all_sharded": True, "grads": True}
+
+
+def test_cli_exports_an_moe_plan_with_the_engines_check(tmp_path):
+    from amsp_testlib import run_cli
+
+    pytest.importorskip("deepspeed")
+    plan = tmp_path / "plan.json"
+    code, out, err = run_cli(["plan", "--model", "qwen3-30b-a3b", "--gpus", "16", "--strategy",
+                              "ep=8,p=1,g=16,os=16,ep.p=1,ep.g=2,ep.os=2,mb=1,ckpt",
+                              "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["export", str(plan), "--to", "deepspeed", "-o",
+                              str(tmp_path / "ds.json"), "--check"])
+    assert code == 0, err
+    assert "expresses the plan exactly" in out and "'ep': 8, 'ep_span': False" in out
+    assert json.loads((tmp_path / "ds.json").read_text())["expert_parallel"]["autoep_size"] == 8
