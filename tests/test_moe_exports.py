@@ -227,34 +227,33 @@ def test_fsdp2_module_finds_hugging_face_qwen3_moe_experts(job):
                    "all_sharded": True, "grads": True}
 
 
-def test_cli_exports_an_moe_plan_with_the_engines_check(tmp_path):
+def _plan_and_export(tmp_path, strategy: str, target: str, *extra: str) -> str:
+    """amsp plan -s `strategy` for Qwen3-30B-A3B on 16 GPUs, then amsp export --to `target`:
+    the export's output."""
     from amsp_testlib import run_cli
 
-    pytest.importorskip("deepspeed")
     plan = tmp_path / "plan.json"
     code, out, err = run_cli(["plan", "--model", "qwen3-30b-a3b", "--gpus", "16", "--strategy",
-                              "ep=8,p=1,g=16,os=16,ep.p=1,ep.g=2,ep.os=2,mb=1,ckpt",
-                              "-o", str(plan)])
+                              strategy, "-o", str(plan)])
     assert code == 0, err
-    code, out, err = run_cli(["export", str(plan), "--to", "deepspeed", "-o",
-                              str(tmp_path / "ds.json"), "--check"])
+    code, out, err = run_cli(["export", str(plan), "--to", target, "-o",
+                              str(tmp_path / "out"), *extra])
     assert code == 0, err
+    return out
+
+
+def test_cli_exports_an_moe_plan_with_the_engines_check(tmp_path):
+    pytest.importorskip("deepspeed")
+    out = _plan_and_export(tmp_path, "ep=8,p=1,g=16,os=16,ep.p=1,ep.g=2,ep.os=2,mb=1,ckpt",
+                           "deepspeed", "--check")
     assert "expresses the plan exactly" in out and "'ep': 8, 'ep_span': False" in out
-    assert json.loads((tmp_path / "ds.json").read_text())["expert_parallel"]["autoep_size"] == 8
+    assert json.loads((tmp_path / "out").read_text())["expert_parallel"]["autoep_size"] == 8
 
 
 def test_export_never_recommends_an_expert_setting_the_target_cannot_run(tmp_path):
     """The export's engine note compares with the target's own plan as the target runs it:
     InternEvo has no expert parallelism, so no note may point to an ep= plan for it."""
-    from amsp_testlib import run_cli
-
-    plan = tmp_path / "plan.json"
-    code, out, err = run_cli(["plan", "--model", "qwen3-30b-a3b", "--gpus", "16", "--strategy",
-                              "ep=16,p=16,g=16,os=16,ep.p=1,ep.g=1,ep.os=1,mb=1,ckpt",
-                              "-o", str(plan)])
-    assert code == 0, err
-    code, out, err = run_cli(["export", str(plan), "--to", "internevo", "-o",
-                              str(tmp_path / "ie.py")])
-    assert code == 0, err
+    out = _plan_and_export(tmp_path, "ep=16,p=16,g=16,os=16,ep.p=1,ep.g=1,ep.os=1,mb=1,ckpt",
+                           "internevo")
     assert "ep 16 -> 1" in out
     assert not [ln for ln in out.splitlines() if "note:" in ln and "ep=" in ln]
