@@ -284,8 +284,10 @@ PROFILES = {
                  "zero1.fsdp, model.checkpoint)",
                  "internlm/solver/optimizer/utils.py reduce_tensor (communicates in the "
                  "gradient's own dtype, the model dtype)"),
-        tp_note="InternEvo's own tensor parallelism (parallel.tensor) is not described by this "
-                "profile: plan with --engine torchtitan or fsdp2 for tp > 1",
+        tp=True, tp_note="parallel.tensor = dict(size=T, mode='msp'): Megatron tensor parallelism "
+                         "with sequence parallelism over the T ranks (InternEvo configs/7B_sft.py: "
+                         "mode in mtp, msp, fsp, isp; 'msp' = megatron tensor parallel with "
+                         "sequence parallel, sequence parallel size = tensor parallel size)",
         activation_profile="fused",
         execution=Execution(
             reduce_bucket=512 * 1024 * 1024, update_collective="broadcast",
