@@ -206,6 +206,7 @@ PROFILES = {
                  "bf16 grad_accum_dtype)"),
         execution=Execution(
             gather_grouping="module", persistence_threshold=100_000, prefetch_bucket=50_000_000,
+            max_live_params=1_000_000_000,
             reduce_bucket=500_000_000, update_bucket=500_000_000, replicated_reduce="all_reduce",
             sync_overlap=False, reduce_host_us=REDUCE_HOST_US,
             sources=(
@@ -224,6 +225,11 @@ PROFILES = {
                  "param_persistence_threshold (stage3_param_persistence_threshold) = 1e5"),
                 ("prefetch_bucket", "deepspeed/runtime/zero/config.py prefetch_bucket_size "
                  "(stage3_prefetch_bucket_size) = 5e7"),
+                ("max_live_params", "deepspeed/runtime/zero/config.py max_live_parameters "
+                 "(stage3_max_live_parameters) = 1e9; partitioned_param_coordinator.py "
+                 "fetch_sub_module prefetches min(max_live_parameters - n_available_params, "
+                 "prefetch_bucket_size) elements after fetching a module: none while the "
+                 "module just fetched holds 1e9 or more"),
                 ("reduce_bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8"),
                 ("update_bucket", "deepspeed/runtime/zero/config.py allgather_bucket_size = 5e8"),
                 ("replicated_reduce", "deepspeed/runtime/zero/config.py "
