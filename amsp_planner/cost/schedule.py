@@ -135,7 +135,8 @@ def _module_calls(job: Job, cls: int, unit: int) -> list[tuple[float, int]]:
 
 def on_demand(job: Job, cls: int, unit: int, tp: int = 1) -> tuple[bool, ...]:
     """Per gather call of a unit (``call_groups``): whether the engine fetches it on demand,
-    with the compute waiting for it, rather than prefetched during the previous call's compute.
+    with the compute waiting for it, rather than prefetched during the previous call's compute
+    (empty: every call prefetched).
 
     DeepSpeed prefetches after fetching a module only while the parameters it holds stay under
     ``max_live_params`` (partitioned_param_coordinator.py fetch_sub_module: max_params_to_prefetch
@@ -147,9 +148,11 @@ def on_demand(job: Job, cls: int, unit: int, tp: int = 1) -> tuple[bool, ...]:
     step model prices it with the same calls (one gather price per unit, as the ILP's
     tables hold it)."""
     cap = job.profile.execution.max_live_params
+    if cap is None or job.profile.execution.gather_grouping != "module":
+        return ()  # nothing fetched on demand
     calls = _module_calls(job, cls, unit)
-    if cap is None or job.profile.execution.gather_grouping != "module" or not calls:
-        return (False,) * len(calls)
+    if not calls:
+        return ()
     before = _module_calls(job, 1, unit_elements(job, tp)[1]) if cls else None
     prev = [before[-1][1] if before else 0] + [own for _, own in calls[:-1]]
     return tuple(p >= cap for p in prev)
