@@ -32,7 +32,6 @@ not installed.
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
-from amsp_planner.engines import PROFILES
 from amsp_planner.exports.common import ExportResult, expressible, finish
 from amsp_planner.strategy import Strategy
 
@@ -46,7 +45,6 @@ WHY = {
     "qwz": "InternEvo has no quantized all-gather",
     "qgz": "InternEvo has no quantized gradient reduction",
     "checkpointing": "InternEvo checkpoints whole blocks: it has no op-level selective policy",
-    "tp": PROFILES["internevo"].tp_note,
 }
 
 
