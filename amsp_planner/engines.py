@@ -24,8 +24,9 @@ it refuses a vocabulary, MLP width or sequence length the degree does not divide
 ``fully_shard``) and torchtitan (``parallelism.tensor_parallel_degree``). DeepSpeed's AutoTP
 training (``tensor_parallel.autotp_size``, deepspeed >= 0.16.4) shards the linear layers
 without sequence parallelism and only with ZeRO stages 0-2, so it does not run the TP + SP
-plans this model prices: its profile keeps tp = 1 (``tp_note`` says why). InternEvo has
-tensor parallelism of its own (``parallel.tensor``) that this profile does not describe yet.
+plans this model prices: its profile keeps tp = 1 (``tp_note`` says why). InternEvo runs
+Megatron tensor parallelism with sequence parallelism as ``parallel.tensor = dict(size=T,
+mode="msp")``, and Megatron-Core as ``--tensor-model-parallel-size T --sequence-parallel``.
 
 Nothing here imports torch, DeepSpeed or the cost model; ``cost/job.py`` reads the profiles.
 """
