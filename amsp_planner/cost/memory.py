@@ -18,6 +18,11 @@ Buffers (U = largest padded unit, in elements), exactly what the runtime allocat
               that is idle after backward (a gather buffer when s_P > 1, else a gradient
               buffer, which exists since s_G > 1 there);
   step        U/s_OS * g_b when s_OS > s_G (the OS-shard slice of the step reduce-scatter).
+  per module  an engine that fetches per module (DeepSpeed ZeRO-3, ``Execution.gather_grouping
+              'module'``) holds what its coordinator gathers, not whole units: the gather term is
+              the most elements a replay of its fetch, prefetch and release rules holds at once
+              (persistent small parameters included), the gradient term its one reduce bucket
+              and the largest parameter's whole gradient (``cost/module_fetch.py``);
   tied        with tied embeddings, one more gather buffer (s_P > 1) and one more gradient
               buffer (s_G > 1) of the embedding unit's E elements: the embedding stays gathered
               from the lookup to the LM head, and its gradient collects the head's part at the
@@ -49,6 +54,7 @@ from dataclasses import asdict, dataclass
 from amsp_planner.cost.activations import loss_peak_bytes, saved_bytes
 from amsp_planner.cost.communicators import communicator_bytes
 from amsp_planner.cost.job import Job
+from amsp_planner.cost.module_fetch import gathered_elements, grad_bucket_elements
 from amsp_planner.cost.schedule import quantized_bytes
 from amsp_planner.strategy import Strategy
 
@@ -139,14 +145,15 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
     t = job.training
     u, pb, gb = job.tp_max_unit(s.tp), t.param_bytes, t.grad_bytes
     e = job.tp_units(s.tp)[0] if job.model.tied_embeddings else 0
+    per_module = job.profile.execution.gather_grouping == "module" and s.tp == 1
     gather = 0.0
     if s.s_p > 1:
-        gather = (2 * u + e) * pb
+        gather = (gathered_elements(job) if per_module else 2 * u + e) * pb
         if s.qwz:
             gather += 2 * quantized_bytes(u, 8, s.quant_block)
     grad = 0.0
     if s.s_g > 1:
-        grad = (2 * u + e) * gb
+        grad = (grad_bucket_elements(job) if per_module else 2 * u + e) * gb
         if s.qgz:
             grad += 2 * quantized_bytes(u, 4, s.quant_block)
     staging = u * gb if s.s_g > 1 and (1 < s.s_p < s.s_g or s.qgz) else 0.0
