@@ -56,6 +56,8 @@ class RowResult:
     """The engine profile the prediction used, with the reason where it is not the row's own."""
     activation_profile: str = "eager"
     job: str | None = None
+    memory_kind: str = "reserved"
+    """The figure the published peak is: 'reserved', 'allocated' or 'device' (docs/memory.md)."""
 
     @property
     def bucket(self) -> str:
@@ -206,7 +208,7 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
         r.fits = ev.fits
         kind = "device" if r.published_memory_gib is None else row.get("memory_kind",
                                                                          "reserved")
-        r.memory_gib = ev.memory.peak(kind) / 2**30
+        r.memory_gib, r.memory_kind = ev.memory.peak(kind) / 2**30, kind
     return out
 
 

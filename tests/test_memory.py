@@ -265,9 +265,25 @@ def test_fsdp_engines_keep_fp32_master_parameters_and_no_copy():
 
 def test_allocated_reserved_and_device_peaks():
     m = memory(_gqa_job(), Strategy(micro_batch=2))
+    assert m.phase_overlap == 0  # no checkpointing: nothing is recomputed in backward
     assert m.allocated == m.runtime_tensors + m.activations + m.loss_peak
     assert m.reserved == pytest.approx(m.allocated * 1.05)  # the 5 % fragmentation reserve
     assert m.total == m.reserved + m.communicators + m.context == m.peak("device")
+
+
+def test_the_loss_phase_and_the_recomputation_are_not_allocated_together():
+    from amsp_planner.cost.activations import block_bytes_per_token, head_bytes_per_token
+
+    job = _gqa_job()  # eager, 128 tokens per sequence, V 1000
+    m = memory(job, Strategy(micro_batch=2, ckpt=True))
+    tokens = 2 * 128
+    head = head_bytes_per_token(job) * tokens + 8 * 1000 * tokens  # saved head + loss peak
+    recompute = block_bytes_per_token(job) * tokens  # one block saved again
+    assert m.phase_overlap == min(head, recompute)
+    assert m.allocated == m.runtime_tensors + m.activations + m.loss_peak - min(head, recompute)
+    # the allocator's segments hold both phases: reserved and what must fit do not change
+    assert m.reserved == pytest.approx(
+        (m.runtime_tensors + m.activations + m.loss_peak) * 1.05)
 
 
 def test_engine_profile_is_stated_in_the_plan(tmp_path):

@@ -237,6 +237,19 @@ def saved_bytes_per_token(job: Job, ckpt: bool | int | str, tp: int = 1) -> floa
     return kept + head_bytes_per_token(job, tp)
 
 
+def phase_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1
+                ) -> tuple[float, float]:
+    """(head, recomputation): the bytes of one micro-batch that exist only in one phase of
+    backward. The head's saved tensors (with the loss peak above them, ``loss_peak_bytes``) live
+    until the loss and the LM head have run backward; the recomputation of a checkpointed block
+    (what it saves again) only after that. Both are in ``saved_bytes``."""
+    tokens = micro_batch * job.training.seq_len
+    k, op = checkpointed_blocks(ckpt, job.model.num_layers)
+    per = (op_recompute_bytes_per_token(job, tp) if op
+           else block_bytes_per_token(job, tp) if k else 0.0)
+    return head_bytes_per_token(job, tp) * tokens, per * tokens
+
+
 def rope_table_bytes(job: Job) -> float:
     """The cos and sin tables of one micro-batch (eager; one per position, shared by blocks)."""
     m, t = job.model, job.training

@@ -39,19 +39,25 @@ tensors, and the cross-entropy backward's peak above them). NCCL communicator bu
 process group the strategy uses: ``cost/communicators.py``.
 Totals: (states + buffers + activations + loss peak) * (1 + fragmentation) + communicators
 + context reserve. Three figures of the peak (docs/memory.md, "Allocated, reserved, device"):
-``allocated`` (the tensors: torch.cuda.max_memory_allocated), ``reserved`` (with the
-fragmentation reserve: max_memory_reserved, torchtitan's logged figure), ``total`` (with NCCL's
+``allocated`` (the tensors: torch.cuda.max_memory_allocated), ``reserved`` (the allocator's
+segments: max_memory_reserved, torchtitan's logged figure), ``total`` (with NCCL's
 buffers and the CUDA context: what the GPU holds and what must fit). The fragmentation
 reserve covers what the caching allocator holds beyond the live tensors (rounding to its block
 sizes, split blocks it cannot return) and the short-lived tensors of backward (activation gradients, SDPA workspaces); NCCL's buffers are allocated
 outside it, and the context reserve is the CUDA context and the libraries' process-wide state.
+Backward runs in two phases whose transients never live together: first the loss and the LM
+head (the head's saved tensors and the loss peak), then, block by block, the recomputation of
+a checkpointed block (what it saves again). ``allocated`` holds the larger of the two;
+``reserved`` holds both (``phase_overlap`` is the smaller), since the segments the loss phase
+allocated stay cached while the recomputation allocates tensors of other sizes (torchtitan PR
+165 published both peaks of its runs: reserved / allocated 1.20-1.36).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from amsp_planner.cost.activations import loss_peak_bytes, saved_bytes
+from amsp_planner.cost.activations import loss_peak_bytes, phase_bytes, saved_bytes
 from amsp_planner.cost.communicators import communicator_bytes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.module_fetch import gathered_elements, grad_bucket_elements
@@ -77,6 +83,10 @@ class MemoryBreakdown:
     fragmentation: float
     communicators: float
     context: float
+    phase_overlap: float = 0.0
+    """Bytes counted in both backward phases that never live together: the head's saved
+    tensors with the loss peak, and a checkpointed block's recomputation (the smaller of the
+    two). Not allocated at once, but held by the allocator's segments (module docstring)."""
 
     @property
     def model_states(self) -> float:
@@ -94,15 +104,17 @@ class MemoryBreakdown:
 
     @property
     def allocated(self) -> float:
-        """The live tensors at the peak: what ``torch.cuda.max_memory_allocated`` reports."""
-        return self.runtime_tensors + self.activations + self.loss_peak
+        """The live tensors at the peak: what ``torch.cuda.max_memory_allocated`` reports (the
+        loss phase and the recomputation phase of backward not at once)."""
+        return self.runtime_tensors + self.activations + self.loss_peak - self.phase_overlap
 
     @property
     def reserved(self) -> float:
-        """The caching allocator's segments at the peak (the tensors and the fragmentation
-        reserve): what ``torch.cuda.max_memory_reserved`` reports, and torchtitan logs as
-        ``memory:`` (max_reserved_gib)."""
-        return self.allocated + self.fragmentation
+        """The caching allocator's segments at the peak: the tensors of both backward phases
+        (the segments the loss phase used stay cached when the recomputation allocates) and the
+        fragmentation reserve: what ``torch.cuda.max_memory_reserved`` reports, and torchtitan
+        logs as ``memory:`` (max_reserved_gib)."""
+        return self.allocated + self.phase_overlap + self.fragmentation
 
     @property
     def total(self) -> float:
@@ -169,8 +181,10 @@ def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     bufs = buffer_bytes(job, s)
     act = saved_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
     peak = loss_peak_bytes(job, s.micro_batch, s.tp)
+    head, recompute = phase_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
     gpu = job.cluster.gpu
     frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak)
     return MemoryBreakdown(**states, **bufs, activations=act, loss_peak=peak, fragmentation=frag,
                            communicators=communicator_bytes(job, s),
-                           context=gpu.context_reserve_gib * 1024**3)
+                           context=gpu.context_reserve_gib * 1024**3,
+                           phase_overlap=min(head + peak, recompute))
