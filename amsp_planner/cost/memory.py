@@ -48,9 +48,10 @@ outside it, and the context reserve is the CUDA context and the libraries' proce
 Backward runs in two phases whose transients never live together: first the loss and the LM
 head (the head's saved tensors and the loss peak), then, block by block, the recomputation of
 a checkpointed block (what it saves again). ``allocated`` holds the larger of the two;
-``reserved`` holds both (``phase_overlap`` is the smaller), since the segments the loss phase
-allocated stay cached while the recomputation allocates tensors of other sizes (torchtitan PR
-165 published both peaks of its runs: reserved / allocated 1.20-1.36).
+``reserved`` counts both (``phase_overlap`` is the smaller), taking the loss phase's segments as
+still cached while the recomputation allocates tensors of other sizes: an approximation of the
+caching allocator, checked on torchtitan PR 165, which published both peaks of its runs
+(reserved / allocated 1.20-1.36).
 """
 
 from __future__ import annotations
