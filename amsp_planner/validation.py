@@ -148,6 +148,17 @@ def _metric(ev, job, metric: str) -> float:
     raise ValueError(f"unknown metric {metric}")
 
 
+VALIDATION_CLUSTERS = PRESETS / "validation_clusters"
+"""Clusters only published rows ran on (``grand-teton-h100``), kept out of the presets a user
+picks from (a second H100 type there would make ``--gpu-type h100`` ambiguous)."""
+
+
+def cluster_ref(name: str) -> str:
+    """A row's cluster: a spec of ``validation_clusters/`` by name, else a preset."""
+    path = VALIDATION_CLUSTERS / f"{name}.yaml"
+    return str(path) if path.is_file() else name
+
+
 def row_job(row: dict, models: dict, engine: str | None = None):
     """The Job and Strategy of one row, priced with `engine`'s profile (default: the row's)."""
     from amsp_planner.cost.job import Job
@@ -157,7 +168,7 @@ def row_job(row: dict, models: dict, engine: str | None = None):
 
     name = row["model"]
     model = ModelSpec(**models[name]) if name in models else load_model(name)
-    cluster = load_cluster(row["cluster"], row.get("set"))
+    cluster = load_cluster(cluster_ref(row["cluster"]), row.get("set"))
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
                             **row.get("training", {}))
     engine = engine or pricing_engine(row["engine"])[0]
