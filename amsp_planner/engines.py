@@ -185,9 +185,9 @@ PROFILES = {
         name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,
         qgz_needs_p=True, reduce_dtype=None,
         gathers="stage 3 fetches parameters per module and prefetches up to "
-                "stage3_prefetch_bucket_size elements; the export sets it, reduce_bucket_size and "
-                "allgather_bucket_size to one unit and stage3_max_live_parameters to two, so its "
-                "buffers are the memory model's (two gather, two gradient buffers)",
+                "stage3_prefetch_bucket_size elements within stage3_max_live_parameters; the "
+                "export writes DeepSpeed's defaults, which the memory model replays module by "
+                "module (cost/module_fetch.py)",
         checkpointing="activation_checkpointing section (number_checkpoints: the first K "
                       "blocks, or all); the model wraps the blocks "
                       "(deepspeed.checkpointing.checkpoint); no op-level policy",

@@ -61,6 +61,8 @@ class RowResult:
     """The engine profile the prediction used, with the reason where it is not the row's own."""
     activation_profile: str = "eager"
     job: str | None = None
+    memory_kind: str = "reserved"
+    """The figure the published peak is: 'reserved', 'allocated' or 'device' (docs/memory.md)."""
 
     @property
     def bucket(self) -> str:
@@ -152,6 +154,17 @@ def _metric(ev, job, metric: str) -> float:
     raise ValueError(f"unknown metric {metric}")
 
 
+VALIDATION_CLUSTERS = PRESETS / "validation_clusters"
+"""Clusters only published rows ran on (``grand-teton-h100``), kept out of the presets a user
+picks from (a second H100 type there would make ``--gpu-type h100`` ambiguous)."""
+
+
+def cluster_ref(name: str) -> str:
+    """A row's cluster: a spec of ``validation_clusters/`` by name, else a preset."""
+    path = VALIDATION_CLUSTERS / f"{name}.yaml"
+    return str(path) if path.is_file() else name
+
+
 def row_job(row: dict, models: dict, engine: str | None = None):
     """The Job and Strategy of one row, priced with `engine`'s profile (default: the row's)."""
     from amsp_planner.cost.job import Job
@@ -161,7 +174,7 @@ def row_job(row: dict, models: dict, engine: str | None = None):
 
     name = row["model"]
     model = ModelSpec(**models[name]) if name in models else load_model(name)
-    cluster = load_cluster(row["cluster"], row.get("set"))
+    cluster = load_cluster(cluster_ref(row["cluster"]), row.get("set"))
     moe = {"expert_imbalance": row["expert_imbalance"]} if "expert_imbalance" in row else {}
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
                             **row.get("training", {}), **moe)
@@ -213,7 +226,7 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
         r.fits = ev.fits
         kind = "device" if r.published_memory_gib is None else row.get("memory_kind",
                                                                          "reserved")
-        r.memory_gib = ev.memory.peak(kind) / 2**30
+        r.memory_gib, r.memory_kind = ev.memory.peak(kind) / 2**30, kind
     return out
 
 

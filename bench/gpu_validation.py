@@ -181,14 +181,14 @@ def row_table(results) -> list[str]:
 
 
 def memory_table(results) -> list[str]:
-    lines = ["| row | engine | GPUs | strategy | activation profile (why) | published GiB | "
-             "predicted GiB | error | scope |", "|---|---|---:|---|---|---:|---:|---:|---|"]
+    lines = ["| row | engine | GPUs | strategy | activation profile (why) | figure | published GiB | "
+             "predicted GiB | error | scope |", "|---|---|---:|---|---|---|---:|---:|---:|---|"]
     for r in results:
         if r.published_memory_gib is None:
             continue
         why = PROFILE_WHY.get(r.activation_profile, r.activation_profile) if r.memory_gib else "-"
         lines.append(f"| {r.id} | {r.engine} | {r.gpus} | `{r.strategy}` | {why} | "
-                     f"{r.published_memory_gib:.1f} | {mem_cell(r)} | {pct(r.memory_error)} | "
+                     f"{r.memory_kind if r.memory_gib else '-'} | {r.published_memory_gib:.1f} | {mem_cell(r)} | {pct(r.memory_error)} | "
                      f"{'in' if r.scope == 'in' else 'out: ' + r.scope} |")
     return lines
 
@@ -267,8 +267,10 @@ def write_doc(results, b, orders, pairs, met, doc) -> str:
                            f"order kept in {x['order_kept']:.0%} |")
         out += ["", "The pairs:", ""] + pair_table(pairs)
     out += ["", "## Peak memory per GPU", "",
-            "Rows with a published peak memory, with the activation profile the prediction used. "
-            "Per engine (rows in scope):", ""]
+            "Rows with a published peak memory, with the activation profile the prediction used "
+            "and the figure the source published (reserved: torch.cuda.max_memory_reserved; "
+            "allocated: max_memory_allocated or peak active; device: nvidia-smi), predicted as "
+            "that figure (docs/memory.md). Per engine (rows in scope):", ""]
     out += band_table("engine", b["memory_by_engine"], check=memory_meets)
     out += ["", f"Overall: {band_cells(mem).replace(' | ', ', ')} (median, 90th percentile, worst).", ""]
     out += memory_table(results)

@@ -23,14 +23,16 @@ counted once per storage (tests/test_saved_tensors.py counts them with ``saved_t
                   log-probabilities and of the logits exist together with the saved 4V, 12V in
                   all (measured by tests/test_saved_tensors.py on CPU: 12.0 bytes per entry).
 
-``torchtitan``: torchtitan's Llama code run eagerly (torchtitan/models/common/attention.py,
-rope.py; components/loss.py), the eager count with three differences:
+``torchtitan``: torchtitan's Llama code run eagerly, as its latest release runs it (v0.2.2,
+2026-02-20: torchtitan/models/llama3/model/model.py; every published torchtitan run too; the
+fused ``wqkv`` of main since pytorch/torchtitan#2878, 2026-04, is in no release), the eager
+count with three differences:
   norms           ``nn.RMSNorm``, one fused kernel on CUDA: its input and fp32 1/rms (the
                   output is saved by the next matmul): 2h a_b + 4
-  attention       one fused QKV projection (``fuse_qkv``), kept whole as V (a view) is saved
-                  (h + 2 d_kv) a_b; RoPE as a complex product in fp32
-                  (``view_as_complex(q.float())``): the fp32 copies of Q and K 4(h + d_kv), the
-                  rotated Q and K (h + d_kv) a_b; the attention output and its
+  attention       separate wq, wk, wv: their bf16 outputs go to ``.float()`` (which saves
+                  nothing) but V, which attention saves: d_kv a_b; RoPE as a complex product in
+                  fp32 (``view_as_complex(xq.float())``): the fp32 copies of Q and K
+                  4(h + d_kv), the rotated Q and K (h + d_kv) a_b; the attention output and its
                   ``.contiguous()`` copy 2h a_b; log-sum-exp 4a
   tables          ``freqs_cis`` is a model buffer (not per micro-batch): none
   head            fused final norm, fp32 cross-entropy (``F.cross_entropy(pred.float())``): 4V
@@ -61,10 +63,12 @@ engine's ``EngineProfile.op_policy``, torchtitan's wherever the torchtitan profi
   matmuls    every matmul (the bundled runtime: QKV h + 2 d_kv, output projection h, gate/up
              2f (GELU: f), down h);
   alternate  every second matmul in forward order, counted per block (torchtitan's policy:
-             ``_save_list`` = aten.mm, the SDPA kernels and reduce-scatter, "every second mm"
-             recomputed: torchtitan/distributed/activation_checkpoint.py, formerly
-             parallelisms/parallelize_llama.py): of wqkv, wo, w1, w3, w2 it keeps wqkv
-             h + 2 d_kv, w1 f and w2 h, and recomputes wo and w3 (GELU: keeps wqkv and fc1);
+             ``op_sac_save_list`` = aten.mm, the SDPA kernels and reduce-scatter, "every
+             second mm" recomputed, the count reset per block: torchtitan v0.2.2
+             torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac``, as in
+             torchtrain/parallelisms/parallelize_llama.py at 83c879f, 2024-03): of wq, wk, wv,
+             wo, w1, w3, w2 it keeps wq h, wv d_kv, w1 f and w2 h, and recomputes wk, wo and w3
+             (GELU: keeps wq, wv and fc1);
 and, while one block is recomputed, the saved tensors of the profile that it does not have yet
 (docs/memory.md derives both).
 
@@ -153,7 +157,7 @@ def block_bytes_per_token(job: Job, tp: int = 1) -> float:
         mlp = mean_mlp_saved(job, False, mlp)
     if prof == "torchtitan":
         rotary = 4 * (h + kv) + (h + kv) * ab if rope else 0  # fp32 Q, K; rotated Q, K
-        qkv = (h + 2 * kv) * ab + rotary
+        qkv = kv * ab + rotary  # wv's output V (wq's and wk's go to .float())
         return 2 * _norm(job, fused=True) + qkv + 2 * h * ab + _softmax(job) + mlp
     rotated = (h + kv) * ab if rope else 0
     attention = (h + 2 * kv) * ab + rotated + 2 * h * ab + _softmax(job)
@@ -172,17 +176,21 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
 
 
 def _op_matmuls(job: Job) -> list[tuple[str, int]]:
-    """(name, output width) of a block's matmuls in forward order (torchtitan's fused wqkv,
-    wo, w1, w3, w2; GELU: fc1, fc2)."""
+    """(name, output width) of a block's matmuls in forward order: torchtitan's separate wq,
+    wk, wv where its policy runs ('alternate'), else the bundled runtime's fused wqkv; then
+    wo, w1, w3, w2 (GELU: fc1, fc2)."""
     m = job.model
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     mlp = [("fc1", f), ("fc2", h)] if m.ffn_type == "gelu" else [("w1", f), ("w3", f), ("w2", h)]
+    if op_policy(job) == "alternate":
+        return [("wq", h), ("wk", kv), ("wv", kv), ("wo", h)] + mlp
     return [("wqkv", h + 2 * kv), ("wo", h)] + mlp
 
 
 def op_recomputed_matmuls(job: Job) -> tuple[str, ...]:
     """The matmuls the engine's op-level policy recomputes in backward: none for 'matmuls',
-    every second in forward order for 'alternate' (torchtitan: wo and w3; GELU: wo, fc2)."""
+    every second in forward order for 'alternate' (torchtitan: wk, wo and w3; GELU: wk, wo,
+    fc2)."""
     if op_policy(job) != "alternate":
         return ()
     return tuple(name for i, (name, _) in enumerate(_op_matmuls(job)) if i % 2)
@@ -209,15 +217,15 @@ def op_kept_bytes_per_token(job: Job, tp: int = 1) -> float:
 def op_recompute_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes the recomputation of one op-level block adds per token: the block's saved
     tensors other than the kept outputs that backward saves too (attention's output and
-    log-sum-exp, and V and the MLP's first projection, or with the 'matmuls' policy the whole
-    QKV output and the MLP's up projection)."""
+    log-sum-exp, and wv's output V and the MLP's first projection, or with the 'matmuls' policy
+    the whole QKV output and the MLP's up projection)."""
     m, t = job.model, job.training
     if tp > 1:
         return op_recompute_bytes_per_token(job) / tp
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     lse = 4 * m.num_heads if t.flash_attention else 0
     if op_policy(job) == "alternate":
-        shared = (h + 2 * kv + h + f) * t.param_bytes + lse
+        shared = (kv + h + f) * t.param_bytes + lse
     else:
         up = f if m.ffn_type == "gelu" else 2 * f
         shared = (h + 2 * kv + h + up) * t.param_bytes + lse
@@ -238,6 +246,19 @@ def saved_bytes_per_token(job: Job, ckpt: bool | int | str, tp: int = 1) -> floa
     else:
         kept = _div(k * m.hidden_size * ab, tp) + (m.num_layers - k) * block + (block if k else 0)
     return kept + head_bytes_per_token(job, tp)
+
+
+def phase_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1
+                ) -> tuple[float, float]:
+    """(head, recomputation): the bytes of one micro-batch that exist only in one phase of
+    backward. The head's saved tensors (with the loss peak above them, ``loss_peak_bytes``) live
+    until the loss and the LM head have run backward; the recomputation of a checkpointed block
+    (what it saves again) only after that. Both are in ``saved_bytes``."""
+    tokens = micro_batch * job.training.seq_len
+    k, op = checkpointed_blocks(ckpt, job.model.num_layers)
+    per = (op_recompute_bytes_per_token(job, tp) if op
+           else block_bytes_per_token(job, tp) if k else 0.0)
+    return head_bytes_per_token(job, tp) * tokens, per * tokens
 
 
 def rope_table_bytes(job: Job) -> float:

@@ -26,7 +26,7 @@ ILP and the cost model use this same figure; docs/cost-model.md says what it app
 Op-level selective checkpointing keeps the matmul and attention outputs and recomputes the
 elementwise kernels only: backward + the block's forward elementwise time; with torchtitan's
 policy (every second matmul recomputed: ``activations.op_recomputed_matmuls``) also the
-forward of wo and w3 (GELU: wo and fc2).
+forward of wk, wo and w3 (GELU: wk, wo and fc2).
 
 Elementwise bytes per token and block, forward (eager, a = activation bytes per element):
   2 RMSNorms 2 x 14h a  (upcast to fp32, variance, normalise, downcast, weight: ~7 passes of h)
@@ -104,14 +104,14 @@ def _block_matmuls(job: Job, tp: int = 1) -> list[tuple[int, int]]:
 
 
 def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
-    """Forward seconds of the matmuls the op-level policy recomputes (torchtitan's: wo and w3
-    of one TP rank's shard; none for the bundled runtime's)."""
+    """Forward seconds of the matmuls the op-level policy recomputes (torchtitan's: wk, wo and
+    w3 of one TP rank's shard; none for the bundled runtime's)."""
     from amsp_planner.cost.activations import op_recomputed_matmuls
 
     m = job.model
-    h, f = m.hidden_size, _div(m.ffn_hidden_size, tp)
+    h, f, kv = m.hidden_size, _div(m.ffn_hidden_size, tp), _div(m.kv_dim, tp)
     q = _div(m.num_heads * m.head_dim, tp)
-    shape = {"wo": (q, h), "w3": (h, f), "fc2": (f, h)}
+    shape = {"wk": (h, kv), "wo": (q, h), "w3": (h, f), "fc2": (f, h)}
     return sum(_matmul(r, t, *shape[n]) for n in op_recomputed_matmuls(job))
 
 

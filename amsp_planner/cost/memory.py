@@ -18,6 +18,11 @@ Buffers (U = largest padded unit, in elements), exactly what the runtime allocat
               that is idle after backward (a gather buffer when s_P > 1, else a gradient
               buffer, which exists since s_G > 1 there);
   step        U/s_OS * g_b when s_OS > s_G (the OS-shard slice of the step reduce-scatter).
+  per module  an engine that fetches per module (DeepSpeed ZeRO-3, ``Execution.gather_grouping
+              'module'``) holds what its coordinator gathers, not whole units: the gather term is
+              the most elements a replay of its fetch, prefetch and release rules holds at once
+              (persistent small parameters included), the gradient term its one reduce bucket
+              and the largest parameter's whole gradient (``cost/module_fetch.py``);
   tied        with tied embeddings, one more gather buffer (s_P > 1) and one more gradient
               buffer (s_G > 1) of the embedding unit's E elements: the embedding stays gathered
               from the lookup to the LM head, and its gradient collects the head's part at the
@@ -39,21 +44,29 @@ receive buffers (2 x b s k h x imbalance elements, ``moe_compute.dispatch_buffer
 
 Totals: (states + buffers + activations + loss peak) * (1 + fragmentation) + communicators
 + context reserve. Three figures of the peak (docs/memory.md, "Allocated, reserved, device"):
-``allocated`` (the tensors: torch.cuda.max_memory_allocated), ``reserved`` (with the
-fragmentation reserve: max_memory_reserved, torchtitan's logged figure), ``total`` (with NCCL's
+``allocated`` (the tensors: torch.cuda.max_memory_allocated), ``reserved`` (the allocator's
+segments: max_memory_reserved, torchtitan's logged figure), ``total`` (with NCCL's
 buffers and the CUDA context: what the GPU holds and what must fit). The fragmentation
 reserve covers what the caching allocator holds beyond the live tensors (rounding to its block
 sizes, split blocks it cannot return) and the short-lived tensors of backward (activation gradients, SDPA workspaces); NCCL's buffers are allocated
 outside it, and the context reserve is the CUDA context and the libraries' process-wide state.
+Backward runs in two phases whose transients never live together: first the loss and the LM
+head (the head's saved tensors and the loss peak), then, block by block, the recomputation of
+a checkpointed block (what it saves again). ``allocated`` holds the larger of the two;
+``reserved`` counts both (``phase_overlap`` is the smaller), taking the loss phase's segments as
+still cached while the recomputation allocates tensors of other sizes: an approximation of the
+caching allocator, checked on torchtitan PR 165, which published both peaks of its runs
+(reserved / allocated 1.20-1.36).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from amsp_planner.cost.activations import loss_peak_bytes, saved_bytes
+from amsp_planner.cost.activations import loss_peak_bytes, phase_bytes, saved_bytes
 from amsp_planner.cost.communicators import communicator_bytes
 from amsp_planner.cost.job import Job
+from amsp_planner.cost.module_fetch import gathered_elements, grad_bucket_elements
 from amsp_planner.cost.schedule import quantized_bytes
 from amsp_planner.strategy import Strategy
 
@@ -85,6 +98,10 @@ class MemoryBreakdown:
     """The expert class's gather, gradient, staging and step buffers."""
     dispatch_buffers: float = 0.0
     """The token all-to-all's send and receive buffers (expert parallelism)."""
+    phase_overlap: float = 0.0
+    """Bytes counted in both backward phases that never live together: the head's saved
+    tensors with the loss peak, and a checkpointed block's recomputation (the smaller of the
+    two). Not allocated at once, but held by the allocator's segments (module docstring)."""
 
     @property
     def model_states(self) -> float:
@@ -104,15 +121,17 @@ class MemoryBreakdown:
 
     @property
     def allocated(self) -> float:
-        """The live tensors at the peak: what ``torch.cuda.max_memory_allocated`` reports."""
-        return self.runtime_tensors + self.activations + self.loss_peak
+        """The live tensors at the peak: what ``torch.cuda.max_memory_allocated`` reports (the
+        loss phase and the recomputation phase of backward not at once)."""
+        return self.runtime_tensors + self.activations + self.loss_peak - self.phase_overlap
 
     @property
     def reserved(self) -> float:
-        """The caching allocator's segments at the peak (the tensors and the fragmentation
-        reserve): what ``torch.cuda.max_memory_reserved`` reports, and torchtitan logs as
-        ``memory:`` (max_reserved_gib)."""
-        return self.allocated + self.fragmentation
+        """The caching allocator's segments at the peak: the tensors of both backward phases
+        (the segments the loss phase used stay cached when the recomputation allocates) and the
+        fragmentation reserve: what ``torch.cuda.max_memory_reserved`` reports, and torchtitan
+        logs as ``memory:`` (max_reserved_gib)."""
+        return self.allocated + self.phase_overlap + self.fragmentation
 
     @property
     def total(self) -> float:
@@ -158,14 +177,15 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
     t = job.training
     u, pb, gb = job.tp_max_unit(s.tp), t.param_bytes, t.grad_bytes
     e = job.tp_units(s.tp)[0] if job.model.tied_embeddings else 0
+    per_module = job.profile.execution.gather_grouping == "module" and s.tp == 1
     gather = 0.0
     if s.s_p > 1:
-        gather = (2 * u + e) * pb
+        gather = (gathered_elements(job) if per_module else 2 * u + e) * pb
         if s.qwz:
             gather += 2 * quantized_bytes(u, 8, s.quant_block)
     grad = 0.0
     if s.s_g > 1:
-        grad = (2 * u + e) * gb
+        grad = (grad_bucket_elements(job) if per_module else 2 * u + e) * gb
         if s.qgz:
             grad += 2 * quantized_bytes(u, 4, s.quant_block)
     staging = u * gb if s.s_g > 1 and (1 < s.s_p < s.s_g or s.qgz) else 0.0
@@ -208,9 +228,11 @@ def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     experts = expert_bytes(job, s)
     act = saved_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
     peak = loss_peak_bytes(job, s.micro_batch, s.tp)
+    head, recompute = phase_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
     gpu = job.cluster.gpu
     frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak
                                          + sum(experts.values()))
     return MemoryBreakdown(**states, **bufs, activations=act, loss_peak=peak, fragmentation=frag,
                            communicators=communicator_bytes(job, s),
-                           context=gpu.context_reserve_gib * 1024**3, **experts)
+                           context=gpu.context_reserve_gib * 1024**3, **experts,
+                           phase_overlap=min(head + peak, recompute))

@@ -19,14 +19,12 @@ No partial factors (s < N) other than hpZ's secondary group: ``mics_shard_size``
 current DeepSpeed (it rejects the key), so a MiCS/HSDP plan exports as the best of the stages
 above, with the difference priced; FSDP2 expresses it exactly (``--to fsdp2``).
 
-Buffers: the config sizes DeepSpeed's buffers as the memory model counts them (``buffers``), in
-elements of the largest padded unit U (a block, or the embedding / head when larger): one
-unit per gradient bucket (``reduce_bucket_size``; with overlap_comm DeepSpeed fills one bucket
-while the other is reduced: the two gradient buffers), one unit per all-gather bucket
-(``allgather_bucket_size``, stages 1-2), stage 3 prefetching one unit
-(``stage3_prefetch_bucket_size``) with at most two units gathered
-(``stage3_max_live_parameters``: the two gather buffers) and every parameter partitioned
-(``stage3_param_persistence_threshold`` 0: the model keeps no parameter whole).
+Buffers: the config writes DeepSpeed's own defaults for its buffers (``buffers``), which the
+memory model prices as DeepSpeed holds them (``cost/module_fetch.py``: stage 3 gathers per
+module, prefetching up to ``stage3_prefetch_bucket_size`` elements within
+``stage3_max_live_parameters``, keeping parameters reused within ``stage3_max_reuse_distance``
+and those under ``stage3_param_persistence_threshold`` whole; one gradient bucket of
+``reduce_bucket_size``) and the step model prices as it executes (``engines.py``).
 
 Activation checkpointing: which blocks run under ``deepspeed.checkpointing.checkpoint`` is the
 model code's choice, not a ds_config switch; the config's ``activation_checkpointing`` section
@@ -88,14 +86,18 @@ def stage_of(s: Strategy, num_gpus: int) -> int:
 
 
 def buffers(job: Job, stage: int) -> dict[str, int]:
-    """The zero_optimization buffer fields, in elements, the memory model counts (module text)."""
-    u = job.max_unit
-    out = {"reduce_bucket_size": u}
+    """The zero_optimization buffer fields, in elements, the memory and step models price
+    (module text): DeepSpeed's own defaults, as the deepspeed engine profile records them."""
+    from amsp_planner.cost.module_fetch import MAX_LIVE, MAX_REUSE
+
+    ex = PROFILES[TARGET].execution
+    out = {"reduce_bucket_size": ex.reduce_bucket}
     if stage in (1, 2):
-        out["allgather_bucket_size"] = u
+        out["allgather_bucket_size"] = ex.update_bucket
     if stage == 3:
-        out.update(stage3_prefetch_bucket_size=u, stage3_max_live_parameters=2 * u,
-                   stage3_param_persistence_threshold=0)
+        out.update(stage3_prefetch_bucket_size=ex.prefetch_bucket,
+                   stage3_max_live_parameters=MAX_LIVE, stage3_max_reuse_distance=MAX_REUSE,
+                   stage3_param_persistence_threshold=ex.persistence_threshold)
     return out
 
 
@@ -200,6 +202,7 @@ _BUFFER_ATTRS = {"reduce_bucket_size": "reduce_bucket_size",
                  "allgather_bucket_size": "allgather_bucket_size",
                  "stage3_prefetch_bucket_size": "prefetch_bucket_size",
                  "stage3_max_live_parameters": "max_live_parameters",
+                 "stage3_max_reuse_distance": "max_reuse_distance",
                  "stage3_param_persistence_threshold": "param_persistence_threshold"}
 """ds_config buffer field -> the DeepSpeedZeroConfig attribute it sets."""
 
