@@ -188,7 +188,10 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     krange, bwd_hi, dbwd, dact = {}, {}, {}, {}
     rec, drec = {}, {}  # recompute seconds per step of option j, and per block of K
     blocks = sorted(c for c in sp.ckpt if c != "op" and c >= 1)
-    compact = len(blocks) >= 3 and blocks == list(range(blocks[0], blocks[-1] + 1))
+    # A mixture of experts with dense layers recomputes the all-to-alls of the MoE layers among
+    # the first K only: not affine in K, so each K is its own option there
+    compact = (len(blocks) >= 3 and blocks == list(range(blocks[0], blocks[-1] + 1))
+               and not (sp.ep > 1 and job.model.dense_layers))
     listed = [c for c in sp.ckpt if not (compact and c in blocks)]
 
     tp_units: dict = {}
