@@ -75,11 +75,14 @@ def test_ilp_equals_brute_force_on_moe(p):
 def test_partial_checkpointing_range_of_a_moe_model_matches_the_brute_force():
     # four layers: K = 1..4 blocks is one option with a slope (solver/tables.py), the
     # all-to-all buffers counted once; a limit that makes checkpointing bind
-    model = tiny_moe(layers=4, experts=4, h=1024, fe=512)
-    job = moe_job(model, "dgx-h100-ndr", 8, 4, seqs_per_gpu=2, seq_len=2048)
-    ddp = evaluate(job, Strategy(), float("inf")).memory.total
-    for frac in (0.35, 0.5, 0.8):
-        check_against_brute_force(job, ddp * frac, False, "time", None)
+    # (and with a first dense layer: K = 1 apart, the range from K = 2, past which the
+    # recomputed all-to-alls grow by one layer's per block)
+    for dense in ((), (0,)):
+        model = tiny_moe(layers=4 + len(dense), experts=4, h=1024, fe=512, dense=dense)
+        job = moe_job(model, "dgx-h100-ndr", 8, 4, seqs_per_gpu=2, seq_len=2048)
+        ddp = evaluate(job, Strategy(), float("inf")).memory.total
+        for frac in (0.35, 0.5, 0.8):
+            check_against_brute_force(job, ddp * frac, False, "time", None)
 
 
 def qwen3_like(layers=48) -> ModelSpec:
