@@ -134,3 +134,26 @@ def test_expert_parallelism_inside_the_node_beats_spanning_nodes():
     assert a2a == 3 * 96 * 2 * 7 / 8 * 128 * 2**20
     assert res.best.step_s < spanning.step_s
     assert not span or min(e.step_s for e in span) >= res.best.step_s
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(instances)
+def test_the_planners_rule_on_moe_matches_the_brute_force(p):
+    # the default rule (band, headroom, least recompute, fewest process groups, least
+    # memory): the ILP's choice is the brute force's first
+    from amsp_planner.solver.space import Preference
+
+    layers = p["layers"]
+    model = tiny_moe(layers, p["experts"], p["k"], p["shared"], (), p["h"])
+    gpus = p["gpus_per_node"] * p["nodes"]
+    job = moe_job(model, p["cluster"], gpus, p["gpus_per_node"], p["seqs_per_gpu"],
+                  expert_imbalance=p["imbalance"])
+    pref = Preference.default(job=job)
+    limit = evaluate(job, Strategy(), float("inf")).memory.total * p["limit_frac"]
+    oracle = brute_force(job, SearchSpace.for_job(job), limit, preference=pref)
+    for solver in ("highs", "exhaustive"):
+        if not oracle:
+            continue
+        got = _solve(job, limit, preference=pref, solver=solver, runners_up=0).best
+        assert got.strategy == oracle[0].strategy, (solver, got.strategy, oracle[0].strategy)
