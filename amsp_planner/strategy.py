@@ -3,6 +3,7 @@
 String form (docs/design.md), parsed only here::
 
     p=8,g=8,os=64,qwz,hpz=8,qgz,mb=1,ckpt        tp=8,p=32,g=32,os=32,mb=1
+    ep=8,p=64,g=64,os=64,ep.p=8,ep.g=8,ep.os=8,mb=1,ckpt
 
 - ``tp=T``: tensor (+ sequence) parallel degree inside the node (default 1, then not written).
   T divides R; a TP group is T consecutive ranks of one node, and the data-parallel ranks are
@@ -20,6 +21,14 @@ String form (docs/design.md), parsed only here::
 - ``qgz``: gradient reduction by a two-hop INT4 all-to-all (intra-node, then inter-node).
 - ``mb=B``: sequences per GPU per micro-batch; ``ga=K`` optionally pins the accumulation steps
   (checked against the global batch).
+- ``ep=E``, ``ep.span``, ``ep.p=``, ``ep.g=``, ``ep.os=`` (mixture-of-experts models only;
+  docs/moe.md, ``strategy_experts.py``): expert-parallel degree e (each rank holds E/e routed
+  experts of every MoE layer; E % e == 0), the EP group's placement (default: e consecutive
+  ranks, inside a node when e <= R; ``ep.span``: strided across nodes) and the expert class's
+  shard factors over the N/e ranks holding the same experts, with the dense triple's rules
+  over those ranks. Written whole (``ep=1,...,ep.p=1,ep.g=1,ep.os=1``) for an expert strategy;
+  any of them given makes one, the missing factors 1. Without them the expert class follows
+  the dense triple at e = 1 (as an engine without expert parallelism shards it).
 - ``ckpt`` / ``nockpt``: full activation checkpointing of every block / none; ``ckpt=K``
   checkpoints the first K of the L blocks (``ckpt=0`` is none, ``ckpt=L`` is full, as
   Megatron's ``--recompute-num-layers K`` with the block method); ``ckpt=op`` is op-level
@@ -34,7 +43,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from amsp_planner.ckpt_setting import CKPT_HELP as CKPT_HELP
+from amsp_planner.ckpt_setting import checkpointed_blocks as checkpointed_blocks
+from amsp_planner.ckpt_setting import ckpt_fields, parse_ckpt_value
 from amsp_planner.errors import AmspUserError
+from amsp_planner.strategy_experts import ExpertLayout, check_ep, expert_layout
 
 PAD_QUANTUM = 256
 """Every unit is padded to a multiple of N * PAD_QUANTUM elements, so each shard at any factor
@@ -73,6 +86,18 @@ class Strategy:
     """Op-level selective checkpointing of every block (matmul outputs kept)."""
     tp: int = 1
     """Tensor (+ sequence) parallel degree t inside the node; 1 = none."""
+    ep: int = 1
+    """Expert-parallel degree e: each rank holds E/e routed experts of every MoE layer."""
+    ep_span: bool = False
+    """False: an EP group is e consecutive ranks (inside a node when e <= R); True: strided
+    across the nodes (strategy_experts.py)."""
+    ep_p: int | None = None
+    """Expert parameter shard factor over the N/e ranks holding the same experts; None (with
+    ep_g, ep_os): no expert tokens, the expert class follows the dense triple at e = 1."""
+    ep_g: int | None = None
+    """Expert gradient shard factor."""
+    ep_os: int | None = None
+    """Expert optimizer-state shard factor."""
 
     @property
     def quantized(self) -> bool:
@@ -105,10 +130,29 @@ class Strategy:
             return None
         return "ckpt" if v is True else f"ckpt={v}"
 
+    @property
+    def has_experts(self) -> bool:
+        """The strategy spells the expert class (ep tokens given)."""
+        return self.ep_p is not None
+
+    def expert_factor(self, component: str) -> int:
+        """The expert class's shard factor of a component (the dense one without ep tokens)."""
+        f = {"p": self.ep_p, "g": self.ep_g, "os": self.ep_os}[component]
+        return self.factor(component) if f is None else f
+
+    def expert_layout(self, num_gpus: int, gpus_per_node: int) -> ExpertLayout:
+        """The EP and EDP groups of this strategy on N GPUs, R per node."""
+        return expert_layout(self.ep, self.ep_span, num_gpus // self.tp,
+                             max(1, gpus_per_node // self.tp))
+
     # ----- string form --------------------------------------------------------------------
     def __str__(self) -> str:
         parts = [f"tp={self.tp}"] if self.tp > 1 else []
+        if self.has_experts:
+            parts += [f"ep={self.ep}"] + (["ep.span"] if self.ep_span else [])
         parts += [f"p={self.s_p}", f"g={self.s_g}", f"os={self.s_os}"]
+        if self.has_experts:
+            parts += [f"ep.p={self.ep_p}", f"ep.g={self.ep_g}", f"ep.os={self.ep_os}"]
         if self.qwz:
             parts.append("qwz" if self.quant_block == PAD_QUANTUM else f"qwz={self.quant_block}")
         if self.hpz > 1:
@@ -137,32 +181,32 @@ class Strategy:
             if key in seen:
                 raise AmspUserError(f"--strategy: '{key}' given twice in '{text}': keep one")
             seen.add(key)
-            if key in ("tp", "p", "g", "os", "hpz", "mb", "ga"):
+            if key in _INT_FIELDS:
                 if not value:
                     raise AmspUserError(f"--strategy: '{key}' needs a value, e.g. {key}=8")
-                n = _positive_int(value, key, text)
-                field = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_batch",
-                         "ga": "grad_accum", "tp": "tp"}[key]
-                kw[field] = n
+                kw[_INT_FIELDS[key]] = _positive_int(value, key, text)
             elif key == "qwz":
                 kw["qwz"] = True
                 if value:
                     kw["quant_block"] = _positive_int(value, key, text)
             elif key == "ckpt" and value:
                 kw.update(ckpt_fields(parse_ckpt_value(value, "--strategy: ckpt=")))
-            elif key in ("qgz", "ckpt", "nockpt"):
+            elif key in ("qgz", "ckpt", "nockpt", "ep.span"):
                 if value:
                     raise AmspUserError(f"--strategy: '{key}' takes no value (got '{token}')")
-                if key == "qgz":
-                    kw["qgz"] = True
+                if key in ("qgz", "ep.span"):
+                    kw[key.replace(".", "_")] = True
                 else:
                     kw["ckpt"] = key == "ckpt"
             else:
                 raise AmspUserError(
                     f"--strategy: unknown token '{token}' in '{text}': use tp=, p=, g=, os=, qwz[=block], "
-                    "hpz=, qgz, mb=, ga=, ckpt[=K|op] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
+                    "hpz=, qgz, ep=, ep.span, ep.p=, ep.g=, ep.os=, mb=, ga=, ckpt[=K|op] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
                     "hsdp, mics, zeropp)"
                 )
+        if seen & {"ep", "ep.span", "ep.p", "ep.g", "ep.os"}:
+            for f in ("ep_p", "ep_g", "ep_os"):
+                kw.setdefault(f, 1)
         s = cls(**kw)
         if PAD_QUANTUM % s.quant_block or s.quant_block < 8:
             raise AmspUserError(
@@ -238,53 +282,29 @@ class Strategy:
             raise ValueError("qwz quantizes the parameter all-gather, but p=1 has none: drop qwz")
         if self.qgz and self.s_g == 1:
             raise ValueError("qgz replaces the gradient reduce-scatter, but g=1 has none: drop qgz")
+        if self.has_experts:
+            if self.tp > 1:
+                raise ValueError(f"tp={self.tp} with expert tokens: tensor parallelism of a "
+                                 "mixture-of-experts model is not modelled: use tp=1")
+            check_ep(self.ep, self.ep_span, {c: self.expert_factor(c) for c in COMPONENTS}, n, r)
+
+    def check_experts(self, num_experts: int) -> None:
+        """Raise ValueError unless the strategy fits a model of E routed experts (0: dense)."""
+        if not num_experts and self.has_experts:
+            raise ValueError("ep tokens on a dense model (no routed experts): drop ep=, "
+                             "ep.span and ep.p/ep.g/ep.os")
+        if num_experts and num_experts % self.ep:
+            raise ValueError(f"ep={self.ep} does not divide the model's {num_experts} routed "
+                             f"experts: use a divisor of {num_experts} that divides the GPUs")
 
     def with_(self, **changes) -> Strategy:
         return replace(self, **changes)
 
 
-CKPT_HELP = "a block count K (0 = none), 'op' (op-level selective), 'full' or 'none'"
-
-
-def parse_ckpt_value(value: str, where: str) -> bool | int | str:
-    """'full' -> True, 'none' -> False, 'op' -> 'op', 'K' -> K (K >= 0); AmspUserError
-    naming `where` otherwise."""
-    v = value.strip().lower()
-    if v in ("full", "none", "op"):
-        return {"full": True, "none": False, "op": "op"}[v]
-    try:
-        k = int(v)
-    except ValueError:
-        raise AmspUserError(f"{where}{value}: use {CKPT_HELP}") from None
-    if k < 0:
-        raise AmspUserError(f"{where}{value}: the block count must be at least 0")
-    return k or False
-
-
-def ckpt_fields(value: bool | int | str, num_layers: int | None = None) -> dict:
-    """Strategy fields for a checkpointing setting (True, False, K or 'op'); with the block
-    count given, K = L is full checkpointing and K = 0 none (the canonical forms)."""
-    if value == "op":
-        return {"ckpt": False, "ckpt_blocks": 0, "ckpt_op": True}
-    if value is True or value is False:
-        return {"ckpt": value, "ckpt_blocks": 0, "ckpt_op": False}
-    k = int(value)
-    if num_layers is not None and k >= num_layers:
-        return {"ckpt": True, "ckpt_blocks": 0, "ckpt_op": False}
-    return {"ckpt": False, "ckpt_blocks": k, "ckpt_op": False}
-
-
-def checkpointed_blocks(value: bool | int | str, num_layers: int) -> tuple[int, bool]:
-    """(K, op) of a checkpointing setting for L blocks: the blocks fully checkpointed (the
-    first K), and whether every block is op-level checkpointed instead."""
-    if value == "op":
-        return 0, True
-    if value is True:
-        return num_layers, False
-    if value is False:
-        return 0, False
-    return int(value), False
-
+_INT_FIELDS = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_batch",
+               "ga": "grad_accum", "tp": "tp", "ep": "ep", "ep.p": "ep_p", "ep.g": "ep_g",
+               "ep.os": "ep_os"}
+"""Tokens that take a positive integer, and the Strategy field each sets."""
 
 def _positive_int(value: str, key: str, text: str) -> int:
     try:

@@ -250,6 +250,7 @@ class Job:
         """Raise AmspUserError unless the strategy is valid for this job."""
         try:
             strategy.check(self.num_gpus, self.gpus_per_node)
+            strategy.check_experts(self.model.num_experts)
             strategy.n_micro(self.training.batch_seqs, self.num_gpus)
         except ValueError as e:
             raise AmspUserError(f"--strategy {strategy}: {e}") from None
