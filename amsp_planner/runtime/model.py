@@ -189,13 +189,13 @@ def block_modes(ckpt, num_layers: int) -> list[str | None]:
 
 
 def run_block(x: torch.Tensor, p: dict[str, torch.Tensor], model, mode: str | None = None,
-              ep=None) -> torch.Tensor:
+              ep=None, gate: str = "balanced") -> torch.Tensor:
     """One block, checkpointed per `mode` (module docstring). Under checkpointing the block is
     recomputed in backward from `p`'s tensors as they are then (the caller points them at the
     unit's backward gather). A MoE block's all-to-alls (over `ep`) run again in a full
     recomputation (no early stop); under op-level checkpointing the caller keeps their outputs
     (``moe.EPContext.record``/``replay``), as the TP collectives'."""
-    fn = functools.partial(block, ep=ep) if ep is not None else block
+    fn = functools.partial(block, ep=ep, gate=gate) if "router" in p else block
     if mode is None:
         return fn(x, p, model)
     from torch.utils.checkpoint import (

@@ -36,12 +36,14 @@ list form ``all_to_all``), so no point-to-point emulation is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from amsp_planner.errors import AmspUserError
 from amsp_planner.runtime.collectives import Comm, Group
+from amsp_planner.runtime.support import check_moe
 
 EXPERTS = "experts"
 """The name of the routed experts' parameter (the expert class) in a MoE block's unit."""
@@ -65,13 +67,10 @@ def mlp_specs(model) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def capacity(model, seq_len: int) -> int:
-    """Slots per expert per sequence: S k / E (refused in one line unless E divides S k)."""
+    """Slots per expert per sequence: S k / E (``support.check_moe`` refuses the rest)."""
     E, k = model.num_experts, model.experts_per_token
     if (seq_len * k) % E:
-        raise AmspUserError(
-            f"seq_len {seq_len} x experts_per_token {k} is not a multiple of num_experts {E}: "
-            "the bundled runtime routes S k / E tokens of every sequence to each expert (fixed "
-            "all-to-all sizes): pick a sequence length that makes it whole")
+        check_moe(SimpleNamespace(model=model, training=SimpleNamespace(seq_len=seq_len)))
     return seq_len * k // E
 
 

@@ -15,10 +15,11 @@ from amsp_planner.runtime.model import ReferenceModel
 
 
 def reference_run(job, steps: int, seed: int = 0, data: str | None = None,
-                  optim: OptimConfig | None = None) -> tuple[list[float], list[torch.Tensor]]:
+                  optim: OptimConfig | None = None, gate: str = "balanced"
+                  ) -> tuple[list[float], list[torch.Tensor]]:
     """(loss per step, final unpadded fp32 units) of the unsharded fp32 model."""
     optim = optim or OptimConfig()
-    model = ReferenceModel(job.model, seed)
+    model = ReferenceModel(job.model, seed, gate=gate)
     opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2),
                             eps=optim.eps, weight_decay=optim.weight_decay, foreach=False)
     t = job.training

@@ -2,6 +2,8 @@
 
 - the model family: LLaMA-style decoders (RMSNorm, RoPE, SwiGLU, no biases, head_dim =
   hidden_size / num_heads, no qk or post norms); anything else is refused in one line.
+- a mixture of experts (runtime/moe.py): each expert takes S k / E tokens of every sequence,
+  so E must divide S k (``check_moe``, run with ``check_tp``).
 - tensor parallelism (runtime/tp.py): tp = t > 1 splits the vocabulary, the MLP width and
   the sequence evenly over the t ranks, so t must divide each.
 
@@ -39,6 +41,8 @@ def check_tp(strategy, job=None) -> None:
     combination, ZeRO++ included, and every checkpointing setting, on a model whose
     vocabulary, MLP width and sequence length t divides; the rest is refused in one line,
     naming it."""
+    if job is not None:
+        check_moe(job)
     t = strategy.tp
     if t == 1 or job is None:
         return
@@ -51,3 +55,17 @@ def check_tp(strategy, job=None) -> None:
             f"plan has tp={t} but {', '.join(bad)} is not a multiple of {t}: the bundled "
             "runtime splits the vocabulary, the MLP and the sequence evenly over the TP ranks: "
             "pad it to a multiple, or re-plan with another --tp")
+
+
+def check_moe(job) -> None:
+    """A MoE model routes S k / E tokens of every sequence to each expert (fixed all-to-all
+    sizes, runtime/moe.py): E must divide S k; refused in one line otherwise."""
+    m, seq = job.model, job.training.seq_len
+    if not m.is_moe:
+        return
+    E, k = m.num_experts, m.experts_per_token
+    if (seq * k) % E:
+        raise AmspUserError(
+            f"seq_len {seq} x experts_per_token {k} is not a multiple of num_experts {E}: "
+            "the bundled runtime routes S k / E tokens of every sequence to each expert (fixed "
+            "all-to-all sizes): pick a sequence length that makes it whole")

@@ -70,6 +70,9 @@ class RunConfig:
     space so the step runs out of memory."""
     fail_rank: int = -1
     fail_mode: str = "step"
+    gate: str = "balanced"
+    """A MoE model's routing (runtime/moe.py): 'balanced' (every expert the same tokens) or
+    'topk' (the router's top-k with a capacity of S k / E tokens per expert per sequence)."""
     save_on_sigterm: bool = False
     """A SIGTERM (or the launcher's stop file) makes every rank save a checkpoint at the end
     of the step it runs and stop (``lifecycle.Stopped``); asked once per step with one
@@ -127,7 +130,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
     comm = Comm(device)
     faults.at(doing="checking the world against the plan")
     groups, rank = setup(job, strategy, comm)
-    engine = ShardedEngine(job, strategy, comm, groups, rank, cfg.optim, device)
+    engine = ShardedEngine(job, strategy, comm, groups, rank, cfg.optim, device, cfg.gate)
     N, n_micro, mb = job.num_gpus, evaluation.n_micro, strategy.micro_batch
     seq = job.training.seq_len
     source = TokenSource(cfg.data, job.model.vocab_size, seq, job.training.batch_seqs, cfg.seed)

@@ -40,7 +40,7 @@ def main() -> None:
         rc = RunConfig(steps=run.get("steps", 3), data=run.get("data"), log_every=0,
                        checkpoint_dir=run.get("checkpoint_dir"),
                        checkpoint_every=run.get("checkpoint_every", 0),
-                       resume=run.get("resume", False))
+                       resume=run.get("resume", False), gate=run.get("gate", "balanced"))
         rep = train(job, s, rc)
         eng = rep.pop("_engine")
         states = {k: eng.full_units(k) for k in ("master", "exp_avg", "exp_avg_sq")}
