@@ -48,6 +48,10 @@ partitioner recomputes them from the matmul outputs); the head and loss as eager
 norm fused), as torchtitan ran them in the published compiled runs (2024: the model's blocks
 compiled, the loss not).
 
+Mixture of experts: a block's MLP part is the mean over the L blocks of a dense layer's and a
+MoE layer's (router probabilities, the routed copies' expert inputs, MLP tensors and outputs,
+the shared expert: cost/moe_compute.py), scaled by the expert imbalance for the routed part.
+
 Full checkpointing keeps each block's input (h a_b per token) and one block's activations
 while it is recomputed, plus the head. Checkpointing the first K of the L blocks keeps K inputs,
 the L - K other blocks whole and, when K > 0, one block's activations while it is recomputed.
@@ -136,10 +140,17 @@ def block_bytes_per_token(job: Job, tp: int = 1) -> float:
     m, ab, prof = job.model, job.training.param_bytes, profile_of(job)
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     gelu = m.ffn_type == "gelu"
+    if m.is_moe:  # the MLP part, the mean over the blocks (cost/moe_compute.py)
+        from amsp_planner.cost.moe_compute import mean_mlp_saved
     if prof in KORTHIKANTI:
-        return (6 * h + 2 * kv + (2 * f if gelu else 3 * f)) * ab + _softmax(job)
+        mlp = (2 * f if gelu else 3 * f) * ab
+        if m.is_moe:
+            mlp = mean_mlp_saved(job, True, mlp)
+        return (6 * h + 2 * kv) * ab + mlp + _softmax(job)
     rope = m.position_embedding == "rope"
     mlp = (2 * f if gelu else 4 * f) * ab
+    if m.is_moe:
+        mlp = mean_mlp_saved(job, False, mlp)
     if prof == "torchtitan":
         rotary = 4 * (h + kv) + (h + kv) * ab if rope else 0  # fp32 Q, K; rotated Q, K
         qkv = (h + 2 * kv) * ab + rotary

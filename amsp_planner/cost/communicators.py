@@ -6,7 +6,7 @@ r0 = (r // (m*d)) * m*d + r % d (DESIGN.md 3a; ``runtime/groups.py`` builds them
 NCCL creates a communicator per process group on its first collective, so a rank holds one for
 each distinct (size, stride) that a collective of the schedule uses: kinds with equal members
 share one (the runtime caches process groups by their ranks; ZeRO-3's P, G and world groups are
-one). Each holds ``COMMUNICATOR_BYTES`` of channel buffers; one that runs all-to-all (qgZ's
+one; a mixture of experts' EP group and expert-class kinds are kinds like any other). Each holds ``COMMUNICATOR_BYTES`` of channel buffers; one that runs all-to-all (qgZ's
 hops) connects every pair of members and holds more: ``A2A_NVLINK_PEER_BYTES`` per peer inside a
 node, ``A2A_NET_BYTES`` across nodes. On the CPU runtime (gloo, ``intra_fabric: shm``) there
 are no such buffers.
@@ -49,6 +49,12 @@ def group_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int
     }
     if t > 1:
         kinds["TP"] = (t, 1)
+    if s.has_experts:  # mixture of experts (cost/moe_schedule.py): EP and the expert class
+        lay = s.expert_layout(world, gpus_per_node)
+        p, g, o, d = s.ep_p, s.ep_g, s.ep_os, lay.edp_stride
+        kinds.update({"EP": (s.ep, lay.ep_stride), "EP_P": (p, d), "EP_G": (g, d),
+                      "EP_OS_shard": (o // g, g * d), "EP_OS_replica": (lay.edp_size // o, o * d),
+                      "EP_P_update": (o // p, p * d)})
     return kinds
 
 
@@ -56,7 +62,8 @@ def used_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int,
     """The kinds a collective of the schedule runs on (size > 1), with (size, stride)."""
     s = strategy
     kinds = group_kinds(s, world, gpus_per_node)
-    used = {"P", "hpZ", "OS_shard", "OS_replica", "P_update", "world", "TP"}
+    used = {"P", "hpZ", "OS_shard", "OS_replica", "P_update", "world", "TP", "EP", "EP_P",
+            "EP_G", "EP_OS_shard", "EP_OS_replica", "EP_P_update"}
     used |= {"G_intra", "G_inter"} if s.qgz else {"G"}
     return {k: v for k, v in kinds.items() if k in used and v[0] > 1}
 
@@ -76,4 +83,8 @@ def communicator_bytes(job, s) -> float:
         total += (kinds["G_intra"][0] - 1) * A2A_NVLINK_PEER_BYTES
     if "G_inter" in kinds:
         total += A2A_NET_BYTES
+    if "EP" in kinds:  # the token all-to-all: peers in the node, and the network pool
+        lay = job.topology.layout(*kinds["EP"])
+        total += (lay.members_per_node - 1) * A2A_NVLINK_PEER_BYTES
+        total += A2A_NET_BYTES if lay.nodes > 1 else 0
     return float(total)

@@ -125,14 +125,26 @@ def _elementwise_block(job: Job) -> float:
 
 
 def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
-                  tp: int = 1) -> UnitCompute:
-    """One block's seconds; `ckpt` True (every block), False, K blocks or 'op'; per TP rank."""
+                  tp: int = 1, ep: int = 1) -> UnitCompute:
+    """One block's seconds; `ckpt` True (every block), False, K blocks or 'op'; per TP rank.
+    A mixture-of-experts model's block is the mean over its L blocks, at expert-parallel
+    degree `ep` (cost/moe_compute.py)."""
     r = _rates(job)
     m, s = job.model, job.training.seq_len
     t = micro_batch * s
     mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job, tp))
+    elems = _elementwise_block(job)
+    if m.is_moe:
+        from amsp_planner.cost.moe_compute import mean_mlp
+
+        mats = _block_matmuls(job)
+        dense_mlp = sum(_matmul(r, t, k, n) for k, n in mats[2:])
+        dense_el = (5 if m.ffn_matrices == 3 else 2) * m.ffn_hidden_size
+        mlp_s, mlp_el = mean_mlp(job, r, t, ep, dense_mlp, dense_el)
+        mm += mlp_s - dense_mlp
+        elems += (mlp_el - dense_el) * job.training.param_bytes
     attn = _div(2.0 * t * s * m.num_heads * m.head_dim, tp) / r.attn
-    elem = _div(t * _elementwise_block(job), tp) / r.hbm if r.hbm else 0.0
+    elem = _div(t * elems, tp) / r.hbm if r.hbm else 0.0
     fwd = mm + attn + elem
     bwd = 2 * mm + 2.5 * attn + 2 * elem
     k, op = checkpointed_blocks(ckpt, m.num_layers)
@@ -149,11 +161,13 @@ def head_compute(job: Job, micro_batch: int, tp: int = 1) -> UnitCompute:
     return UnitCompute(mm + 12 * ce, 2 * mm + 18 * ce)
 
 
-def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1) -> float:
+def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1,
+                ep: int = 1) -> float:
     """Seconds per step that checkpointing setting `ckpt` adds to the blocks' compute (0 for
     none): what the planner's rule does not spend to save memory (docs/planner.md). With TP,
     the recomputed forward's TP collectives (``tp_schedule.tp_recompute_s``) count as recompute too."""
-    a, b = block_compute(job, micro_batch, ckpt, tp), block_compute(job, micro_batch, False, tp)
+    a = block_compute(job, micro_batch, ckpt, tp, ep)
+    b = block_compute(job, micro_batch, False, tp, ep)
     extra = a.forward + a.backward - b.forward - b.backward
     if tp > 1:
         from amsp_planner.cost.tp_schedule import tp_recompute_s
@@ -163,8 +177,8 @@ def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1)
 
 
 def unit_computes(job: Job, micro_batch: int, ckpt: bool | int | str,
-                  tp: int = 1) -> dict[str, UnitCompute]:
+                  tp: int = 1, ep: int = 1) -> dict[str, UnitCompute]:
     """Per unit class ('embedding', 'block', 'head'): one micro-batch's compute seconds."""
     return {"embedding": UnitCompute(0.0, 0.0),
-            "block": block_compute(job, micro_batch, ckpt, tp),
+            "block": block_compute(job, micro_batch, ckpt, tp, ep),
             "head": head_compute(job, micro_batch, tp)}

@@ -92,11 +92,12 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
     if schedules is None:
         sched = build_schedule(job, s, n_micro)
     else:
-        key = s if s.tp > 1 else s.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False)
+        key = s if s.tp > 1 or s.ep > 1 else s.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False)
         if key not in schedules:
             schedules[key] = build_schedule(job, s, n_micro)
         sched = schedules[key]
-    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt_value, s.s_os, s.tp)
+    t = step_time(job, sched, n_micro, s.micro_batch, s.ckpt_value, s.s_os, s.tp, s.ep,
+                  s.expert_factor("os"))
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     return Evaluation(
         strategy=s,

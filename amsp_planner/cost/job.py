@@ -169,9 +169,23 @@ class Job:
 
     @cached_property
     def units(self) -> tuple[int, ...]:
-        """Padded elements of each unit: embedding, blocks, final norm + head."""
+        """Padded elements of each unit: embedding, blocks, final norm + head. For a
+        mixture-of-experts model, of its dense class (the routed experts are ``expert_units``)."""
         q = self.pad_multiple
-        return tuple(-(-u // q) * q for u in self.model.unit_params())
+        m = self.model
+        return tuple(-(-(u - x) // q) * q
+                     for u, x in zip(m.unit_params(), m.unit_expert_params(), strict=True))
+
+    def expert_units(self, ep: int) -> tuple[int, ...]:
+        """Padded elements of the routed experts one rank holds in each unit at degree `ep`:
+        E/ep experts of each MoE layer, padded to a multiple of the N/ep ranks holding the same
+        experts x the padding quantum (0 for the embedding, the head and dense layers)."""
+        key = ("experts", ep)
+        if key not in self._tp_cache:
+            q = self.num_gpus // ep * PAD_QUANTUM
+            self._tp_cache[key] = tuple(-(-(x // ep) // q) * q
+                                        for x in self.model.unit_expert_params())
+        return self._tp_cache[key]
 
     # ----- tensor parallelism (docs/cost-model.md, "Tensor parallelism") --------------------
     @cached_property
@@ -254,6 +268,10 @@ class Job:
             strategy.n_micro(self.training.batch_seqs, self.num_gpus)
         except ValueError as e:
             raise AmspUserError(f"--strategy {strategy}: {e}") from None
+        if self.model.is_moe and (strategy.qwz or strategy.qgz or strategy.hpz > 1):
+            raise AmspUserError(
+                f"--strategy {strategy}: ZeRO++ (qwz, hpz, qgz) with a mixture-of-experts model "
+                "is not modelled (docs/moe.md): drop them")
         t = strategy.tp
         if t > 1 and (self.model.num_heads % t or self.model.kv_heads % t):
             raise AmspUserError(

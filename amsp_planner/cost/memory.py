@@ -32,6 +32,11 @@ the data-parallel ranks as above; activations per TP rank with sequence parallel
 Activations per micro-batch: ``cost/activations.py`` (eager or fused profile; the saved
 tensors, and the cross-entropy backward's peak above them). NCCL communicator buffers per
 process group the strategy uses: ``cost/communicators.py``.
+Mixture of experts (docs/moe.md): the terms above are the dense class's (``Job.units``); the
+expert class's states and buffers are the same formulas over the E/e experts a rank holds with
+the expert triple (``expert_bytes``), and expert parallelism adds the all-to-all's send and
+receive buffers (2 x b s k h x imbalance elements, ``moe_compute.dispatch_buffer_bytes``).
+
 Totals: (states + buffers + activations + loss peak) * (1 + fragmentation) + communicators
 + context reserve. Three figures of the peak (docs/memory.md, "Allocated, reserved, device"):
 ``allocated`` (the tensors: torch.cuda.max_memory_allocated), ``reserved`` (with the
@@ -71,15 +76,26 @@ class MemoryBreakdown:
     fragmentation: float
     communicators: float
     context: float
+    expert_params: float = 0.0
+    """Mixture of experts: the routed experts' parameter shard (its own factor ep.p); the
+    fields above are then the dense class's."""
+    expert_grads: float = 0.0
+    expert_optimizer: float = 0.0
+    expert_buffers: float = 0.0
+    """The expert class's gather, gradient, staging and step buffers."""
+    dispatch_buffers: float = 0.0
+    """The token all-to-all's send and receive buffers (expert parallelism)."""
 
     @property
     def model_states(self) -> float:
-        """Parameter, gradient, optimizer shards and the hpZ copy."""
-        return self.params + self.grads + self.optimizer + self.hpz
+        """Parameter, gradient, optimizer shards and the hpZ copy (both classes)."""
+        return (self.params + self.grads + self.optimizer + self.hpz + self.expert_params
+                + self.expert_grads + self.expert_optimizer)
 
     @property
     def buffers(self) -> float:
-        return self.gather_buffers + self.grad_buffers + self.staging + self.step_buffer
+        return (self.gather_buffers + self.grad_buffers + self.staging + self.step_buffer
+                + self.expert_buffers + self.dispatch_buffers)
 
     @property
     def runtime_tensors(self) -> float:
@@ -111,6 +127,9 @@ class MemoryBreakdown:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        for key in EXPERT_FIELDS:
+            if not d[key]:
+                del d[key]  # dense plans keep their fields
         d.update(model_states=self.model_states, buffers=self.buffers, total=self.total)
         return d
 
@@ -155,15 +174,43 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
             "step_buffer": step}
 
 
+def expert_bytes(job: Job, s: Strategy) -> dict[str, float]:
+    """The expert class's states and buffers per GPU, and the all-to-all buffers: the dense
+    formulas over the E/e experts a rank holds (``Job.expert_units``) with the expert triple
+    (U = the largest expert unit); none for a dense model."""
+    if not job.model.is_moe:
+        return {}
+    t = job.training
+    units = job.expert_units(s.ep)
+    p, g, o = (s.expert_factor(c) for c in ("p", "g", "os"))
+    ex = Strategy(s_p=p, s_g=g, s_os=o)
+    st = model_state_bytes(sum(units), ex, t.param_bytes, t.grad_bytes, job.profile.master_params)
+    u, pb, gb = max(units), t.param_bytes, t.grad_bytes
+    buf = (2 * u * pb if p > 1 else 0) + (2 * u * gb if g > 1 else 0)
+    buf += (u * gb if 1 < p < g else 0) + (u // o * gb if o > g else 0)
+    from amsp_planner.cost.moe_compute import dispatch_buffer_bytes
+
+    a2a = dispatch_buffer_bytes(job, s.micro_batch) if s.ep > 1 else 0.0
+    return {"expert_params": st["params"], "expert_grads": st["grads"],
+            "expert_optimizer": st["optimizer"], "expert_buffers": float(buf),
+            "dispatch_buffers": a2a}
+
+
+EXPERT_FIELDS = ("expert_params", "expert_grads", "expert_optimizer", "expert_buffers",
+                 "dispatch_buffers")
+
+
 def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     t = job.training
     states = model_state_bytes(job.tp_phi(s.tp), s, t.param_bytes, t.grad_bytes,
                                job.profile.master_params)
     bufs = buffer_bytes(job, s)
+    experts = expert_bytes(job, s)
     act = saved_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
     peak = loss_peak_bytes(job, s.micro_batch, s.tp)
     gpu = job.cluster.gpu
-    frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak)
+    frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak
+                                         + sum(experts.values()))
     return MemoryBreakdown(**states, **bufs, activations=act, loss_peak=peak, fragmentation=frag,
                            communicators=communicator_bytes(job, s),
-                           context=gpu.context_reserve_gib * 1024**3)
+                           context=gpu.context_reserve_gib * 1024**3, **experts)

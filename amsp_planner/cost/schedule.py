@@ -17,6 +17,9 @@ update     all_gather  P_update        s_OS/s_P, s_P     updated OS shards -> P 
 update     all_reduce  world           N, 1              [loss, grad-norm^2] in fp32, one call
 =========  ==========  ==============  ================  =========================================
 
+A mixture-of-experts model's schedule (two parameter classes, the token all-to-alls) is
+``cost/moe_schedule.py``'s.
+
 With tensor parallelism of degree t (``tp=T``; docs/cost-model.md, "Tensor parallelism") the
 groups above are over the N/t data-parallel ranks, R/t per node: data-parallel rank d is the TP
 group of global ranks d*t .. d*t + t - 1 (consecutive, inside one node), so every size above is
@@ -209,6 +212,11 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     leave out what they do not read: the TP collectives (not `tensor_parallel`) or the
     per-micro-batch gathers and reductions (not `per_micro_batch`)."""
     n_micro = job.n_micro(s) if n_micro is None else n_micro
+    if job.model.is_moe:  # both parameter classes and the token all-to-alls
+        from amsp_planner.cost.moe_schedule import moe_schedule
+
+        out = moe_schedule(job, s, n_micro, per_micro_batch, tensor_parallel)
+        return tuple(out + ([_world_entry(job)] if job.num_gpus > 1 else []))
     t = job.training
     tp = s.tp
     N, R = job.num_gpus // tp, max(1, job.gpus_per_node // tp)  # data-parallel ranks

@@ -48,6 +48,12 @@ not modelled). The data-parallel collectives in flight during the unit overlap a
 collectives included, and slow it by sigma as they do compute. ``StepTime.tp_comm_s`` reports
 them apart, and ``exposed_comm_s`` includes them.
 
+Mixture of experts (docs/moe.md): the token all-to-alls (group ``EP``,
+cost/moe_schedule.py) are on the critical path as TP's are (the expert matmuls wait for the
+dispatch, the next block for the combine): added to their unit's compute, none hidden, reported
+in ``StepTime.ep_comm_s``. The expert class's gathers and reductions overlap as the dense
+class's, in the same roles.
+
 Optimizer: T_opt = (Phi / s_OS) x bytes per element / ``gpu.optimizer_gbyte_per_s``: AdamW on
 the rank's optimizer shard, memory-bound.
 
@@ -86,11 +92,13 @@ class StepTime:
     """Quantization kernels on the compute stream."""
     tp_comm_s: float = 0.0
     """Tensor-parallel collectives, on the compute stream's critical path (none hidden)."""
+    ep_comm_s: float = 0.0
+    """Mixture of experts: the token all-to-alls (group EP), on the critical path as TP's."""
 
     @property
     def exposed_comm_s(self) -> float:
         return (self.exposed_forward_s + self.exposed_backward_s + self.exposed_update_s
-                + self.tp_comm_s)
+                + self.tp_comm_s + self.ep_comm_s)
 
     @property
     def step_s(self) -> float:
@@ -101,6 +109,8 @@ class StepTime:
         d = asdict(self)
         if not self.tp_comm_s:
             del d["tp_comm_s"]  # plans without TP keep their fields
+        if not self.ep_comm_s:
+            del d["ep_comm_s"]
         d.update(exposed_comm_s=self.exposed_comm_s, step_s=self.step_s)
         return d
 
@@ -119,6 +129,17 @@ def optimizer_time(job: Job, s_os: int, tp: int = 1) -> float:
     rate = job.cluster.gpu.optimizer_gbyte_per_s * 1e9
     return (job.tp_phi(tp) / s_os * optimizer_bytes_per_element(t.param_bytes, t.grad_bytes)
             / rate)
+
+
+def expert_optimizer_time(job: Job, ep: int, ep_os: int) -> float:
+    """Seconds of the AdamW step on a rank's expert optimizer shard (the E/ep experts it holds,
+    over ep_os); 0 for a dense model."""
+    if not job.model.is_moe:
+        return 0.0
+    t = job.training
+    rate = job.cluster.gpu.optimizer_gbyte_per_s * 1e9
+    return (sum(job.expert_units(ep)) / ep_os
+            * optimizer_bytes_per_element(t.param_bytes, t.grad_bytes) / rate)
 
 
 # ----- the terms, for numbers and for linear expressions alike -------------------------------
@@ -196,7 +217,8 @@ def stage_time(compute, comm, sigma: float, eta: float, maxfn):
 
 # ----- numbers --------------------------------------------------------------------------------
 def unit_quantities(job: Job, schedule: tuple[ScheduleEntry, ...], micro_batch: int,
-                    ckpt: bool | int | str, tp: int = 1) -> dict[tuple[str, str], float]:
+                    ckpt: bool | int | str, tp: int = 1, ep: int = 1
+                    ) -> dict[tuple[str, str], float]:
     """(role, class) -> seconds for one micro-batch: communication per call by role, and
     compute ('fwd', 'bwd') with the quantization kernels and the TP collectives of that
     unit."""
@@ -213,7 +235,7 @@ def unit_quantities(job: Job, schedule: tuple[ScheduleEntry, ...], micro_batch: 
         for c, t, k in zip(CLASSES, e.unit_time_s, e.unit_kernel_s, strict=True):
             qty[role, c] += t
             qty["fwd" if role == "gather_fwd" else "bwd", c] += k
-    for c, uc in unit_computes(job, micro_batch, ckpt, tp).items():
+    for c, uc in unit_computes(job, micro_batch, ckpt, tp, ep).items():
         qty["fwd", c] += uc.forward
         qty["bwd", c] += uc.backward
     return qty
@@ -237,7 +259,7 @@ def tp_unit_seconds(job: Job, tp: int, micro_batch: int, ckpt: bool | int | str
 
 def entry_role(e: ScheduleEntry) -> str | None:
     """The per-unit role of a schedule entry (None: the update phase, exposed as a whole)."""
-    if e.group == "TP":
+    if e.group in ("TP", "EP"):  # on the compute stream's critical path
         return "tp_fwd" if e.phase == "forward" else "tp_bwd"
     if e.phase == "forward":
         return "gather_fwd"
@@ -280,17 +302,21 @@ def pipeline(num_layers: int, qty: dict[tuple[str, str], float], n_micro: int, s
 
 
 def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro_batch: int,
-              ckpt: bool | int | str, s_os: int, tp: int = 1) -> StepTime:
-    """The step of the module docstring, with its parts apart."""
-    qty = unit_quantities(job, schedule, micro_batch, ckpt, tp)
+              ckpt: bool | int | str, s_os: int, tp: int = 1, ep: int = 1,
+              ep_os: int = 1) -> StepTime:
+    """The step of the module docstring, with its parts apart (`ep`, `ep_os`: a mixture of
+    experts' degree and expert optimizer-state factor)."""
+    qty = unit_quantities(job, schedule, micro_batch, ckpt, tp, ep)
     p = pipeline(job.model.num_layers, qty, n_micro, job.cluster.gpu.comm_compute_slowdown,
                  job.cluster.overlap_efficiency)
     kernels = sum(e.kernel_s for e in schedule)
-    tp_s = sum(e.time_s for e in schedule if entry_role(e) in TP_ROLES)
+    tp_s = sum(e.time_s for e in schedule if e.group == "TP")
+    ep_s = sum(e.time_s for e in schedule if e.group == "EP")
     update = sum(e.time_s for e in schedule if entry_role(e) is None)
     return StepTime(
-        compute_s=p.compute - kernels - tp_s, exposed_forward_s=p.exposed_forward,
+        compute_s=p.compute - kernels - tp_s - ep_s, exposed_forward_s=p.exposed_forward,
         exposed_backward_s=p.exposed_backward, exposed_update_s=update,
         comm_total_s=sum(e.time_s for e in schedule),
-        optimizer_s=optimizer_time(job, s_os, tp), contention_s=p.contention, kernel_s=kernels,
-        tp_comm_s=tp_s)
+        optimizer_s=optimizer_time(job, s_os, tp) + expert_optimizer_time(job, ep, ep_os),
+        contention_s=p.contention, kernel_s=kernels,
+        tp_comm_s=tp_s, ep_comm_s=ep_s)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
 
-from amsp_planner.specs.fields import Flag, Int, Maybe
+from amsp_planner.specs.fields import Flag, Int, Maybe, Real
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20  # "4M" tokens
 
@@ -38,6 +38,18 @@ class TrainingSpec(BaseModel):
     """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests)."""
     grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
     """Dtype of gradient shards and the wire for gradient reductions (bf16, the papers' 2 B)."""
+    expert_imbalance: Real(1.0, 1e6) = 1.0
+    """Mixture of experts: the most tokens an expert gets over the mean (max/mean tokens per
+    expert); 1.0 = balanced routing, as published benchmarks force it. Scales the expert
+    matmuls, the token all-to-alls and their buffers (docs/moe.md). Left out of the dump at
+    its default, so dense plan files are what they were."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        out = handler(self)
+        if out.get("expert_imbalance") == 1.0:
+            del out["expert_imbalance"]
+        return out
 
     @model_validator(mode="after")
     def _check_batch(self) -> TrainingSpec:

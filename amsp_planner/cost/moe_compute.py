@@ -1,0 +1,109 @@
+"""A mixture-of-experts block's MLP part: its matmul seconds, elementwise traffic and saved
+activations, as the mean over the L blocks (the step model's block class is one; docs/moe.md).
+
+A dense layer's MLP is the dense model's. A MoE layer of a micro-batch of T tokens, at expert
+parallelism e and imbalance u (``TrainingSpec.expert_imbalance``, max/mean tokens per expert):
+
+  router        (T x h) @ (h x E) matmul; softmax and top-k over E scores per token
+  shared        the shared-expert MLP (width f_s) on all T tokens, when the model has one
+  experts       a grouped matmul per expert matrix (gate, up, down; GELU: fc1, fc2) over the
+                rank's E/e experts, each with r = T k e / E x u rows (the busiest rank's
+                tokens: T k u routed copies), priced by cost/compute.py's roofline per expert,
+                max(2 r K N / (peak x e_mm), bytes / hbm), plus one kernel overhead t0 per
+                grouped kernel. Few rows per expert make the weight reads dominate: small
+                experts run below large-matrix efficiency through the same roofline and
+                overhead curve the dense matmuls use (no separate grouped-GEMM efficiency
+                table is used; none is published for the GPUs of presets/gpus.yaml).
+  elementwise   per routed copy the expert's SwiGLU (5 f_e elements; GELU 2 f_e) and the
+                permutation copies (the tokens into expert order and back: read and write
+                of k x h elements each way, 4 k h), the shared expert's 5 f_s, all x u for the
+                routed part.
+
+Saved activations per token of a MoE layer (eager count of docs/memory.md, per routed copy
+x u): the permuted expert input h and the expert MLP's 4 f_e (GELU 2 f_e) and output h (the
+combine's weighted sum needs it), plus the router's fp32 probabilities 4E bytes and the shared
+expert's 4 f_s; the fused profiles count 3 f_e (GELU 2 f_e) per copy as Korthikanti's MLP.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from amsp_planner.cost.compute import _Rates
+    from amsp_planner.cost.job import Job
+
+
+def _mlp_matrices(job: Job, f: int) -> list[tuple[int, int]]:
+    h = job.model.hidden_size
+    return [(h, f), (h, f), (f, h)] if job.model.ffn_matrices == 3 else [(h, f), (f, h)]
+
+
+def _roofline(r: _Rates, rows: float, k: int, n: int) -> float:
+    """A matmul's seconds without its kernel overhead (cost/compute.py's ``_matmul``)."""
+    time = 2.0 * rows * k * n / r.flop
+    if r.hbm is not None:
+        time = max(time, r.act_bytes * (rows * k + k * n + rows * n) / r.hbm)
+    return time
+
+
+def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
+    """Forward matmul seconds of one MoE layer's router, shared expert and routed experts."""
+    m = job.model
+    h, E, k = m.hidden_size, m.num_experts, m.experts_per_token
+    u = job.training.expert_imbalance
+    t = _roofline(r, tokens, h, E) + r.t0
+    if m.shared_expert_ffn_hidden_size:
+        t += sum(_roofline(r, tokens, a, b) + r.t0
+                 for a, b in _mlp_matrices(job, m.shared_expert_ffn_hidden_size))
+    rows = tokens * k * ep / E * u
+    fe = m.expert_ffn_hidden_size or m.ffn_hidden_size
+    t += sum(E // ep * _roofline(r, rows, a, b) + r.t0 for a, b in _mlp_matrices(job, fe))
+    return t
+
+
+def moe_layer_elementwise(job: Job) -> float:
+    """Forward elementwise elements per token of one MoE layer's MLP part (module docstring)."""
+    m = job.model
+    fe = m.expert_ffn_hidden_size or m.ffn_hidden_size
+    per = 5 if m.ffn_matrices == 3 else 2
+    routed = m.experts_per_token * (per * fe + 4 * m.hidden_size) * job.training.expert_imbalance
+    return routed + per * m.shared_expert_ffn_hidden_size
+
+
+def mean_mlp(job: Job, r: _Rates, tokens: int, ep: int, dense_mlp_s: float,
+             dense_elem: float) -> tuple[float, float]:
+    """(forward matmul seconds, elementwise elements per token) of a block's MLP part, the mean
+    over the L blocks; `dense_mlp_s`, `dense_elem`: a dense layer's."""
+    m = job.model
+    n_moe = m.num_moe_layers
+    n_dense = m.num_layers - n_moe
+    mm = (n_moe * moe_layer_mlp_s(job, r, tokens, ep) + n_dense * dense_mlp_s) / m.num_layers
+    el = (n_moe * moe_layer_elementwise(job) + n_dense * dense_elem) / m.num_layers
+    return mm, el
+
+
+def mean_mlp_saved(job: Job, fused: bool, dense_mlp: float) -> float:
+    """Bytes a block's MLP part saves per token, the mean over the L blocks (module
+    docstring); `dense_mlp`: a dense layer's."""
+    m, ab = job.model, job.training.param_bytes
+    fe = m.expert_ffn_hidden_size or m.ffn_hidden_size
+    gelu = m.ffn_type == "gelu"
+    if fused:
+        per_copy, shared = (2 if gelu else 3) * fe * ab, (2 if gelu else 3)
+    else:
+        per_copy = ((2 if gelu else 4) * fe + 2 * m.hidden_size) * ab
+        shared = 2 if gelu else 4
+    routed = m.experts_per_token * per_copy * job.training.expert_imbalance
+    moe = routed + 4 * m.num_experts + shared * m.shared_expert_ffn_hidden_size * ab
+    n_moe = m.num_moe_layers
+    return (n_moe * moe + (m.num_layers - n_moe) * dense_mlp) / m.num_layers
+
+
+def dispatch_buffer_bytes(job: Job, micro_batch: int) -> float:
+    """The transient buffers of one all-to-all: the permuted send buffer and the receive
+    buffer, b x s x k x h elements x imbalance each (none without expert parallelism: the
+    tokens stay on the rank, and the permuted copy is the saved expert input)."""
+    from amsp_planner.cost.moe_schedule import a2a_bytes_per_call
+
+    return 2.0 * a2a_bytes_per_call(job, micro_batch)
