@@ -2,24 +2,24 @@
 
     amsp train plan.json      # strategy ep=E,...,ep.p=,ep.g=,ep.os= (docs/moe.md, docs/runtime.md)
 
-Under a strategy with expert tokens (``Strategy.has_experts``) every MoE block's unit splits in
-two: its dense part (attention, norms, router, shared experts), which the engine shards by the
-dense triple over all N ranks as any unit, and this rank's E/e routed experts (rows
-ep_rank E/e .. of the ``experts`` parameter, the unit's last), an expert unit that
-``ExpertShards`` shards by the expert triple (ep.p, ep.g, ep.os) over the expert-data-parallel
-(EDP) group, the N/e ranks holding the same experts. Its collectives are the dense ones on
-their own groups (``expert_kinds``, named ``EP_<kind>``): the forward and backward gathers over
-EP_P, the gradient reduce-scatter over EP_G, the step's EP_OS_shard reduce-scatter and
-EP_OS_replica all-reduce, the update gather over EP_P_update. The token all-to-alls run over
-the EP group (``EP``, runtime/moe.py).
+Every MoE block's unit splits in two: its dense part (attention, norms, router, shared
+experts), which the engine shards by the dense triple over all N ranks as any unit, and this
+rank's E/e routed experts (rows ep_rank E/e .. of the ``experts`` parameter, the unit's last),
+an expert unit that ``ExpertShards`` shards by the expert triple (ep.p, ep.g, ep.os) over the
+expert-data-parallel (EDP) group, the N/e ranks holding the same experts. Its collectives are
+the dense ones on their own groups (``EP_<kind>``, cost/communicators.py): the forward and
+backward gathers over EP_P, the gradient reduce-scatter over EP_G, the step's EP_OS_shard
+reduce-scatter and EP_OS_replica all-reduce, the update gather over EP_P_update; the token
+all-to-alls run over the EP group (``EP``, runtime/moe.py).
 
-Padding: a dense part is padded as a unit is (``Job.units``: a multiple of N x the padding
-quantum); an expert unit to a multiple of N/e x the quantum, so every expert factor (a divisor
-of N/e) cuts it evenly.
+Padding: ``Job.units`` (the dense parts, a multiple of N x the padding quantum) and
+``Job.expert_units`` (a multiple of N/e x the quantum, so every expert factor, a divisor of N/e,
+cuts it evenly).
 
-Without expert tokens a MoE model runs as a dense one (every expert in its block's unit,
-sharded by the dense triple, e = 1: no all-to-all), as docs/moe.md says an engine without
-expert parallelism shards it.
+Without expert tokens (``--strategy zero3`` on a MoE model) the expert units are still a class
+of their own, on the dense triple at e = 1 (``Strategy.expert_factor``; their groups are the
+dense ones under ``EP_`` names, and there is no all-to-all): the schedule of
+cost/moe_schedule.py, as docs/moe.md says an engine without expert parallelism shards it.
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ import torch
 from amsp_planner.runtime import model as M
 from amsp_planner.runtime import moe as MOE
 from amsp_planner.runtime.gather import Gathers
-from amsp_planner.runtime.groups import expert_kinds, members  # noqa: F401 - also this API
+from amsp_planner.runtime.groups import EXPERT_KINDS, members
 from amsp_planner.runtime.layout import UnitLayout
 from amsp_planner.runtime.optim import StepBoundary
 from amsp_planner.runtime.reduce import GradReduce
 from amsp_planner.runtime.state import ShardState
 from amsp_planner.strategy import PAD_QUANTUM
-
-KINDS = ("P", "G", "OS_shard", "OS_replica", "P_update")
-"""The engine's group kinds an expert unit uses, over the EDP group (``EP_`` + kind;
-``groups.expert_kinds``)."""
 
 
 def expert_ranks(strategy, world: int, gpus_per_node: int, rank: int) -> tuple[int, int]:
@@ -48,19 +44,6 @@ def expert_ranks(strategy, world: int, gpus_per_node: int, rank: int) -> tuple[i
     lay = strategy.expert_layout(world, gpus_per_node)
     ep = members(rank, lay.ep_size, lay.ep_stride).index(rank)
     return ep, members(rank, lay.edp_size, lay.edp_stride).index(rank)
-
-
-def splits(job, strategy) -> bool:
-    """Whether the run shards the routed experts as a class of their own."""
-    return job.model.is_moe and strategy.has_experts
-
-
-def dense_units(job) -> tuple[int, ...]:
-    """Padded elements of each unit's dense part (``Job.units``' rule)."""
-    q = job.pad_multiple
-    return tuple(-(-(u - x) // q) * q for u, x in zip(job.model.unit_params(),
-                                                       job.model.unit_expert_params(),
-                                                       strict=True))
 
 
 @dataclass(frozen=True)
@@ -84,8 +67,9 @@ class ExpertShards(ShardState, Gathers, GradReduce, StepBoundary):
         job, s, m = engine.job, engine.s, engine.job.model
         self.job, self.comm, self.device, self.optim = job, engine.comm, engine.device, engine.optim
         self.pdt, self.gdt = engine.pdt, engine.gdt
-        self.strategy, self.s = s, _Factors(s.ep_p, s.ep_g, s.ep_os)
-        self.groups = {k: groups["EP_" + k] for k in KINDS} | {"world": groups["world"]}
+        p, g, o = (s.expert_factor(c) for c in ("p", "g", "os"))
+        self.strategy, self.s = s, _Factors(p, g, o)
+        self.groups = {k: groups["EP_" + k] for k in EXPERT_KINDS} | {"world": groups["world"]}
         N, R = job.num_gpus, job.gpus_per_node
         self.e = s.expert_layout(N, R).ep_size
         self.ep_rank, self.edp_rank = expert_ranks(s, N, R, engine.rank)
@@ -93,10 +77,10 @@ class ExpertShards(ShardState, Gathers, GradReduce, StepBoundary):
         """The engine's units that have an expert unit, in order."""
         self.n_local = m.num_experts // self.e
         per = self.n_local * m.expert_params()
-        q = N // self.e * PAD_QUANTUM
-        self.units = [-(-per // q) * q for _ in self.moe_units]
+        self.units = [u for u in job.expert_units(self.e) if u]
+        """Padded elements of each expert unit (``Job.expert_units``)."""
         self.max_unit = max(self.units)
-        self.layouts = [UnitLayout(u, s.ep_p, s.ep_g, s.ep_os) for u in self.units]
+        self.layouts = [UnitLayout(u, p, g, o) for u in self.units]
         self.real = [per] * len(self.units)
         shape = (self.n_local, 3 * m.hidden_size * MOE.expert_width(m))
         self.specs = [[(MOE.EXPERTS, shape)] for _ in self.units]
@@ -104,7 +88,7 @@ class ExpertShards(ShardState, Gathers, GradReduce, StepBoundary):
         self.tied, self.tp, self.tp_rank = False, 1, 0
         self.rep_slices = [[] for _ in self.units]
         d = self.edp_rank
-        self.i_p, self.i_os, self.i_h = d % s.ep_p, d % s.ep_os, 0
+        self.i_p, self.i_os, self.i_h = d % p, d % o, 0
         self.step_count = 0
         self._alloc()
 
@@ -146,14 +130,12 @@ class ExpertClass:
         """Before the layouts: the dense parts' specs, sizes and padding; the expert units;
         the EP context."""
         self.xp, self.epc, self.x_of, self.gate = None, None, {}, MOE.check_gate(gate)
-        if not splits(self.job, self.s):
-            return
         m = self.job.model
+        if not m.is_moe:
+            return
         self.specs = [[x for x in u if x[0] != MOE.EXPERTS] for u in self.specs]
         self.offsets = [M.offsets(u) for u in self.specs]
         self.real = [r - x for r, x in zip(self.real, m.unit_expert_params(), strict=True)]
-        self.units = dense_units(self.job)
-        self.max_unit = max(self.units)
         self.xp = ExpertShards(self, self.groups)
         self.epc = MOE.EPContext(self.comm, self.groups["EP"], gate)
         self.x_of = {i: k for k, i in enumerate(self.xp.moe_units)}

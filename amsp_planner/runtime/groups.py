@@ -19,10 +19,10 @@ P_update    s_OS/s_P         s_P
 world       N                1
 =========== ================ ==========
 
-A MoE model's strategy with expert tokens adds the EP group (the token all-to-alls) and the
-expert class's kinds ``EP_P``, ``EP_G``, ``EP_OS_shard``, ``EP_OS_replica``, ``EP_P_update``:
-the rules above over the N/e expert-data-parallel ranks, strided by the EDP group's stride
-(``expert_kinds``; ``Strategy.expert_layout``, docs/moe.md).
+A MoE model adds the EP group (the token all-to-alls) and the expert class's kinds ``EP_P``,
+``EP_G``, ``EP_OS_shard``, ``EP_OS_replica``, ``EP_P_update``: the rules above over the N/e
+expert-data-parallel ranks, strided by the EDP group's stride (``cost/communicators.py``;
+``Strategy.expert_layout``, docs/moe.md).
 """
 
 from __future__ import annotations
@@ -69,23 +69,19 @@ def _process_group(ranks: tuple[int, ...], world: int):
     return _PG_CACHE[ranks]
 
 
-def expert_kinds(strategy, world: int, gpus_per_node: int) -> dict[str, tuple[int, int]]:
-    """name -> (size, stride) of the EP group and the expert class's groups: the dense kinds'
-    rules (groups.py) over the EDP ranks, whose stride is the EDP group's."""
-    lay = strategy.expert_layout(world, gpus_per_node)
-    p, g, o, d = strategy.ep_p, strategy.ep_g, strategy.ep_os, lay.edp_stride
-    return {"EP": (lay.ep_size, lay.ep_stride), "EP_P": (p, d), "EP_G": (g, d),
-            "EP_OS_shard": (o // g, g * d), "EP_OS_replica": (lay.edp_size // o, o * d),
-            "EP_P_update": (o // p, p * d)}
+EXPERT_KINDS = ("P", "G", "OS_shard", "OS_replica", "P_update")
+"""The kinds a MoE model's expert class uses, named ``EP_`` + kind."""
 
 
 def build_groups(strategy, rank: int, world: int, gpus_per_node: int,
-                 node_of: list[int]) -> dict[str, Group]:
-    """This rank's Group of every kind; `node_of[r]` is the node rank r runs on (measured)."""
+                 node_of: list[int], moe: bool = False) -> dict[str, Group]:
+    """This rank's Group of every kind; `node_of[r]` is the node rank r runs on (measured).
+    `moe`: the model has routed experts; without expert tokens the expert class runs on the
+    dense triple at e = 1, so its kinds are the dense ones (cost/moe_schedule.py)."""
     out = {}
     kinds = group_kinds(strategy, world, gpus_per_node)
-    if getattr(strategy, "has_experts", False):  # a MoE model's EP and expert-class groups
-        kinds = {**kinds, **expert_kinds(strategy, world, gpus_per_node)}
+    if moe and not strategy.has_experts:
+        kinds |= {"EP_" + k: kinds[k] for k in EXPERT_KINDS} | {"EP": (1, 1)}
     for name, (size, stride) in kinds.items():
         ranks = members(rank, size, stride)
         pg, back = _process_group(ranks, world)

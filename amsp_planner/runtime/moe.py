@@ -93,6 +93,8 @@ class EPContext:
     """Under op-level checkpointing: the forward's all-to-all outputs of the block, kept."""
     replay: list | None = None
     """Its recomputation: the kept outputs, handed back in order instead of communicating."""
+    peak_bytes: int = 0
+    """The largest send + receive buffers of one all-to-all so far (the memory report)."""
 
     @property
     def size(self) -> int:
@@ -105,9 +107,11 @@ class EPContext:
 def _exchange(x: torch.Tensor, ep: EPContext, phase: str) -> torch.Tensor:
     """One all-to-all over the EP group: chunk m of `x` (dim 0) goes to member m; chunk i of
     the result came from member i."""
+    x = x.contiguous()
     out = torch.empty_like(x)
     ep.comm.phase = phase
-    ep.comm.all_to_all(out.view(-1), x.contiguous().view(-1), ep.group)
+    ep.comm.all_to_all(out.view(-1), x.view(-1), ep.group)
+    ep.peak_bytes = max(ep.peak_bytes, x.nbytes + out.nbytes)
     return out
 
 

@@ -14,6 +14,8 @@ import torch
 from amsp_planner.runtime.collectives import Work
 from amsp_planner.runtime.quant import qbytes
 
+BUFFERS = ("gather_buffers", "grad_buffers", "staging", "step_buffer")
+
 
 class ShardState:
     """Allocation and the state's tensors (a base; its attributes are the class's)."""
@@ -80,17 +82,19 @@ class ShardState:
             "step_buffer": [self.step_buf] if self.step_buf is not None else [],
         }
 
-    def all_state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        """``state_tensors`` of every parameter class (a MoE model's experts too)."""
-        out = self.state_tensors()
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of the runtime's own tensors by the memory model's terms (cost/memory.py); a
+        MoE model's expert class under its own (``expert_*``), with the largest send and
+        receive buffers one all-to-all held (``dispatch_buffers``, measured in runtime/moe.py)."""
+        out = {k: sum(t.nbytes for t in v) for k, v in self.state_tensors().items()}
         xp = getattr(self, "xp", None)
         if xp is not None:
-            for k, v in xp.state_tensors().items():
-                out[k] = out[k] + v
+            x = {k: sum(t.nbytes for t in v) for k, v in xp.state_tensors().items()}
+            out.update(expert_params=x["params"], expert_grads=x["grads"],
+                       expert_optimizer=x["optimizer"],
+                       expert_buffers=sum(x[k] for k in BUFFERS),
+                       dispatch_buffers=self.epc.peak_bytes)
         return out
-
-    def state_bytes(self) -> dict[str, int]:
-        return {k: sum(t.nbytes for t in v) for k, v in self.all_state_tensors().items()}
 
     def _load_unit(self, i: int, flat: torch.Tensor) -> None:
         """This rank's shards of unit i from its padded full fp32 values (the Adam moments of

@@ -114,7 +114,8 @@ def setup(job, strategy, comm: Comm) -> tuple[dict[str, Group], int]:
                                 "node-major (rank = node * per-node + local); launch with "
                                 "torchrun's default rank assignment")
     node_of = [nd for nd, _, _ in every]
-    return build_groups(strategy, rank, world, job.gpus_per_node, node_of), rank
+    return build_groups(strategy, rank, world, job.gpus_per_node, node_of,
+                        job.model.is_moe), rank
 
 
 def _log(rank: int, msg: str) -> None:
@@ -325,12 +326,12 @@ def _peak_rss() -> int | None:
 
 def _report(job, strategy, ev, engine, step_rows, setup_rows, ckpt_rows, losses, norms, times,
             start) -> dict:
-    from amsp_planner.cost.memory import buffer_bytes, model_state_bytes
+    from amsp_planner.cost.memory import buffer_bytes, expert_bytes, model_state_bytes
 
     t = job.training
     predicted_mem = {**model_state_bytes(job.tp_phi(strategy.tp), strategy, t.param_bytes,
                                          t.grad_bytes),
-                     **buffer_bytes(job, strategy)}
+                     **buffer_bytes(job, strategy), **expert_bytes(job, strategy)}
     measured = engine.state_bytes()
     sched = {(e.phase, e.op, e.group): e for e in ev.schedule}
     meas = {(r["phase"], r["op"], r["group"]): r for r in step_rows}

@@ -37,7 +37,7 @@ RUNS_4 = {
     "e2_span_ckpt": "ep=2,ep.span,p=1,g=2,os=4,ep.p=1,ep.g=1,ep.os=2,mb=1,ckpt",
     # op-level: the all-to-all outputs are kept, the recomputation issues none
     "e2_op": "ep=2,p=2,g=2,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1,ckpt=op",
-    # no expert tokens: every expert in its block's unit, the dense triple, no all-to-all
+    # no expert tokens: the expert units on the dense triple at e = 1, no all-to-all
     "zero3": "zero3",
 }
 TOPK_4 = {"e2_topk": "ep=2,p=4,g=4,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1"}
@@ -139,11 +139,6 @@ def check_expert_gathers(rep: dict, e: int, ep_p: int) -> None:
         assert m["full_bytes_per_step"] == calls * (E // e) * EXPERT * 4
 
 
-def _plan_has_experts(rep: dict) -> bool:
-    return any(x["planned"] is not None and x["group"].startswith("EP")
-               for x in rep["schedule"])
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", sorted(RUNS_4))
 def test_parity_4(four, name):
@@ -168,9 +163,13 @@ def test_all_to_alls_and_expert_gathers_4(four, name, e, stride, ep_p, recompute
 
 
 @pytest.mark.multiprocess
-def test_no_expert_tokens_is_dense(four):
-    """Without expert tokens the experts stay in their block's unit: no EP group, no all-to-all."""
-    assert not any(g.startswith("EP") for _, _, g in _rows(four["zero3"]))
+def test_no_expert_tokens_is_e1(four):
+    """Without expert tokens the expert units run on the dense triple at e = 1: gathered over
+    all 4 ranks (all 8 experts each), no all-to-all."""
+    rows = _rows(four["zero3"])
+    assert not any(g == "EP" for _, _, g in rows)
+    check_expert_gathers(four["zero3"], 1, 4)
+    assert rows["forward", "all_gather", "EP_P"]["group_size"] == 4
 
 
 @pytest.mark.multiprocess
@@ -199,13 +198,14 @@ def test_all_to_alls_8_two_nodes(eight, name, e, stride, per_node):
                          + [(8, n) for n in RUNS_8])
 def test_measured_equals_plan(four, eight, world, name):
     """Every schedule entry, the all-to-alls and the expert class's included: calls and bytes
-    per step equal to the plan's (cost/schedule.py), group sizes and strides too."""
-    from .test_sharded_training import check_accounting
+    per step equal to the plan's (cost/moe_schedule.py), group sizes, strides and in-node /
+    cross-node bytes too; the runtime's own tensors equal the memory model's terms, the
+    expert class's and the all-to-all buffers included (cost/memory.py)."""
+    from .test_sharded_training import check_accounting, check_memory
 
     rep = (four if world == 4 else eight)[name]
-    if not _plan_has_experts(four["e2"]):
-        pytest.skip("the plan's schedule has no expert entries yet (cost model of MoE)")
     check_accounting(rep)
+    check_memory(rep)
     assert rep["verdict"]["ok"], rep["verdict"]["line"]
 
 
