@@ -3,8 +3,10 @@
     torchrun --nproc-per-node=4 tests/runtime/_mp_worker.py CONFIG.json
 
 CONFIG: {"out": DIR, "runs": [{"name", "strategy", "precision", "seq_len", "batch_seqs",
-"steps", "data", "grad_accum_dtype"}]}. Rank 0 writes DIR/<name>.json (the run report) and
-DIR/<name>.pt (final unpadded fp32 parameters and Adam moments).
+"steps", "data", "grad_accum_dtype", "model", "gate", "link_bytes", the checkpoint options}]}.
+Rank 0 writes DIR/<name>.json (the run report; with "link_bytes", on an emulated cluster, the
+bytes node 0's uplink carried during train()) and DIR/<name>.pt (final unpadded fp32
+parameters and Adam moments).
 """
 
 import json
@@ -41,7 +43,17 @@ def main() -> None:
                        checkpoint_dir=run.get("checkpoint_dir"),
                        checkpoint_every=run.get("checkpoint_every", 0),
                        resume=run.get("resume", False), gate=run.get("gate", "balanced"))
+        link = run.get("link_bytes")  # on an emulated cluster: this node's uplink counters
+        if link:
+            from amsp_planner.emulate import read_link_bytes
+
+            dist.barrier()
+            before = read_link_bytes()
         rep = train(job, s, rc)
+        if link:
+            dist.barrier()
+            after = read_link_bytes()
+            rep["link_bytes"] = {k: after[k] - before[k] for k in after}
         eng = rep.pop("_engine")
         states = {k: eng.full_units(k) for k in ("master", "exp_avg", "exp_avg_sq")}
         if rank == 0:
