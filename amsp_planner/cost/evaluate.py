@@ -68,6 +68,8 @@ def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch:
     from amsp_planner.strategy import named_baselines
 
     bl = named_baselines(job.num_gpus, job.gpus_per_node, micro_batch, ckpt, tp)
+    if job.model.is_moe:  # the experts sharded as the dense triple; no ZeRO++ (docs/moe.md)
+        bl.pop("zeropp", None)
     return {name: evaluate(job, s, memory_limit) for name, s in bl.items()}
 
 

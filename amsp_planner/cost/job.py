@@ -268,10 +268,13 @@ class Job:
             strategy.n_micro(self.training.batch_seqs, self.num_gpus)
         except ValueError as e:
             raise AmspUserError(f"--strategy {strategy}: {e}") from None
-        if self.model.is_moe and (strategy.qwz or strategy.qgz or strategy.hpz > 1):
-            raise AmspUserError(
-                f"--strategy {strategy}: ZeRO++ (qwz, hpz, qgz) with a mixture-of-experts model "
-                "is not modelled (docs/moe.md): drop them")
+        if self.model.is_moe:
+            what = ("ZeRO++ (qwz, hpz, qgz)" if strategy.qwz or strategy.qgz or strategy.hpz > 1
+                    else "tensor parallelism" if strategy.tp > 1
+                    else "op-level checkpointing (ckpt=op)" if strategy.ckpt_op else None)
+            if what:
+                raise AmspUserError(f"--strategy {strategy}: {what} of a mixture-of-experts "
+                                    "model is not modelled (docs/moe.md): drop it")
         t = strategy.tp
         if t > 1 and (self.model.num_heads % t or self.model.kv_heads % t):
             raise AmspUserError(

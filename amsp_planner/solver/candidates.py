@@ -110,9 +110,16 @@ class Configs:
                        + np.where(self.q, _scalar(T.buf_agq, fi)[pi], _scalar(T.buf_ag, fi)[pi])
                        + np.where(self.qg, _scalar(T.buf_grq, fi)[gi], _scalar(T.buf_gr, fi)[gi])
                        + staging + step_buf)
-        self.groups = self._groups(job)
         a2a = _scalar(T.a2a or {}, fi)[gi]
-        self.comms = (T.comm * self.groups + np.where(self.qg, a2a, 0.0)) if T.comm else (
+        self.a2a = np.where(self.qg, a2a, 0.0)
+        self.ex = None
+        if space.expert_factors:  # a mixture of experts: x the expert triples
+            from amsp_planner.solver.expert_configs import with_experts
+
+            with_experts(self, job, space, T)
+        self.groups = self._groups(job)
+        extra = (T.experts or {}).get("ep_comm", 0.0)
+        self.comms = (T.comm * self.groups + self.a2a + extra) if T.comm else (
             np.zeros(len(self.p)))
 
     def __len__(self) -> int:
@@ -131,6 +138,8 @@ class Configs:
                  (np.where(qg, np.maximum(1, g // r), 1), np.full_like(p, r * t)),
                  (o // g, g * t), (n // o, o * t), (o // p, p * t),
                  (np.full_like(p, world), one), (np.full_like(p, t), one)]
+        if self.ex is not None:
+            kinds += self.ex.kinds
         keys = np.stack([np.where(size > 1, size * (world + 1) + stride, -1)
                          for size, stride in kinds], axis=1)
         keys.sort(axis=1)
@@ -138,9 +147,10 @@ class Configs:
         return distinct.sum(axis=1) + (keys[:, 0] >= 0)
 
     def strategy(self, c: int, mb: int, ck, num_layers: int) -> Strategy:
+        ex = self.ex.fields(c) if self.ex is not None else {}
         return Strategy(s_p=int(self.p[c]), s_g=int(self.g[c]), s_os=int(self.o[c]),
                         qwz=bool(self.q[c]), hpz=int(self.h[c]), qgz=bool(self.qg[c]),
-                        tp=self.tp, micro_batch=mb, **ckpt_fields(ck, num_layers))
+                        tp=self.tp, micro_batch=mb, **ckpt_fields(ck, num_layers), **ex)
 
 
 def prunes_blocks(pref: Preference, T: Tables) -> bool:

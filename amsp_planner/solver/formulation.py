@@ -35,7 +35,9 @@ Families: the factor binaries of a parameter class's components (P, G, OS), thei
 one-factor rows and the link rows of their nesting pairs are built by one loop over
 ``PARAM_CLASSES`` and each class's ``components`` and ``pairs`` (``Component``,
 ``ParamClass``): a further parameter class with its own (P, G, OS) is one more entry there
-(with its tables), not a copy of these rows.
+(with its tables), not a copy of these rows: a mixture of experts' routed experts are the
+second, ``EXPERT`` (tag E, over ``SearchSpace.expert_factors``; their terms in the step and
+memory rows: solver/expert_rows.py).
 
 Memory per GPU (GiB), every term linear:
   tensors = sum_f xP_f P(f) + sum_g xG_g G(g) + sum_o xO_o O(o) + sum_z h_z H(z)
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from amsp_planner.solver.expert_rows import ExpertRows
 from amsp_planner.solver.space import GROUPS, MEMORY, RECOMPUTE
 from amsp_planner.solver.step_rows import StepRows, dot
 from amsp_planner.solver.tables import GIB
@@ -89,6 +92,8 @@ class ParamClass:
     """Suffix of its variables' and rows' names ('' for the dense parameters)."""
     components: tuple[Component, ...]
     pairs: tuple[tuple[str, str], ...]
+    factors: str = "factors"
+    """The SearchSpace field of its factor options."""
 
 
 DENSE = ParamClass("", (
@@ -96,8 +101,16 @@ DENSE = ParamClass("", (
     Component("G", "G", "xGn", "xGq", "qgz", "mem_g", ("buf_gr", "buf_grq")),
     Component("O", "OS", "xO", mem="mem_o"),
 ), pairs=(("P", "G"), ("G", "O"), ("P", "O")))
-PARAM_CLASSES = (DENSE,)
-"""The parameter classes the formulation builds a (P, G, OS) family for."""
+EXPERT = ParamClass("E", (
+    Component("P", "P", "xPn", mem="e_mem_p", buf=("e_buf_ag", "e_buf_ag")),
+    Component("G", "G", "xGn", mem="e_mem_g", buf=("e_buf_gr", "e_buf_gr")),
+    Component("O", "OS", "xO", mem="e_mem_o"),
+), pairs=(("P", "G"), ("G", "O"), ("P", "O")), factors="expert_factors")
+"""A mixture of experts' routed experts (docs/moe.md): their own (P, G, OS) over the ranks
+holding the same experts, at the space's expert-parallel degree; no ZeRO++ variants."""
+PARAM_CLASSES = (DENSE, EXPERT)
+"""The parameter classes the formulation builds a (P, G, OS) family for (those a space has:
+``Formulation.classes``)."""
 
 
 @dataclass
@@ -117,18 +130,24 @@ def _tag(j: tuple[int, int | str]) -> str:
     return f"mb{j[0]}_ck{j[1]}"
 
 
-class Formulation(StepRows):
+class Formulation(StepRows, ExpertRows):
     """The variables and rows of one job's space (``_build``): set by ``StrategyIlp`` (pulp,
     job, space, T, prob, objective, memory_limit) before it calls ``_build``."""
 
+    @property
+    def classes(self) -> tuple[ParamClass, ...]:
+        """The parameter classes of this space: the dense one, and the experts' in a
+        mixture-of-experts space."""
+        return tuple(c for c in PARAM_CLASSES if getattr(self.space, c.factors))
+
     def _build(self) -> None:
         pulp, T, sp = self.pulp, self.T, self.space
-        F = sp.factors
         prob = self.prob
         B = prob.add_variable  # attached to the model as created (PuLP 4 style)
         lin = pulp.lpSum
         self.x = {}
-        for cls in PARAM_CLASSES:
+        for cls in self.classes:
+            F = getattr(sp, cls.factors)
             for c in cls.components:
                 keys = getattr(T, c.quant_table) if c.quant else ()
                 self.x[c.key + cls.tag] = FactorVars(
@@ -142,10 +161,11 @@ class Formulation(StepRows):
         self.y = {j: B(f"y_{_tag(j)}", cat="Binary") for j in J}
         self.k = {j: B(f"k_{_tag(j)}", lowBound=0, upBound=hi - lo, cat="Integer")
                   for j, (lo, hi) in T.krange.items()}
-        for cls in PARAM_CLASSES:
+        for cls in self.classes:
             for c in cls.components:
                 x = self.x[c.key + cls.tag]
-                prob += lin(x(f) for f in F) == 1, f"one_{c.row}{cls.tag}_factor"
+                prob += (lin(x(f) for f in getattr(sp, cls.factors)) == 1,
+                         f"one_{c.row}{cls.tag}_factor")
         prob += lin(self.y.values()) == 1, "one_activation_option"
         for j, kj in self.k.items():
             lo, hi = T.krange[j]
@@ -155,10 +175,11 @@ class Formulation(StepRows):
         self._add_hpz(xP)
         self._add_engine(xP, xG)
         self.z = {}
-        for cls in PARAM_CLASSES:
+        for cls in self.classes:
             for a, b in cls.pairs:
                 self.z[a + b + cls.tag] = self._pairs(a + b + cls.tag, self.x[a + cls.tag],
-                                                      self.x[b + cls.tag])
+                                                      self.x[b + cls.tag],
+                                                      getattr(sp, cls.factors))
         self.zPG, self.zGO, self.zPO = self.z["PG"], self.z["GO"], self.z["PO"]
 
         self._add_time(xP, xG, J)
@@ -177,11 +198,11 @@ class Formulation(StepRows):
             prob += self.mem_expr <= self.memory_limit / GIB, "memory_per_gpu"
         prob.setObjective(self.step_expr)
 
-    def _pairs(self, name: str, left: FactorVars, right: FactorVars) -> dict:
+    def _pairs(self, name: str, left: FactorVars, right: FactorVars, F) -> dict:
         """Pair variables z_ab in [0, 1] for the nesting pairs (a | b) of two components'
-        factors, and their link rows: each row's sum is the left choice, each column's the
+        factors F, and their link rows: each row's sum is the left choice, each column's the
         right one ([link])."""
-        prob, lin, F = self.prob, self.pulp.lpSum, self.space.factors
+        prob, lin = self.prob, self.pulp.lpSum
         z = {(a, b): prob.add_variable(f"z{name}_{a}_{b}", lowBound=0, upBound=1)
              for a in F for b in F if b % a == 0}
         for a in F:
@@ -238,15 +259,16 @@ class Formulation(StepRows):
         for i, bound in enumerate(self.st_bounds):
             prob += st >= bound, f"staging_{i}"
         states = []
-        for cls in PARAM_CLASSES:
+        for cls in self.classes:
             for c in cls.components:
-                x, mem = self.x[c.key + cls.tag], getattr(T, c.mem)
+                x, mem = self.x[c.key + cls.tag], T.get(c.mem)
                 if c.buf is None:
                     states += [(v, mem[f]) for f, v in x.plain.items()]
                     continue
-                plain, quant = getattr(T, c.buf[0]), getattr(T, c.buf[1])
+                plain, quant = T.get(c.buf[0]), T.get(c.buf[1])
                 states += [(v, mem[f] + plain[f]) for f, v in x.plain.items()]
                 states += [(v, mem[f] + quant[f]) for f, v in x.quant.items()]
+        states += self._expert_memory()
         tensors = dot(pulp, [
             *states, *((v, T.mem_h[z]) for z, v in self.h.items()),
             (st, 1.0), *((v, T.step_buf[k]) for k, v in self.zGO.items()),
@@ -271,6 +293,7 @@ class Formulation(StepRows):
         uses += [((o // g, g * t), v) for (g, o), v in self.zGO.items() if o > g]
         uses += [((n // o, o * t), v) for o, v in self.xO.items() if o < n]
         uses += [((o // p, p * t), v) for (p, o), v in self.zPO.items() if o > p]
+        uses += self._expert_uses()
         for key, v in uses:
             if key[0] > 1 and key != world:
                 self.u_bounds.setdefault(key, []).append(v)
@@ -285,7 +308,7 @@ class Formulation(StepRows):
         if not T.comm:
             return 0
         a2a = lin(v * T.a2a[g] for g, v in self.xGq.items())
-        return T.comm * self.groups_expr + a2a
+        return T.comm * self.groups_expr + a2a + (T.experts or {}).get("ep_comm", 0.0)
 
 
     def _decode(self) -> Strategy:
@@ -301,9 +324,14 @@ class Formulation(StepRows):
         mb, ck = pick(self.y)
         if ck == "K":
             ck = self.T.krange[mb, ck][0] + round(val(self.k[mb, ck]))
+        ex = {}
+        if EXPERT in self.classes:
+            sp = self.space
+            ex = dict(ep=sp.ep, ep_span=sp.ep_span, ep_p=pick(self.x["PE"].plain),
+                      ep_g=pick(self.x["GE"].plain), ep_os=pick(self.x["OE"].plain))
         return Strategy(s_p=p, s_g=g, s_os=o, qwz=pick(self.xPq) is not None,
                         hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None, tp=self.space.tp,
-                        micro_batch=mb, **ckpt_fields(ck, self.job.model.num_layers))
+                        micro_batch=mb, **ckpt_fields(ck, self.job.model.num_layers), **ex)
 
     def _objective(self) -> float:
         """Objective of the current solution in seconds."""
@@ -322,7 +350,7 @@ class Formulation(StepRows):
 
     def _decision_vars(self):
         """The decision binaries: every family's factor binaries, hpZ's, the options'."""
-        for cls in PARAM_CLASSES:
+        for cls in self.classes:
             for c in cls.components:
                 x = self.x[c.key + cls.tag]
                 yield from x.plain.values()
@@ -332,6 +360,6 @@ class Formulation(StepRows):
 
     def _quant_vars(self):
         """The binaries of quantized collectives (qwZ, qgZ) of every family."""
-        return [v for cls in PARAM_CLASSES for c in cls.components
+        return [v for cls in self.classes for c in cls.components
                 for v in self.x[c.key + cls.tag].quant.values()]
 

@@ -17,6 +17,11 @@ rank), so a space holds one t, and ``also`` the spaces of the other degrees sear
 ``by_tp`` lists them, ``candidates`` enumerates them all, and the ILP builds one model per t
 (solver/ilp.py; across the degrees, solver/choice.py).
 
+Mixture of experts (docs/moe.md): one space per expert-parallel degree e and placement
+(``expert_spaces``; with the TP degree, e is a part of the space as t is), each with the expert
+class's factors (``expert_factors``: over the N/e ranks holding the same experts) searched
+together with the dense triple; ZeRO++ and op-level checkpointing are left out.
+
 The job's engine (amsp_planner/engines.py) restricts the space: ``triples`` lists the
 (s_P, s_G, s_OS) it runs (None: every nested triple), its ZeRO++ switches drop out of
 ``qwz``/``hpz``/``qgz``, and ``qgz_needs_p`` keeps qgZ to strategies that shard parameters. The
@@ -163,7 +168,14 @@ class SearchSpace:
     tp: int = 1
     """The tensor-parallel degree of this space (its factors are over the N/tp ranks)."""
     also: tuple[SearchSpace, ...] = ()
-    """The spaces of the other tensor-parallel degrees searched with this one."""
+    """The spaces of the other tensor-parallel degrees searched with this one (and, for a
+    mixture of experts, of the other expert-parallel degrees and placements)."""
+    ep: int = 1
+    """Mixture of experts: the expert-parallel degree e of this space."""
+    ep_span: bool = False
+    """Its placement: the EP group strided across nodes (``strategy_experts.py``)."""
+    expert_factors: tuple[int, ...] = ()
+    """The expert class's shard factors at this degree and placement (empty: a dense model)."""
 
     def by_tp(self) -> tuple[SearchSpace, ...]:
         """One space per tensor-parallel degree searched, this one's first."""
@@ -176,18 +188,22 @@ class SearchSpace:
     @classmethod
     def for_job(cls, job: Job, zeropp: bool = True, micro_batch: int | None = None,
                 ckpt: bool | int | str | None = None, max_micro_batch: int = 64,
-                quantization: bool = True, tp: int | None = None) -> SearchSpace:
+                quantization: bool = True, tp: int | None = None,
+                ep: int | None = None) -> SearchSpace:
         """The space of `job` on its engine, restricted by the pinned settings.
 
         micro_batch/ckpt default to the job's TrainingSpec pins (None = search); a pinned
         checkpointing setting is True (every block), False, a block count K or 'op'; without
         `quantization` qwZ and qgZ are left out (hpZ stays: it is lossless); `tp` pins the
-        tensor-parallel degree (None: every degree of ``Job.tp_options``).
+        tensor-parallel degree (None: every degree of ``Job.tp_options``); `ep` the
+        expert-parallel degree of a mixture of experts (None: every degree, both placements).
         """
         tps = tp_choices(job, tp)
         spaces = [cls._for_tp(job, t, zeropp, micro_batch, ckpt, max_micro_batch, quantization)
                   for t in tps]
         spaces = [sp for sp in spaces if sp.micro_batches] or spaces[:1]
+        if job.model.is_moe:
+            spaces = expert_spaces(job, spaces, ep)
         return replace(spaces[0], also=tuple(spaces[1:]))
 
     @classmethod
@@ -225,6 +241,9 @@ class SearchSpace:
             yield from sp._candidates(job)
 
     def _candidates(self, job: Job):
+        if self.expert_factors:
+            yield from self._expert_candidates(job)
+            return
         fs = self.factors
         for p, g, o in itertools.product(fs, fs, fs):
             if g % p or o % g or self.triples is not None and (p, g, o) not in self.triples:
@@ -238,12 +257,43 @@ class SearchSpace:
                     yield Strategy(s_p=p, s_g=g, s_os=o, qwz=q, hpz=h, qgz=qg, micro_batch=mb,
                                    tp=self.tp, **ckpt_fields(ck, job.model.num_layers))
 
+    def _expert_candidates(self, job: Job):
+        """The dense candidates (no ZeRO++ in a mixture-of-experts space) x the nested expert
+        triples at this space's degree and placement."""
+        fe = self.expert_factors
+        triples = [t for t in itertools.product(fe, fe, fe) if t[1] % t[0] == 0 == t[2] % t[1]]
+        for s in replace(self, expert_factors=())._candidates(job):
+            for p, g, o in triples:
+                yield s.with_(ep=self.ep, ep_span=self.ep_span, ep_p=p, ep_g=g, ep_os=o)
+
     def allows_checkpointing(self) -> bool:
         """Whether any option checkpoints something."""
         return any(c != 0 for c in self.ckpt)
 
     def size(self, job: Job) -> int:
         return sum(1 for _ in self.candidates(job))
+
+
+def expert_spaces(job: Job, spaces: list[SearchSpace], pinned: int | None
+                  ) -> list[SearchSpace]:
+    """A mixture of experts' spaces: each of `spaces` at every expert-parallel degree and
+    placement the job admits (``strategy_experts.ep_options``), or the pinned degree's, with
+    its expert factors; ZeRO++ and op-level checkpointing left out (docs/moe.md)."""
+    from amsp_planner.strategy_experts import ep_options, expert_factor_options
+
+    n, r, E = job.num_gpus, job.gpus_per_node, job.model.num_experts
+    opts = ep_options(E, n, r)
+    if pinned is not None:
+        if pinned not in {e for e, _ in opts}:
+            raise AmspUserError(
+                f"--ep {pinned}: the expert-parallel degree must divide the {E} experts and the "
+                f"{n} GPUs (and the node size, or be whole nodes): use one of "
+                f"{', '.join(str(e) for e in sorted({e for e, _ in opts}))}")
+        opts = [(e, span) for e, span in opts if e == pinned]
+    return [replace(sp, ep=e, ep_span=span, qwz=(False,), hpz=(1,), qgz=(False,),
+                    ckpt=tuple(c for c in sp.ckpt if c != "op"),
+                    expert_factors=tuple(expert_factor_options(e, span, n, r)))
+            for sp in spaces for e, span in opts]
 
 
 def tp_choices(job: Job, pinned: int | None, auto: bool = True) -> tuple[int, ...]:

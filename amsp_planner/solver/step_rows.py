@@ -76,8 +76,10 @@ class StepRows:
             qx["bwd", c] = k_bwd + col(T.krs, self.xGn, i) + col(T.kg, self.xGq, i)
             q["fwd", c] = col(T.fwd, self.y, i) + fwd_kernel
             q["bwd", c] = col(T.bwd, self.y, i) + col(T.dbwd, self.k, i) + qx["bwd", c]
-        Cu = dot(pulp, ((v, T.upd[k]) for k, v in self.zPO.items()), T.metrics)
-        t_opt = dot(pulp, ((self.xO[o], T.opt[o]) for o in F))
+        self._expert_time(q, qx, CLASSES)  # a mixture of experts' class (solver/expert_rows.py)
+        e_upd, e_opt = self._expert_step_terms()
+        Cu = dot(pulp, ((v, T.upd[k]) for k, v in self.zPO.items()), T.metrics) + e_upd
+        t_opt = dot(pulp, ((self.xO[o], T.opt[o]) for o in F)) + e_opt
         counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
         if self.objective == "comm":
             per_mb = lin(counts[c] * (q["gather_fwd", c] + q["gather_bwd", c] + q["reduce", c])
@@ -184,6 +186,7 @@ class StepRows:
             out["sync", c] = top(T.osrs) + top(T.ar)
             out["fwd", c] = top(T.fwd) + top(T.ka, T.kq)
             out["bwd", c] = top(T.bwd, T.bwd_hi) + top(T.ka, T.kq, T.khz) + top(T.krs, T.kg)
+        self._expert_qmax(out, CLASSES)
         return out
 
     def _bound_phase(self, phase: str) -> float:

@@ -26,8 +26,15 @@ from amsp_planner.cost.communicators import communicator_bytes, used_kinds
 from amsp_planner.cost.compute import recompute_s, unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
+from amsp_planner.cost.moe_compute import dispatch_buffer_bytes
 from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
 from amsp_planner.cost.step_time import optimizer_time, tp_unit_seconds
+from amsp_planner.solver.expert_tables import (
+    TIME_TABLES,
+    a2a_seconds,
+    a2a_step_seconds,
+    expert_tables,
+)
 from amsp_planner.solver.space import SearchSpace
 from amsp_planner.strategy import Strategy
 
@@ -114,6 +121,12 @@ class Tables:
     """option j -> TP collective seconds per step (the 'comm' objective counts them)."""
     dtpc: dict | None = None
     """Option (mb, 'K') -> TP collective seconds per step per block more checkpointed."""
+    experts: dict | None = None
+    """Mixture of experts: the expert class's tables by name (solver/expert_tables.py)."""
+
+    def get(self, name: str):
+        """A table by name: the expert class's ('e_...') or a field."""
+        return self.experts[name] if name.startswith("e_") else getattr(self, name)
 
 
 def tables_for(job: Job, sp: SearchSpace) -> Tables:
@@ -185,10 +198,16 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
             tp_units[mb, ck] = tp_unit_seconds(job, tp, mb, ck)
         return tp_units[mb, ck]
 
+    moe = bool(sp.expert_factors)
+
     def compute(mb, ck):
-        """(forward, backward) seconds per class: compute and the TP collectives."""
-        uc = unit_computes(job, mb, ck, tp)
+        """(forward, backward) seconds per class: compute and the TP collectives (and a
+        mixture of experts' token all-to-alls)."""
+        uc = unit_computes(job, mb, ck, tp, sp.ep)
         tpc = tp_seconds(mb, ck)
+        if moe:
+            a2a = a2a_seconds(job, sp, mb, ck)
+            tpc = {k: v + a2a[k] for k, v in tpc.items()}
         return (tuple(uc[c].forward + tpc["fwd", c] for c in CLASSES),
                 tuple(uc[c].backward + tpc["bwd", c] for c in CLASSES))
 
@@ -197,15 +216,17 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
 
     def tp_step(mb, ck):
         u = tp_seconds(mb, ck)
-        return job.seqs_per_rank(tp) // mb * sum(
+        a2a = a2a_step_seconds(job, sp, mb, ck) if moe else 0.0
+        return a2a + job.seqs_per_rank(tp) // mb * sum(
             n * (u["fwd", c] + u["bwd", c]) for n, c in zip(counts, CLASSES, strict=True))
 
     def probe(j, mb, ck):
-        rec[j] = recompute_s(job, mb, ck, tp)
+        rec[j] = recompute_s(job, mb, ck, tp, sp.ep)
         tpc[j] = tp_step(mb, ck)
         fwd[j], bwd[j] = compute(mb, ck)
         nn[j] = job.seqs_per_rank(tp) // mb
-        act[j] = activation_bytes(job, mb, ck, tp) / GIB
+        act[j] = (activation_bytes(job, mb, ck, tp)
+                  + (dispatch_buffer_bytes(job, mb) if sp.ep > 1 else 0.0)) / GIB
 
     for mb in sp.micro_batches:
         for ck in listed:
@@ -220,7 +241,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
             bwd_hi[j] = compute(mb, hi)[1]
             dbwd[j] = tuple((x - y) / (hi - lo) for x, y in zip(bwd_hi[j], bwd[j], strict=True))
             dact[j] = (activation_bytes(job, mb, hi, tp) / GIB - act[j]) / (hi - lo)
-            drec[j] = (recompute_s(job, mb, hi, tp) - rec[j]) / (hi - lo)
+            drec[j] = (recompute_s(job, mb, hi, tp, sp.ep) - rec[j]) / (hi - lo)
             dtpc[j] = (tp_step(mb, hi) - tpc[j]) / (hi - lo)
     # Times enter the model in units of one step's compute (objective about 1), so that solver
     # tolerances are relative to the job's scale.
@@ -241,6 +262,13 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     tables.tpc = {j: v / unit for j, v in tpc.items()}
     tables.dtpc = {j: v / unit for j, v in dtpc.items()}
     tables.drec = {j: v / unit for j, v in drec.items()}
+    if moe:
+        ex = expert_tables(job, sp)
+        for name in TIME_TABLES:
+            ex[name] = {k: tuple(x / unit for x in v) for k, v in ex[name].items()}
+        for name in ("e_upd", "e_opt"):
+            ex[name] = {k: v / unit for k, v in ex[name].items()}
+        tables.experts = ex
     _comm_tables(job, tables, tp)
     tables.time_unit = unit
     return tables
