@@ -35,12 +35,14 @@ RUNS_4 = {
     "e4": "ep=4,p=2,g=4,os=4,ep.p=1,ep.g=1,ep.os=1,mb=1",
     # an expert triple unlike the dense one, the EP group strided, every block recomputed
     "e2_span_ckpt": "ep=2,ep.span,p=1,g=2,os=4,ep.p=1,ep.g=1,ep.os=2,mb=1,ckpt",
-    # op-level: the all-to-all outputs are kept, the recomputation issues none
-    "e2_op": "ep=2,p=2,g=2,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1,ckpt=op",
+    # the first block checkpointed: a dense layer, so no all-to-all is recomputed
+    "e2_ckpt1": "ep=2,p=2,g=2,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1,ckpt=1",
     # no expert tokens: the expert units on the dense triple at e = 1, no all-to-all
     "zero3": "zero3",
 }
 TOPK_4 = {"e2_topk": "ep=2,p=4,g=4,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1"}
+BF16_4 = {"bf16_e2": "ep=2,p=2,g=4,os=4,ep.p=1,ep.g=2,ep.os=2,mb=1"}
+"""bf16 parameters and activations: the all-to-alls carry 2-byte elements."""
 RUNS_8 = {
     "e4": "ep=4,p=8,g=8,os=8,ep.p=2,ep.g=2,ep.os=2,mb=1",
     "e2_span": "ep=2,ep.span,p=4,g=4,os=8,ep.p=1,ep.g=4,ep.os=4,mb=1",
@@ -63,6 +65,7 @@ def four(tmp_path_factory):
     ck = str(tmp / "ck")
     runs = [_run(n, s) for n, s in RUNS_4.items()]
     runs += [_run(n, s, gate="topk") for n, s in TOPK_4.items()]
+    runs += [_run(n, s, steps=2, precision="bf16") for n, s in BF16_4.items()]
     # saved at e = 2 after step 2, resumed at e = 4 for step 3
     runs += [_run("ck_e2", RUNS_4["e2"], steps=2, checkpoint_dir=ck, checkpoint_every=2),
              _run("ck_e4", RUNS_4["e4"], checkpoint_dir=ck, resume=True)]
@@ -115,12 +118,13 @@ def _rows(rep: dict) -> dict:
             if e["measured"] is not None}
 
 
-def check_all_to_all(rep: dict, e: int, stride: int, per_node: int, recompute: bool) -> None:
-    """Per MoE layer and micro-batch, dispatch and combine of b S k h fp32 values each, in
-    forward and (reversed) in backward, and in the recomputed forward of a fully checkpointed
-    block; ring bytes in-node (k-1)/m, across nodes (g-1)/g of the full size."""
+def check_all_to_all(rep: dict, e: int, stride: int, per_node: int, recompute: bool,
+                     dtype_bytes: int = 4) -> None:
+    """Per MoE layer and micro-batch, dispatch and combine of b S k h values each (fp32, or
+    bf16), in forward and (reversed) in backward, and in the recomputed forward of a fully
+    checkpointed block; ring bytes in-node (k-1)/m, across nodes (g-1)/g of the full size."""
     n_micro = rep["n_micro"]
-    per_call = 1 * S * K * H * 4
+    per_call = 1 * S * K * H * dtype_bytes
     rows = _rows(rep)
     phases = ("forward", "backward") + (("recompute",) if recompute else ())
     got = {ph for ph, op, g in rows if g == "EP"}
@@ -166,11 +170,18 @@ def test_parity_topk_4(four, name):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name,e,stride,ep_p,recompute", [
     ("e2", 2, 1, 2, False), ("e4", 4, 1, 1, False), ("e2_span_ckpt", 2, 2, 1, True),
-    ("e2_op", 2, 1, 2, False), ("e2_topk", 2, 1, 2, False)])
+    ("e2_ckpt1", 2, 1, 2, False), ("e2_topk", 2, 1, 2, False)])
 def test_all_to_alls_and_expert_gathers_4(four, name, e, stride, ep_p, recompute):
     rep = four[name]
     check_all_to_all(rep, e, stride, e, recompute)
     check_expert_gathers(rep, e, ep_p)
+
+
+@pytest.mark.multiprocess
+def test_bf16_all_to_alls(four):
+    rep = four["bf16_e2"]
+    check_all_to_all(rep, 2, 1, 2, False, dtype_bytes=2)
+    assert all(math.isfinite(x) for x in rep["loss"])
 
 
 @pytest.mark.multiprocess
@@ -223,7 +234,7 @@ def test_cross_node_bytes_on_the_wire(eight):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world,name", [(4, n) for n in {**RUNS_4, **TOPK_4}]
+@pytest.mark.parametrize("world,name", [(4, n) for n in {**RUNS_4, **TOPK_4, **BF16_4}]
                          + [(8, n) for n in RUNS_8])
 def test_measured_equals_plan(four, eight, world, name):
     """Every schedule entry, the all-to-alls and the expert class's included: calls and bytes
@@ -270,6 +281,16 @@ def test_param_counts_per_unit():
     specs = M.unit_param_specs(m)  # asserts the counts equal ModelSpec.unit_params()
     experts = [math.prod(dict(u).get("experts", (0,))) for u in specs]
     assert experts == m.unit_expert_params() == [0, 0, E * EXPERT, E * EXPERT, 0]
+
+
+def test_train_refuses_uneven_routing_before_launch(tmp_path):
+    """E = 8 does not divide S k = 30 x 2: one line, exit 2, no rank started."""
+    from .mp import amsp, make_plan, one_error_line
+
+    plan = make_plan(tmp_path, "p.json", 4, model=SPEC,
+                     strategy="ep=2,p=4,g=4,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1", seq=30)
+    r = amsp("train", plan, "--steps", 1, cwd=tmp_path, timeout=60)
+    one_error_line(r, "seq_len 30 x experts_per_token 2 is not a multiple of num_experts 8")
 
 
 def test_capacity_refused_in_one_line():
