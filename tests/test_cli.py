@@ -105,7 +105,7 @@ def spec_files(tmp_path):
         "syntax.yaml": "num_layers: [2\nhidden_size: 64\n",
         "list.yaml": "- 1\n- 2\n",
         "tag.yaml": "num_layers: !!int two\n",
-        "moe.json": json.dumps({"model_type": "mixtral", "num_local_experts": 8}),
+        "moe.json": json.dumps({"model_type": "llama", "num_local_experts": 8}),
         "nokeys.json": json.dumps({"model_type": "llama", "hidden_size": 4096}),
         "badjson.json": "{\"model_type\": \"llama\",",
         "cluster.yaml": "gpu: {name: x, memory_gib: 80, peak_bf16_tflop_per_s: 300}\n"
@@ -128,7 +128,7 @@ BAD_INPUTS = [
     (["--model", "{d}/list.yaml", "--gpus", "8"], "expected a mapping"),
     (["--model", "{d}/tag.yaml", "--gpus", "8"], "malformed YAML"),
     (["--model", "{d}", "--gpus", "8"], "is a folder without a config.json"),
-    (["--model", "{d}/moe.json", "--gpus", "8"], "mixture-of-experts"),
+    (["--model", "{d}/moe.json", "--gpus", "8"], "'llama' with experts is not supported"),
     (["--model", "{d}/nokeys.json", "--gpus", "8"], "'num_hidden_layers' is missing"),
     (["--model", "{d}/badjson.json", "--gpus", "8"], "malformed JSON"),
     (["--model", "tiny", "--gpus", "8", "--cluster", "{d}/cluster.yaml"], "nic_gbit_per_s"),

@@ -118,7 +118,7 @@ def test_specs_show_gives_the_loader_reason(tmp_path):
     d = tmp_path / "Mixtral-8x7B"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "mixtral", "num_local_experts": 8}))
-    assert_user_error(*run_cli(["specs", "show", str(d)]), "mixture-of-experts")
+    assert_user_error(*run_cli(["specs", "show", str(d)]), "'num_hidden_layers' is missing")
     (d / "config.json").write_text(json.dumps(
         {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "vocab_size": 512,
          "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 24}))

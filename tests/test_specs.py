@@ -43,7 +43,10 @@ def test_preset_parameter_count_matches_published_size(name, published):
 
 
 def test_every_model_preset_is_checked_or_is_the_test_model():
-    assert set(list_presets("model")) == set(PUBLISHED) | {"tiny"}
+    from test_moe_models import PRESETS as MOE  # the MoE presets, against their model cards
+
+    moe = set(MOE) | {"deepseek-v3"}  # checked by test_deepseek_v3_main_model_and_mtp_...
+    assert set(list_presets("model")) == set(PUBLISHED) | moe | {"tiny", "tiny-moe"}
 
 
 def test_small_model_counted_by_hand():
@@ -122,9 +125,13 @@ def test_hf_config_counts_like_the_preset(tmp_path, cfg, preset):
     assert m.unit_params() == load_model(preset).unit_params()
 
 
-def test_hf_moe_config_is_refused(tmp_path):
-    with pytest.raises(AmspUserError, match="num_local_experts.*mixture-of-experts"):
-        load_model(_write(tmp_path, MIXTRAL_HF))
+def test_hf_moe_config_counts_like_the_preset(tmp_path):
+    m = load_model(_write(tmp_path, MIXTRAL_HF))  # more families: tests/test_moe_models.py
+    assert m.unit_params() == load_model("mixtral-8x7b").unit_params()
+    assert m.unit_expert_params() == load_model("mixtral-8x7b").unit_expert_params()
+    with pytest.raises(AmspUserError, match="'num_local_experts' = 8: model_type 'llama' with "
+                                            "experts is not supported"):
+        load_model(_write(tmp_path, {**LLAMA_7B_HF, "num_local_experts": 8}, "llama.json"))
 
 
 @pytest.mark.parametrize("key", ["num_hidden_layers", "hidden_size", "num_attention_heads",

@@ -81,11 +81,26 @@ def describe(name: str) -> dict:
         "kind": "model", "spec": {**m.model_dump(), "num_kv_heads": m.kv_heads,
                                   "head_dim": m.head_dim},
         "derived": {
-            "params": m.num_params, "flop_params": m.num_flop_params,
+            "params": m.num_params, **_moe_figures(m), "flop_params": m.num_flop_params,
             "units": len(m.unit_params()), "largest_unit_params": max(m.unit_params()),
             "flops_per_token_seq4096": m.flops_per_token(4096),
             "model_state_bytes_mixed_adam": 16 * m.num_params,
         },
+    }
+
+
+def _moe_figures(m) -> dict:
+    """A mixture of experts' active parameters, its MoE layers and its two parameter classes
+    (the experts' count and top-k are spec fields; nothing for a dense model)."""
+    if not m.is_moe:
+        return {}
+    routed = sum(m.unit_expert_params())
+    return {
+        "active_params": m.num_active_params,
+        "moe_layers": m.num_moe_layers,
+        "params_per_expert": m.expert_params(),
+        "routed_expert_params": routed,
+        "dense_params": m.num_params - routed,
     }
 
 
@@ -100,6 +115,8 @@ def _value(v) -> str:
         return f"{v:,}"
     if isinstance(v, list):
         return "none" if not v else f"{len(v)} entries (see --json)"
+    if isinstance(v, tuple):  # layer indices (dense_layers, sliding_layers)
+        return ", ".join(map(str, v)) if len(v) <= 8 else f"{len(v)} entries (see --json)"
     return str(v)
 
 

@@ -29,6 +29,14 @@ def check_supported(model) -> None:
         bad.append("attention_bias: none, mlp_bias: false")
     if model.q_dim != model.hidden_size or model.qk_norm != "none" or model.post_norms:
         bad.append("head_dim: hidden_size/num_heads, qk_norm: none, post_norms: false")
+    # full grouped-query attention only: no latent attention, sinks or sliding windows
+    if model.is_mla or model.attention_sinks or model.sliding_layers:
+        bad.append("no kv_lora_rank, attention_sinks or sliding_layers")
+    # a softmax top-k router without bias, an ungated shared expert, no MTP modules
+    if (model.router_bias or model.shared_expert_gate or model.mtp_layers
+            or model.routing != "softmax_topk"):
+        bad.append("router_bias: false, shared_expert_gate: false, mtp_layers: 0, "
+                   "routing: softmax_topk")
     if bad:
         raise AmspUserError(
             f"model {model.name}: the bundled runtime trains LLaMA-style decoders only: "

@@ -1,9 +1,11 @@
-"""Hugging Face ``config.json`` of a dense decoder -> ModelSpec, family by family.
+"""Hugging Face ``config.json`` of a decoder -> ModelSpec, family by family.
 
-Each family below is counted exactly (tests/test_specs.py compares every one with the model
-``transformers`` builds from the same config, module by module). A config of any other type,
-a mixture-of-experts model or a multimodal one is refused with its reason. The keys read are
-validated first (``HfNumbers``: exact types, finite, in range), naming the config's own key.
+Each family below is counted exactly (tests/test_hf_models.py and tests/test_moe_models.py
+compare every one with the model ``transformers`` builds from the same config, module by
+module); the mixture-of-experts families' own keys are read by specs/hf_moe.py. A config of
+any other type, a multimodal one, a hybrid with state-space layers, or experts in a dense
+family is refused with its reason. The keys read are validated first (``HfNumbers``: exact
+types, finite, in range), naming the config's own key.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from amsp_planner.errors import AmspUserError, format_validation_error
 from amsp_planner.specs.fields import Flag, Int, Maybe, Real, Text
+from amsp_planner.specs.hf_moe import MOE_FAMILIES, moe_data, refuse_hybrid
 
 # model_type -> what its config leaves implicit: biases, MLP activation, norms, tied defaults.
 # 'bias_key': the config flag that adds biases ('all': q, k, v and o; 'qkv': q, k, v only).
@@ -30,6 +33,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gemma2": {"ffn": "geglu", "tied": True, "post_norms": True, "act_key": "hidden_activation"},
     "gemma3_text": {"ffn": "geglu", "tied": True, "post_norms": True, "qk_norm": "head",
                     "act_key": "hidden_activation"},
+    # mixtures of experts (specs/hf_moe.py reads their MoE keys)
+    "qwen3_moe": {"bias_key": "all", "qk_norm": "head"},
+    "qwen2_moe": {},  # qkv_bias: specs/hf_moe.py
+    "mixtral": {},
+    "olmoe": {"bias_key": "all", "qk_norm": "full"},
+    "granitemoe": {"bias_key": "all"},
+    "gpt_oss": {"bias_key": "all", "bias_default": True},
+    "deepseek_v2": {"bias_key": "all"},
+    "deepseek_v3": {"bias_key": "all"},
 }
 _GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu",
           "gelu_new": "geglu", "gelu_fast": "geglu"}
@@ -41,24 +53,26 @@ _NEED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediat
 
 def _refuse_inexpressible(cfg: dict[str, Any], source: str) -> str:
     """The model_type of a config we count, or AmspUserError with the reason we cannot."""
-    for key in _MOE_KEYS:
-        n = cfg.get(key)
-        if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
-            raise AmspUserError(
-                f"{source}: '{key}' = {n}: mixture-of-experts models are not supported "
-                "(only dense decoders are counted exactly)")
     mtype = cfg.get("model_type")
     if not isinstance(mtype, str):
         raise AmspUserError(f"{source}: field 'model_type' must be a string such as \"llama\", "
                             f"got {type(mtype).__name__}: fix the config")
+    refuse_hybrid(mtype, source)
     if any(k in cfg for k in _MULTIMODAL):
         raise AmspUserError(
             f"{source}: model_type '{mtype}' is multimodal (it has a "
             f"{next(k for k in _MULTIMODAL if k in cfg)}): the vision/audio towers are not "
             "counted; give the text model's config.json or write a model spec YAML")
+    for key in _MOE_KEYS if mtype not in MOE_FAMILIES else ():
+        n = cfg.get(key)
+        if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
+            raise AmspUserError(
+                f"{source}: '{key}' = {n}: model_type '{mtype}' with experts is not supported: "
+                f"the mixtures of experts counted are {', '.join(sorted(MOE_FAMILIES))}; "
+                "write a model spec YAML for another")
     if mtype not in FAMILIES:
         raise AmspUserError(
-            f"{source}: model_type '{mtype}' is not supported: use a dense decoder of type "
+            f"{source}: model_type '{mtype}' is not supported: use a decoder of type "
             f"{', '.join(sorted(FAMILIES))}, or write a model spec YAML")
     for key in _NEED:
         v = cfg.get(key)
@@ -119,11 +133,12 @@ def _name(cfg: dict[str, Any], source: str) -> str:
 
 def model_data(cfg: dict[str, Any], source: str = "config.json") -> dict[str, Any]:
     """ModelSpec fields for a Hugging Face config of a family we count exactly."""
+    raw = cfg
     mtype = _refuse_inexpressible(cfg, source)
     fam = FAMILIES[mtype]
     cfg = {**cfg, **_numbers(cfg, source)}
     bias = fam.get("attention_bias", "none")
-    if fam.get("bias_key") and cfg["attention_bias"]:
+    if fam.get("bias_key") and given_flag(cfg, "attention_bias", fam.get("bias_default", False)):
         bias = fam["bias_key"]
     heads = cfg["num_attention_heads"]
 
@@ -149,4 +164,11 @@ def model_data(cfg: dict[str, Any], source: str = "config.json") -> dict[str, An
     }
     if cfg["head_dim"] is not None:
         data["head_dim"] = cfg["head_dim"]
+    if mtype in MOE_FAMILIES:
+        data["mlp_bias"] = False  # their MLPs take no mlp_bias key (gpt-oss: specs/hf_moe.py)
+        data.update(moe_data(raw, mtype, source))
     return data
+
+
+def given_flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    return default if cfg[key] is None else cfg[key]

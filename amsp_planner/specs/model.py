@@ -19,6 +19,10 @@ Parameter count, per unit (the units are what the runtime shards; see docs/desig
               biases     d_q + 2*d_kv [qkv], + h [out] when attention_bias='all'; f + h for the MLP
 - head:       final norm (h or 2h) + V*h LM head unless tied to the embedding
 
+Attention sinks, sliding-window layers and multi-head latent attention: specs/attention.py;
+routed and shared experts, the router and multi-token-prediction modules: specs/moe.py; the
+Hugging Face families and what each maps to: docs/models.md.
+
 With tensor parallelism of degree t (Megatron-style: QKV and the MLP's gate/up column-parallel,
 the output projection and the MLP's down row-parallel, the embedding and LM head vocab-parallel),
 each TP rank holds 1/t of every matrix and of the column-parallel biases, and the whole of the
@@ -33,12 +37,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
 
+from amsp_planner.specs.attention import AttentionCounts, check_attention
 from amsp_planner.specs.fields import Flag, Int, Maybe, Real, Text
+from amsp_planner.specs.moe import ROUTING, MoeCounts, check_moe
 
 
-class ModelSpec(BaseModel):
-    """A dense decoder-only transformer (LLaMA, Mistral, Qwen, Phi-3, Gemma, OLMo 2, Granite,
-    GPT-3 families)."""
+class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
+    """A decoder-only transformer: dense (LLaMA, Mistral, Qwen, Phi-3, Gemma, OLMo 2, Granite,
+    GPT-3 families) or a mixture of experts (Mixtral, Qwen2/3-MoE, OLMoE, Granite-MoE, gpt-oss,
+    DeepSeek-V2/V3; docs/models.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -97,12 +104,47 @@ class ModelSpec(BaseModel):
     """0-based indices of the layers whose MLP is dense (width ffn_hidden_size) in a MoE model
     (DeepSeek's first_k_dense_replace, Qwen's mlp_only_layers and decoder_sparse_step); every
     other layer is a MoE layer."""
+    router_bias: Flag = False
+    """The router has a bias per expert (gpt-oss)."""
+    shared_expert_gate: Flag = False
+    """The shared expert's output is scaled by a sigmoid gate, a h x 1 linear map (Qwen2-MoE)."""
+    routing: Literal[ROUTING] = "softmax_topk"
+    """How the router picks experts (specs/moe.py): softmax_topk (Mixtral, Qwen, OLMoE),
+    topk_softmax (Granite-MoE, gpt-oss), softmax_group_topk (DeepSeek-V2),
+    sigmoid_group_topk (DeepSeek-V3)."""
+    mtp_layers: Int(0, 16) = 0
+    """The last mtp_layers blocks are multi-token-prediction modules (DeepSeek-V3's
+    num_nextn_predict_layers; specs/moe.py)."""
+
+    # ----- attention beyond grouped-query (specs/attention.py) ------------------------------
+    attention_sinks: Flag = False
+    """One learned sink logit per query head (gpt-oss)."""
+    sliding_window: Maybe(Int(1, 1048576)) = None
+    """Keys a query of a sliding-window layer sees at most (gpt-oss: 128)."""
+    sliding_layers: tuple[Int(0, 1023), ...] = ()
+    """0-based indices of the sliding-window layers (gpt-oss: the even ones)."""
+    q_lora_rank: Maybe(Int(1, 65536)) = None
+    """Multi-head latent attention: the queries' low-rank width (null: a full projection)."""
+    kv_lora_rank: Maybe(Int(1, 65536)) = None
+    """Multi-head latent attention (DeepSeek-V2/V3) when set: the keys' and values' latent
+    width."""
+    qk_nope_head_dim: Maybe(Int(1, 65536)) = None
+    """MLA: per-head query/key width without RoPE (head_dim = this + qk_rope_head_dim)."""
+    qk_rope_head_dim: Maybe(Int(1, 65536)) = None
+    """MLA: per-head query/key width with RoPE (the key's part shared by every head)."""
+    v_head_dim: Maybe(Int(1, 65536)) = None
+    """MLA: width of one value head."""
 
     # Fields a preset leaves at their default stay out of its dump, so the plan files and hashes
     # of models that do not use them are what they were before the fields existed.
     _OMIT_DEFAULT = {"head_dim": None, "qk_norm": "none", "post_norms": False,
                      "num_experts": 0, "experts_per_token": 0, "expert_ffn_hidden_size": None,
-                     "shared_expert_ffn_hidden_size": 0, "dense_layers": ()}
+                     "shared_expert_ffn_hidden_size": 0, "dense_layers": (),
+                     "router_bias": False, "shared_expert_gate": False,
+                     "routing": "softmax_topk", "mtp_layers": 0, "attention_sinks": False,
+                     "sliding_window": None, "sliding_layers": (), "q_lora_rank": None,
+                     "kv_lora_rank": None, "qk_nope_head_dim": None, "qk_rope_head_dim": None,
+                     "v_head_dim": None}
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
@@ -115,6 +157,14 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelSpec:
+        if self.kv_lora_rank is not None and None not in (self.qk_nope_head_dim,
+                                                          self.qk_rope_head_dim):
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            if self.head_dim not in (None, qk):
+                raise ValueError(f"head_dim {self.head_dim} != qk_nope_head_dim + "
+                                 f"qk_rope_head_dim = {qk} (multi-head latent attention): "
+                                 "drop head_dim")
+            object.__setattr__(self, "head_dim", qk)
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}: "
@@ -128,30 +178,9 @@ class ModelSpec(BaseModel):
             )
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self._even_head_dim)
-        self._check_moe()
+        check_attention(self)
+        check_moe(self)
         return self
-
-    def _check_moe(self) -> None:
-        e, k = self.num_experts, self.experts_per_token
-        if e == 0:
-            moe_only = {"experts_per_token": k, "expert_ffn_hidden_size": self.expert_ffn_hidden_size,
-                        "shared_expert_ffn_hidden_size": self.shared_expert_ffn_hidden_size,
-                        "dense_layers": self.dense_layers}
-            for key, value in moe_only.items():
-                if value != self._OMIT_DEFAULT[key]:
-                    raise ValueError(f"{key} is set but num_experts is 0 (a dense model): "
-                                     "give num_experts, or drop it")
-            return
-        if not 1 <= k <= e:
-            raise ValueError(f"experts_per_token {k} must be in [1, num_experts = {e}]: "
-                             "set it to the router's top-k")
-        bad = [i for i in self.dense_layers if i >= self.num_layers]
-        if bad or len(set(self.dense_layers)) != len(self.dense_layers):
-            raise ValueError(f"dense_layers {list(self.dense_layers)} must be distinct layer "
-                             f"indices below num_layers = {self.num_layers}: fix the list")
-        if len(self.dense_layers) == self.num_layers:
-            raise ValueError("dense_layers lists every layer: a MoE model needs at least one MoE "
-                             "layer; drop num_experts for a dense model")
 
     # ----- derived shapes -------------------------------------------------------------------
     @property
@@ -199,62 +228,14 @@ class ModelSpec(BaseModel):
         return mlp
 
     def _attn_norm_params(self) -> int:
-        """Attention (QKV, output, their biases) and the block's norms."""
-        h, q, kv = self.hidden_size, self.q_dim, self.kv_dim
-        attn = h * (q + 2 * kv) + q * h
-        if self.attention_bias in ("qkv", "all"):
-            attn += q + 2 * kv
-        if self.attention_bias == "all":
-            attn += h
+        """Attention (specs/attention.py: projections, biases, sinks) and the block's norms."""
         norms = (4 if self.post_norms else 2) * self._norm_params() + self._qk_norm_params()
-        return attn + norms
+        return self._attn_params() + norms
 
     def block_params(self) -> int:
         """Parameters of a dense block (every block of a dense model; a MoE model's dense
         layers)."""
         return self._attn_norm_params() + self._mlp_params(self.ffn_hidden_size)
-
-    # ----- mixture of experts ---------------------------------------------------------------
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    def is_moe_layer(self, i: int) -> bool:
-        """Layer i (0-based) routes its tokens to experts."""
-        return self.is_moe and i not in self.dense_layers
-
-    @property
-    def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
-
-    def expert_params(self) -> int:
-        """One routed expert's MLP."""
-        return self._mlp_params(self.expert_ffn_hidden_size or self.ffn_hidden_size)
-
-    def router_params(self) -> int:
-        """The router of one MoE layer: a linear map from h to E scores, no bias."""
-        return self.hidden_size * self.num_experts
-
-    def layer_dense_params(self, i: int) -> int:
-        """The dense parameters of layer i: attention and norms, plus the dense MLP (a dense
-        layer) or the router and the shared experts (a MoE layer)."""
-        if not self.is_moe_layer(i):
-            return self.block_params()
-        shared = self.shared_expert_ffn_hidden_size
-        return (self._attn_norm_params() + self.router_params()
-                + (self._mlp_params(shared) if shared else 0))
-
-    def layer_expert_params(self, i: int) -> int:
-        """The routed experts' parameters of layer i (all E of them; 0 for a dense layer)."""
-        return self.num_experts * self.expert_params() if self.is_moe_layer(i) else 0
-
-    def layer_params(self, i: int) -> int:
-        return self.layer_dense_params(i) + self.layer_expert_params(i)
-
-    def unit_expert_params(self) -> list[int]:
-        """Routed-expert parameters of each unit (0 for the embedding, the head and dense
-        layers); ``unit_params`` minus these is the dense class."""
-        return [0] + [self.layer_expert_params(i) for i in range(self.num_layers)] + [0]
 
     def head_params(self) -> int:
         lm = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
@@ -281,8 +262,9 @@ class ModelSpec(BaseModel):
         """Unpadded elements one TP rank holds of each unit (module docstring): the sharded
         part split in `tp` (rounded up), the replicated part whole; `tp` = 1 is
         ``unit_params``."""
-        if tp > 1 and self.is_moe:
-            raise ValueError("tensor parallelism of a mixture-of-experts model is not modelled")
+        if tp > 1 and not self._tp_modelled:
+            raise ValueError("tensor parallelism of a mixture-of-experts model, of multi-head "
+                             "latent attention or of MTP modules is not modelled")
         if tp == 1:
             return self.unit_params()
         rep = self._replicated()
@@ -296,12 +278,17 @@ class ModelSpec(BaseModel):
         emb, blk, head = self._replicated()
         return [emb] + [blk] * self.num_layers + [head]
 
+    @property
+    def _tp_modelled(self) -> bool:
+        """Expert TP, MLA's TP and the MTP modules' are not modelled yet (docs/models.md)."""
+        return not (self.is_moe or self.is_mla or self.mtp_layers)
+
     def tp_degrees(self, gpus_per_node: int) -> list[int]:
         """Tensor-parallel degrees the model admits on nodes of R GPUs: divisors of R that
         divide the query and the key/value heads (each TP rank holds whole heads) and the MLP
         width (column-sharded gate/up, row-sharded down: equal slices)."""
-        if self.is_moe:
-            return [1]  # expert tensor parallelism is not modelled yet (docs/moe.md)
+        if not self._tp_modelled:
+            return [1]
         return [t for t in range(1, gpus_per_node + 1) if gpus_per_node % t == 0
                 and self.num_heads % t == 0 and self.kv_heads % t == 0
                 and self.ffn_hidden_size % t == 0]
@@ -310,13 +297,6 @@ class ModelSpec(BaseModel):
     def num_params(self) -> int:
         """Total parameters (unpadded), every expert counted."""
         return sum(self.unit_params())
-
-    @property
-    def num_active_params(self) -> int:
-        """Parameters one token uses: every dense parameter and experts_per_token routed
-        experts per MoE layer (= num_params for a dense model)."""
-        inactive = (self.num_experts - self.experts_per_token) * self.expert_params()
-        return self.num_params - self.num_moe_layers * inactive
 
     @property
     def num_flop_params(self) -> int:
@@ -332,9 +312,13 @@ class ModelSpec(BaseModel):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6*N + 12*L*d_q*s (PaLM, arXiv 2204.02311, appendix B).
 
-        N counts matmul parameters (``num_flop_params``); the second term is attention
-        (QK^T and AV, forward and backward) over the query width d_q = heads * head_dim, which
-        is h unless head_dim is given apart. Every layer counts full causal attention (as PaLM
-        does; sliding-window layers do less). Model FLOPs: recomputation is not counted here.
+        N counts matmul parameters (``num_flop_params``: a MoE layer's active experts only),
+        plus the output head once more per multi-token-prediction module (it shares the
+        main model's head). The second term is attention (QK^T and AV, forward and backward)
+        over the query width d_q = heads * head_dim, which is h unless head_dim is given apart;
+        every layer counts full attention over the s keys as PaLM does, but a sliding-window
+        layer at most its window and MLA its real head widths (specs/attention.py). Model
+        FLOPs: recomputation is not counted here.
         """
-        return 6.0 * self.num_flop_params + 12.0 * self.num_layers * self.q_dim * seq_len
+        mtp_head = self.mtp_layers * self.vocab_size * self.hidden_size
+        return 6.0 * (self.num_flop_params + mtp_head) + self.attention_flops_per_token(seq_len)
