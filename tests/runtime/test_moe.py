@@ -6,9 +6,10 @@ resharded across EP degrees (issue #26, part 4).
 Two launches carry every check: 4 processes on one node, and 8 processes as 2 nodes of 4 (two
 torchrun agents on loopback, so the EP groups that span nodes are real).
 
-The model (tests/data/tiny-moe.yaml): L = 3 (layer 0 dense, layers 1-2 MoE: M = 2), h = 64,
-E = 8 routed experts of width 32 (3 h f_e = 6144 elements each), top-2, a shared expert;
-sequences of S = 32, fp32, one sequence per micro-batch.
+The model (tests/data/tiny-moe-shared.yaml): L = 3 (layer 0 dense, layers 1-2 MoE: M = 2),
+h = 64, E = 8 routed experts of width 32 (3 h f_e = 6144 elements each), top-2, a shared
+expert; sequences of S = 32, fp32, one sequence per micro-batch. The preset ``tiny-moe`` (four
+MoE layers, no shared expert) runs once for parity and the plan's bytes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from amsp_planner.specs.training import TrainingSpec  # noqa: E402
 
 from .mp import run_worker  # noqa: E402
 
-SPEC = str(Path(__file__).resolve().parents[1] / "data" / "tiny-moe.yaml")
+SPEC = str(Path(__file__).resolve().parents[1] / "data" / "tiny-moe-shared.yaml")
 STEPS = 3
 M_LAYERS, H, S, K, E, EXPERT = 2, 64, 32, 2, 8, 6144
 RUNS_4 = {
@@ -41,6 +42,7 @@ RUNS_4 = {
     "zero3": "zero3",
 }
 TOPK_4 = {"e2_topk": "ep=2,p=4,g=4,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1"}
+PRESET_4 = {"preset_e4": "ep=4,p=4,g=4,os=4,ep.p=1,ep.g=1,ep.os=1,mb=1"}
 BF16_4 = {"bf16_e2": "ep=2,p=2,g=4,os=4,ep.p=1,ep.g=2,ep.os=2,mb=1"}
 """bf16 parameters and activations: the all-to-alls carry 2-byte elements."""
 RUNS_8 = {
@@ -50,9 +52,9 @@ RUNS_8 = {
 }
 
 
-def _job(world: int) -> Job:
+def _job(world: int, model: str = SPEC) -> Job:
     t = TrainingSpec(seq_len=S, global_batch_seqs=2 * world, precision="fp32")
-    return Job.create(load_model(SPEC), load_cluster("cpu-local"), t, world)
+    return Job.create(load_model(model), load_cluster("cpu-local"), t, world)
 
 
 def _run(name, strategy, **kw):
@@ -66,6 +68,7 @@ def four(tmp_path_factory):
     runs = [_run(n, s) for n, s in RUNS_4.items()]
     runs += [_run(n, s, gate="topk") for n, s in TOPK_4.items()]
     runs += [_run(n, s, steps=2, precision="bf16") for n, s in BF16_4.items()]
+    runs += [_run(n, s, model="tiny-moe") for n, s in PRESET_4.items()]
     # saved at e = 2 after step 2, resumed at e = 4 for step 3
     runs += [_run("ck_e2", RUNS_4["e2"], steps=2, checkpoint_dir=ck, checkpoint_every=2),
              _run("ck_e4", RUNS_4["e4"], checkpoint_dir=ck, resume=True)]
@@ -93,18 +96,19 @@ def eight(tmp_path_factory):
 _REF: dict = {}
 
 
-def reference(world: int, gate: str = "balanced"):
+def reference(world: int, gate: str = "balanced", model: str = SPEC):
     from amsp_planner.runtime.reference import reference_run
 
-    if (world, gate) not in _REF:
-        _REF[world, gate] = reference_run(_job(world), STEPS, gate=gate)
-    return _REF[world, gate]
+    if (world, gate, model) not in _REF:
+        _REF[world, gate, model] = reference_run(_job(world, model), STEPS, gate=gate)
+    return _REF[world, gate, model]
 
 
-def check_parity(rep: dict, world: int, gate: str = "balanced", first: int = 0) -> None:
+def check_parity(rep: dict, world: int, gate: str = "balanced", first: int = 0,
+                 model: str = SPEC) -> None:
     """Loss per step within 1e-5 and final parameters within the dense parity tests'
     tolerance of the single-process reference."""
-    ref_loss, ref_params = reference(world, gate)
+    ref_loss, ref_params = reference(world, gate, model)
     assert len(rep["loss"]) == STEPS - first
     for a, b in zip(rep["loss"], ref_loss[first:], strict=True):
         assert abs(a - b) <= 1e-5 * abs(b), (rep["strategy"], rep["loss"], ref_loss)
@@ -158,6 +162,11 @@ def check_expert_gathers(rep: dict, e: int, ep_p: int) -> None:
 @pytest.mark.parametrize("name", sorted(RUNS_4))
 def test_parity_4(four, name):
     check_parity(four[name], 4)
+
+
+@pytest.mark.multiprocess
+def test_parity_preset(four):
+    check_parity(four["preset_e4"], 4, model="tiny-moe")
 
 
 @pytest.mark.multiprocess
@@ -234,7 +243,8 @@ def test_cross_node_bytes_on_the_wire(eight):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world,name", [(4, n) for n in {**RUNS_4, **TOPK_4, **BF16_4}]
+@pytest.mark.parametrize("world,name", [(4, n) for n in {**RUNS_4, **TOPK_4, **BF16_4,
+                                                           **PRESET_4}]
                          + [(8, n) for n in RUNS_8])
 def test_measured_equals_plan(four, eight, world, name):
     """Every schedule entry, the all-to-alls and the expert class's included: calls and bytes
