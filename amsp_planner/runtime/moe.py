@@ -17,7 +17,11 @@ Routing (``gate``):
 - ``topk``: the router's top-k, with a capacity of C = S k / E tokens per expert per sequence
   (GShard's capacity factor 1): tokens past it (in sequence order) are dropped by that expert
   (their weight there is lost), empty slots are zeros. The all-to-alls have the same fixed size.
-Both need E to divide S k (``capacity``). Capacity per sequence makes the routing independent
+The weights are the router's softmax probabilities at the chosen experts renormalised over
+the k (equal to Mixtral's softmax over the top-k scores, and what transformers' Qwen-MoE and
+OLMoE blocks do with ``norm_topk_prob: true``; the spec has no field for models that keep
+the raw probabilities, a difference of values, not of bytes). No auxiliary load-balancing
+loss is added. Both need E to divide S k (``capacity``). Capacity per sequence makes the routing independent
 of how sequences are grouped into micro-batches, so the single-process reference routes the
 same tokens to the same experts.
 
