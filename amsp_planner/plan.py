@@ -33,6 +33,7 @@ from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
 from amsp_planner.engines import DEFAULT_ENGINE
 from amsp_planner.errors import AmspUserError, format_validation_error
+from amsp_planner.plan_decision import decision, plan_version
 from amsp_planner.plan_schema import (  # noqa: F401 - also this module's API
     FORMAT,
     SUPPORTED_VERSIONS,
@@ -76,27 +77,6 @@ def bands() -> dict:
             "source": "docs/validation.md"}
 
 
-def decision(e: Evaluation, gpus_per_node: int) -> dict:
-    s = e.strategy
-    comps = {}
-    for c in ("p", "g", "os"):
-        s0, s1 = s.mesh(c, gpus_per_node)
-        f = s.factor(c)
-        comps[c] = {"factor": f, "mesh": [s0, s1],
-                    "scope": "none" if f == 1 else ("intra" if s1 == 1 else "inter")}
-    return {"strategy": str(s.with_(grad_accum=None)), "components": comps, "qwz": s.qwz,
-            "quant_block": s.quant_block, "hpz": s.hpz, "qgz": s.qgz,
-            "micro_batch": s.micro_batch, "grad_accum": e.n_micro, "ckpt": s.ckpt_value,
-            **({"tp": s.tp} if s.tp > 1 else {})}
-
-
-def plan_version(dec: dict) -> int:
-    """The lowest version that holds a decision (``VERSION``)."""
-    if dec.get("tp", 1) > 1:
-        return 3
-    return 1 if isinstance(dec["ckpt"], bool) else 2
-
-
 def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
               baselines: dict[str, Evaluation] | None = None, solver: dict | None = None,
               objective: str = "time", search: dict | None = None, solve_time_s: float = 0.0,
@@ -106,7 +86,7 @@ def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
         "cluster": job.cluster.model_dump(mode="json"),
         "training": job.training.model_dump(mode="json"),
     }
-    dec = decision(best, job.gpus_per_node)
+    dec = decision(best, job.gpus_per_node, job.num_gpus)
     doc = {
         "format": FORMAT,
         "version": plan_version(dec),
@@ -215,6 +195,9 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
     if version < 3 and doc.decision.tp > 1:
         raise AmspUserError(f"{source}: field 'decision.tp' is {doc.decision.tp}, but a version "
                             f"{version} plan has no tensor parallelism: regenerate it with amsp plan")
+    if version < 4 and doc.decision.experts is not None:
+        raise AmspUserError(f"{source}: field 'decision.experts' is set, but a version {version} "
+                            "plan has no expert parallelism: regenerate it with amsp plan")
     inp = doc.inputs
     for key in ("model", "cluster", "training"):
         got = sha256(raw["inputs"][key])
@@ -321,7 +304,7 @@ def _derive(raw: dict, doc: PlanDoc, job: Job, source: str) -> tuple[Strategy, E
                             "belongs in 'decision.grad_accum': regenerate the plan")
     strategy = parsed.with_(grad_accum=n)
     ev = evaluate(job, strategy, doc.inputs.memory_limit_bytes)
-    want = json.loads(canonical_text(decision(ev, job.gpus_per_node)))
+    want = json.loads(canonical_text(decision(ev, job.gpus_per_node, job.num_gpus)))
     got = dict(raw["decision"])
     if got.get("tp", 1) == 1 and want.get("tp", 1) == 1:
         got.pop("tp", None)
@@ -355,6 +338,9 @@ def _check_search(raw: dict, job: Job, strategy: Strategy, source: str) -> None:
         raise AmspUserError(
             f"{source}: field 'decision.strategy' ({strategy.with_(grad_accum=None)}) uses ZeRO++ "
             "(qwz, hpz or qgz), but inputs.search.zeropp is false: regenerate the plan")
+    if search.get("ep") is not None and search["ep"] != strategy.ep:
+        raise AmspUserError(f"{source}: field 'decision.experts.ep' is {strategy.ep}, but "
+                            f"inputs.search.ep pins it to {search['ep']}: regenerate it with amsp plan")
     if search.get("tp") is not None and search["tp"] != strategy.tp:
         raise AmspUserError(
             f"{source}: field 'decision.tp' is {strategy.tp}, but inputs.search.tp pins it to "

@@ -18,12 +18,13 @@ from amsp_planner.specs.model import ModelSpec
 from amsp_planner.specs.training import TrainingSpec
 
 FORMAT = "amsp-plan"
-VERSION = 3
+VERSION = 4
 """The newest version. A plan is written with the lowest version that holds its decision:
 version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
 checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), version 3 when it
-is tensor-parallel (``decision.tp`` > 1, written only then)."""
-SUPPORTED_VERSIONS = (1, 2, 3)
+is tensor-parallel (``decision.tp`` > 1, written only then), version 4 when it places a
+mixture of experts' routed experts (``decision.experts``, written only then: docs/moe.md)."""
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 
 
 # ----- the document's schema ----------------------------------------------------------------
@@ -58,6 +59,7 @@ class Search(BaseModel):
     given_strategy: str | None = None
     preference: PreferenceDoc | None = None
     tp: int | None = Field(default=None, ge=1)
+    ep: int | None = Field(default=None, ge=1)
 
 
 class Inputs(_Strict):
@@ -82,6 +84,16 @@ class Component(_Strict):
     scope: Literal["none", "intra", "inter"]
 
 
+class Experts(_Strict):
+    """Where the routed experts go (docs/moe.md): the expert-parallel degree, the EP group's
+    placement, and the expert class's components over the ranks holding the same experts
+    (their mesh: those ranks per node x nodes)."""
+
+    ep: int = Field(ge=1)
+    span: bool
+    components: dict[Literal["p", "g", "os"], Component]
+
+
 class Decision(_Strict):
     strategy: str
     components: dict[Literal["p", "g", "os"], Component]
@@ -96,6 +108,8 @@ class Decision(_Strict):
     tp: int = Field(default=1, ge=1)
     """Tensor (+ sequence) parallel degree inside the node (version 3; absent: 1). The
     components' factors and meshes are then over the N/tp data-parallel ranks."""
+    experts: Experts | None = None
+    """A mixture of experts' routed experts (version 4; absent: no expert tokens)."""
 
 
 class Summary(_Strict):

@@ -70,3 +70,64 @@ def test_ilp_equals_brute_force_on_moe(p):
                                    and p["experts"] % e == 0 and gpus % e == 0}
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
     check_against_brute_force(job, ddp * p["limit_frac"], False, p["objective"], None)
+
+
+def test_partial_checkpointing_range_of_a_moe_model_matches_the_brute_force():
+    # four layers: K = 1..4 blocks is one option with a slope (solver/tables.py), the
+    # all-to-all buffers counted once; a limit that makes checkpointing bind
+    model = tiny_moe(layers=4, experts=4, h=1024, fe=512)
+    job = moe_job(model, "dgx-h100-ndr", 8, 4, seqs_per_gpu=2, seq_len=2048)
+    ddp = evaluate(job, Strategy(), float("inf")).memory.total
+    for frac in (0.35, 0.5, 0.8):
+        check_against_brute_force(job, ddp * frac, False, "time", None)
+
+
+def qwen3_like(layers=48) -> ModelSpec:
+    return ModelSpec(name="q3moe", num_layers=layers, hidden_size=2048, num_heads=32,
+                     num_kv_heads=4, head_dim=128, ffn_hidden_size=6144, vocab_size=151936,
+                     qk_norm="head", num_experts=128, experts_per_token=8,
+                     expert_ffn_hidden_size=768)
+
+
+def test_an_expert_triple_unlike_the_dense_one_is_the_optimum():
+    # Qwen3-30B-A3B's shapes with 4 layers on 2 nodes of 8 H100s, one sequence of 4096 per
+    # GPU. The brute force's optimum puts 8 experts per layer on each rank (e = 16, every
+    # rank its own experts: the ranks holding the same experts are one, so the expert triple
+    # is (1, 1, 1)), while the dense class shards its optimizer state over all 16 ranks
+    # (once per step, nearly free) and keeps parameters and gradients whole.
+    job = moe_job(qwen3_like(4), "dgx-h100-ndr", 16, 8, seq_len=4096)
+    space = SearchSpace.for_job(job, micro_batch=1)
+    best = brute_force(job, space, job.cluster.memory_bytes)[0].strategy
+    got = solve(job, micro_batch=1).best.strategy
+    assert got == best
+    assert (best.ep, best.s_p, best.s_g, best.s_os) == (16, 1, 1, 16)
+    assert (best.ep_p, best.ep_g, best.ep_os) == (1, 1, 1)
+    assert (best.ep_p, best.ep_g, best.ep_os) != (best.s_p, best.s_g, best.s_os)
+
+
+def test_expert_parallelism_inside_the_node_beats_spanning_nodes():
+    # Qwen3-30B-A3B's shapes on 8 nodes of 8 H100s, 2 micro-batches of one 4096-token
+    # sequence, full checkpointing; e = 8 either way. Each all-to-all call moves
+    # b s k h x 2 B = 4096 x 8 x 2048 x 2 = 128 MiB, 7/8 of it to other ranks: inside the node
+    # over NVLink, spanning the nodes over the NICs (one member per node). With 2 x 48 calls
+    # per micro-batch in forward, backward and the recomputed forward, spanning puts
+    # 3 x 96 x 2 x 7/8 x 128 MiB = 63 GiB per rank per step on the NICs, in-node none; the
+    # gathers of the experts then cross nodes in-node (the 8 ranks holding the same experts
+    # are one per node) but stay on NVLink spanning. The planner, pinned to e = 8, picks
+    # in-node, and is faster than the best spanning plan.
+    job = moe_job(qwen3_like(), "dgx-h100-ndr", 64, 8, seqs_per_gpu=2, seq_len=4096,
+                  activation_checkpointing=True)
+    res = solve(job, ep=8, micro_batch=1)
+    assert res.best.strategy.ep == 8 and not res.best.strategy.ep_span
+    span = [e for e in res.runners_up + [res.best] if e.strategy.ep_span]
+    a2a_in = sum(e.inter_bytes_per_rank_per_step for e in res.best.schedule if e.group == "EP")
+    assert a2a_in == 0
+    from amsp_planner.solver.ilp import StrategyIlp
+
+    sp = next(s for s in SearchSpace.for_job(job, micro_batch=1, ep=8).by_tp() if s.ep_span)
+    sol = StrategyIlp(job, sp, job.cluster.memory_bytes * 0.999).solve()[0][0]
+    spanning = evaluate(job, sol.strategy)
+    a2a = sum(e.inter_bytes_per_rank_per_step for e in spanning.schedule if e.group == "EP")
+    assert a2a == 3 * 96 * 2 * 7 / 8 * 128 * 2**20
+    assert res.best.step_s < spanning.step_s
+    assert not span or min(e.step_s for e in span) >= res.best.step_s

@@ -64,6 +64,8 @@ MEMORY_GIB = Number(0, 4096, lo_open=True)
 """--memory-limit: GiB per GPU, as a GPU spec's memory_gib."""
 SECONDS = Number(0.1, 7 * 86400)
 """--time-limit: seconds, at most a week."""
+IMBALANCE = Number(1.0, 1e6)
+"""--expert-imbalance: max/mean tokens per expert, as TrainingSpec.expert_imbalance."""
 
 
 def engine_option(f):
@@ -83,6 +85,30 @@ def tp_option(f):
         help="Tensor (+ sequence) parallel degree inside the node: auto searches every divisor "
              "of the GPUs per node that divides the heads; T pins it (1: data parallel only)."
     )(f)
+
+
+def ep_option(f):
+    """--ep: a mixture of experts' expert-parallel degree, searched (auto) or pinned."""
+    return click.option(
+        "--ep", "ep", metavar="auto|E", default="auto", show_default=True,
+        help="Expert-parallel degree of a mixture-of-experts model (docs/moe.md): auto searches "
+             "every divisor of the experts and the GPUs, both placements; E pins it."
+    )(f)
+
+
+def parse_ep(text) -> int | None:
+    """--ep: auto -> None (searched), E -> E; one line naming the option otherwise."""
+    v = str(text).strip().lower()
+    if v == "auto":
+        return None
+    try:
+        e = int(v)
+    except ValueError:
+        e = 0
+    if e < 1:
+        raise AmspUserError(f"--ep {text}: use auto or an expert-parallel degree that divides "
+                            "the routed experts and the GPUs, e.g. --ep 8")
+    return e
 
 
 def parse_tp(text) -> int | None:
@@ -130,12 +156,27 @@ def job_options(f):
                      help="What autograd saves (docs/memory.md): eager PyTorch, torchtitan's "
                           "Llama, torch.compile, fused kernels (Megatron/TE, Liger); auto: the "
                           "engine's default."),
-        click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16",
-                     show_default=True, help="bf16 mixed precision or fp32 everywhere."),
+        click.option("--precision", type=click.Choice(["bf16", "fp32", "fp8"]), default="bf16",
+                     show_default=True,
+                     help="bf16 mixed precision, fp32 everywhere, or fp8: bf16 with the blocks' "
+                          "linears in FP8 (docs/fp8.md; never chosen by the planner)."),
+        click.option("--fp8-recipe", type=click.Choice(
+                         ["auto", "tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]),
+                     default="auto", show_default=True,
+                     help="FP8 scaling recipe (--precision fp8); auto: the engine's default "
+                          "(torchtitan/fsdp2 rowwise, megatron delayed)."),
+        click.option("--fp8-all-gather", type=click.Choice(["auto", "on", "off"]),
+                     default="auto", show_default=True,
+                     help="Gather FSDP/ZeRO-3 weights in FP8 (--precision fp8): auto lets the "
+                          "planner choose where the engine and recipe allow it."),
         click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
                      show_default=True, help="Gradient shard and reduction dtype."),
         click.option("--memory-limit", type=MEMORY_GIB, default=None,
                      help="Memory per GPU in GiB (default: the GPU's memory)."),
+        click.option("--expert-imbalance", type=IMBALANCE, default=1.0, show_default=True,
+                     help="Mixture of experts: the most tokens an expert gets over the mean "
+                          "(1.0: balanced routing); scales the expert matmuls, the all-to-alls "
+                          "and their buffers (docs/moe.md)."),
         engine_option,
     ]
     for opt in reversed(opts):
@@ -212,7 +253,8 @@ def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
 
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
-              memory_limit=None, activation_profile="auto", engine="amsp", **_ignored):
+              memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
+              fp8_all_gather="auto", expert_imbalance=1.0, **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -234,9 +276,15 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          activation_checkpointing=ckpt, flash_attention=not no_flash_attention,
                          precision=precision, grad_accum_dtype=grad_accum_dtype,
                          activation_profile=None if activation_profile in (None, "auto")
-                         else activation_profile)
+                         else activation_profile,
+                         fp8_recipe=None if fp8_recipe in (None, "auto") else fp8_recipe,
+                         fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance)
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
+    if t.precision == "fp8":
+        from amsp_planner.cost.fp8 import check_training
+
+        check_training(t, engine, c.gpu.arch)
     warn_seq_len(m, seq_len)
     c, split = Job.fit_nodes(c, gpus)
     if split:

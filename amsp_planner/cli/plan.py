@@ -15,8 +15,10 @@ from amsp_planner.cli.options import (
     build_job,
     build_preference,
     choice_options,
+    ep_option,
     job_options,
     no_cyclic_gc,
+    parse_ep,
     parse_tp,
     tp_option,
 )
@@ -38,6 +40,7 @@ from amsp_planner.report.grid import format_option, pick_format
               help="Solver time limit in seconds.")
 @click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
 @tp_option
+@ep_option
 @choice_options
 @click.option("--runners-up", type=click.IntRange(0, 20), default=0, show_default=True,
               help="Also list the next N candidates by step time.")
@@ -74,7 +77,7 @@ def _import_output(fmt: str) -> None:
 
 
 def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
-          fmt, as_json, wide, headroom, quantization, tie_band, tp, **opts):
+          fmt, as_json, wide, headroom, quantization, tie_band, tp, ep, **opts):
     from amsp_planner.cost.evaluate import best_baseline, evaluate, evaluate_baselines
     from amsp_planner.strategy import parse_strategy_or_baseline
 
@@ -84,8 +87,15 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         from amsp_planner.outfile import check_output
 
         check_output(output, "-o", "an amsp plan", _is_plan_file)
-    tp = parse_tp(tp)
+    tp, ep = parse_tp(tp), parse_ep(ep)
     job, limit = build_job(**opts)
+    if ep is not None and (strategy is not None or strategy_from is not None
+                           or not job.model.is_moe):
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(f"--ep {ep}: " + ("the given strategy fixes it: write ep=E in the "
+                            "strategy string or drop --ep" if job.model.is_moe else
+                            f"{job.model.name} has no routed experts: drop --ep"))
     pref = build_preference(headroom, quantization, tie_band, job=job)
     if tp is not None and (strategy is not None or strategy_from is not None):
         from amsp_planner.errors import AmspUserError
@@ -121,7 +131,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
 
         r = solve(job, limit, objective=objective, solver=solver, zeropp=not no_zeropp,
                   runners_up=runners_up, time_limit_s=time_limit, preference=pref, tp=tp,
-                  idle=functools.partial(_import_output, fmt))
+                  idle=functools.partial(_import_output, fmt), ep=ep)
         best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
         refs = {k: v for k, v in (("fastest", r.fastest), ("fastest_lossless", r.fastest_lossless))
                 if v is not None}
@@ -135,7 +145,8 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     search = {"zeropp": not no_zeropp, "micro_batch": job.training.micro_batch,
               "activation_checkpointing": job.training.activation_checkpointing,
               "given_strategy": strategy, "preference": pref.to_dict(),
-              **({"tp": tp} if tp is not None else {})}
+              **({"tp": tp} if tp is not None else {}),
+              **({"ep": ep} if ep is not None else {})}
     from amsp_planner.plan import build_doc, canonical_text, write_plan
 
     doc = build_doc(job, best, runners_up=runners, baselines=baselines, solver=solver_info,
@@ -163,6 +174,8 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
                  f"{t.precision}; {engine_line(job)}"]
     if best.strategy.tp > 1:
         out.append(tp_line(job, best))
+    if job.model.is_moe:
+        out.append(ep_line(job, best))
     if not best.fits:
         out.append(f"WARNING: the given strategy does not fit: {best.memory.total / 2**30:.2f} "
                    f"GiB > {limit / 2**30:.2f} GiB per GPU")
@@ -186,6 +199,21 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     if written:
         out.append(f"wrote {written}")
     emit(out, fmt, wide, csv_of=table)
+
+
+def ep_line(job, e) -> str:
+    """One line on where a mixture of experts' routed experts go (docs/moe.md)."""
+    s = e.strategy
+    lay = s.expert_layout(job.num_gpus, job.gpus_per_node)
+    where = ("strided across the nodes" if s.ep_span else
+             "consecutive ranks, inside each node" if lay.ep_size <= job.gpus_per_node
+             else "consecutive ranks over whole nodes")
+    trip = "/".join(str(s.expert_factor(c)) for c in ("p", "g", "os"))
+    return (f"experts: e={s.ep} ({job.model.num_experts // s.ep} of {job.model.num_experts} "
+            f"routed experts per rank, EP group {where}); dense p/g/os = {s.s_p}/{s.s_g}/"
+            f"{s.s_os} over {job.num_gpus} ranks, expert p/g/os = {trip} over the "
+            f"{lay.edp_size} ranks holding the same experts; all-to-alls "
+            f"{e.time.ep_comm_s:.3f} s/step on the critical path")
 
 
 def tp_line(job, e) -> str:

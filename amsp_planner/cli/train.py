@@ -94,6 +94,9 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
     check_options(opts)
     W.check_run_options(opts)
     plan = load_plan(plan_path)
+    if plan.job.training.precision == "fp8":  # the runtime has no FP8 path (docs/fp8.md)
+        raise AmspUserError("amsp train: the bundled runtime does not run FP8 plans yet; plan "
+                            "with --precision bf16")
     return L.launch(plan_path, plan, opts, local_nodes=local_nodes, node_rank=node_rank,
                     master_addr=master_addr, master_port=master_port,
                     nproc_per_node=nproc_per_node, force=force)

@@ -132,13 +132,18 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
     r = _rates(job)
     m, s = job.model, job.training.seq_len
     t = micro_batch * s
-    mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job, tp))
+    if job.training.precision == "fp8":  # the blocks' linears in FP8 (cost/fp8.py)
+        from amsp_planner.cost.fp8 import block_matmul_s
+
+        mm = block_matmul_s(job, t, tp, lambda k, n: _matmul(r, t, k, n))
+    else:
+        mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job, tp))
     elems = _elementwise_block(job)
-    if m.is_moe:
+    if m.is_moe:  # the MLP part: the mean over the blocks (cost/moe_compute.py)
         from amsp_planner.cost.moe_compute import mean_mlp
 
-        mats = _block_matmuls(job)
-        dense_mlp = sum(_matmul(r, t, k, n) for k, n in mats[2:])
+        mats = _block_matmuls(job)[-m.ffn_matrices:]
+        dense_mlp = sum(_matmul(r, t, k, n) for k, n in mats)
         dense_el = (5 if m.ffn_matrices == 3 else 2) * m.ffn_hidden_size
         mlp_s, mlp_el = mean_mlp(job, r, t, ep, dense_mlp, dense_el)
         mm += mlp_s - dense_mlp

@@ -153,16 +153,30 @@ def a2a_entries(job: Job, s: Strategy, n_micro: int) -> list[ScheduleEntry]:
     return out
 
 
+def _cached_class_entries(job: Job, ep: int, factors, ranks: int, stride: int, prefix: str,
+                          n_micro: int, per_micro_batch: bool) -> list[ScheduleEntry]:
+    """``class_entries`` of the dense class (`ep` 0) or the expert class at degree `ep`,
+    memoised on the job (the search prices each class's triple with every triple of the
+    other)."""
+    key = ("moe_class", ep, factors, ranks, stride, n_micro, per_micro_batch)
+    cache = job._tp_cache
+    if key not in cache:
+        units = job.expert_units(ep) if ep else job.units
+        cache[key] = class_entries(job, units, factors, ranks, stride, prefix, n_micro,
+                                   per_micro_batch)
+    return cache[key]
+
+
 def moe_schedule(job: Job, s: Strategy, n_micro: int, per_micro_batch: bool = True,
                  all_to_all: bool = True) -> list[ScheduleEntry]:
     """Both classes' entries and (with `all_to_all`) the token all-to-alls of one step."""
     n, r = job.num_gpus, job.gpus_per_node
-    out = class_entries(job, job.units, (s.s_p, s.s_g, s.s_os), n, 1, "", n_micro,
-                        per_micro_batch)
+    out = list(_cached_class_entries(job, 0, (s.s_p, s.s_g, s.s_os), n, 1, "", n_micro,
+                                     per_micro_batch))
     lay = s.expert_layout(n, r)
     ex = tuple(s.expert_factor(c) for c in ("p", "g", "os"))
-    out += class_entries(job, job.expert_units(s.ep), ex, lay.edp_size, lay.edp_stride, "EP_",
-                         n_micro, per_micro_batch)
+    out += _cached_class_entries(job, s.ep, ex, lay.edp_size, lay.edp_stride, "EP_", n_micro,
+                                 per_micro_batch)
     if all_to_all and per_micro_batch:
         out += a2a_entries(job, s, n_micro)
     return out

@@ -26,6 +26,11 @@ def target_module(name: str):
 
 def export(target: str, job, strategy, memory_limit: float | None = None) -> ExportResult:
     """Export `strategy` for `job` to `target`."""
+    if job.training.precision == "fp8":  # the exporters write bf16/fp32 only (docs/fp8.md)
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(f"amsp export --to {target}: FP8 plans are not exported yet "
+                            "(docs/fp8.md); plan with --precision bf16 to export")
     return target_module(target).export(job, strategy, memory_limit)
 
 

@@ -66,13 +66,14 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
           solver: str = "highs", zeropp: bool = True, micro_batch: int | None = None,
           ckpt: bool | int | str | None = None, runners_up: int = 3, time_limit_s: float = 30.0,
           preference: Preference | None = None, tp: int | None = None,
-          idle: Callable[[], object] | None = None) -> SolveResult:
+          idle: Callable[[], object] | None = None, ep: int | None = None) -> SolveResult:
     """The preferred strategy for `job` under `memory_limit` bytes (default: the GPU's memory)
     by `preference` (default ``Preference.default``: the validated relative band, 10 % headroom,
     lossless unless quantization wins beyond the band, fewer process groups, less memory).
 
     `tp` pins the tensor-parallel degree (None: every degree the job admits, one ILP each,
-    the rule applied across them: ``solve_models``).
+    the rule applied across them: ``solve_models``); `ep` a mixture of experts'
+    expert-parallel degree (None: every degree, both placements, one ILP each).
 
     `idle`: work the caller does next, independent of the solves, run by this thread while
     the ILP's second round of solves runs in its solver threads (``solve_models``).
@@ -88,7 +89,7 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     usable = pref.usable(limit)
     space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,
-                                quantization=pref.quantization != "off", tp=tp)
+                                quantization=pref.quantization != "off", tp=tp, ep=ep)
     notes = []
     if solver == "highs":
         try:

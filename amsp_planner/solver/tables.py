@@ -200,6 +200,10 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
 
     moe = bool(sp.expert_factors)
 
+    def dispatch(mb):
+        """GiB of the token all-to-all's buffers (expert parallelism): with the activations."""
+        return dispatch_buffer_bytes(job, mb) / GIB if sp.ep > 1 else 0.0
+
     def compute(mb, ck):
         """(forward, backward) seconds per class: compute and the TP collectives (and a
         mixture of experts' token all-to-alls)."""
@@ -225,8 +229,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         tpc[j] = tp_step(mb, ck)
         fwd[j], bwd[j] = compute(mb, ck)
         nn[j] = job.seqs_per_rank(tp) // mb
-        act[j] = (activation_bytes(job, mb, ck, tp)
-                  + (dispatch_buffer_bytes(job, mb) if sp.ep > 1 else 0.0)) / GIB
+        act[j] = activation_bytes(job, mb, ck, tp) / GIB + dispatch(mb)
 
     for mb in sp.micro_batches:
         for ck in listed:
@@ -240,7 +243,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
             krange[j] = (lo, hi)
             bwd_hi[j] = compute(mb, hi)[1]
             dbwd[j] = tuple((x - y) / (hi - lo) for x, y in zip(bwd_hi[j], bwd[j], strict=True))
-            dact[j] = (activation_bytes(job, mb, hi, tp) / GIB - act[j]) / (hi - lo)
+            dact[j] = (activation_bytes(job, mb, hi, tp) / GIB + dispatch(mb) - act[j]) / (hi - lo)
             drec[j] = (recompute_s(job, mb, hi, tp, sp.ep) - rec[j]) / (hi - lo)
             dtpc[j] = (tp_step(mb, hi) - tpc[j]) / (hi - lo)
     # Times enter the model in units of one step's compute (objective about 1), so that solver

@@ -11,7 +11,8 @@ OPTION_OF = {"seq_len": "--seq-len", "global_batch_tokens": "--global-batch",
              "global_batch_seqs": "--global-batch-seqs", "micro_batch": "--micro-batch",
              "activation_checkpointing": "--activation-checkpointing",
              "precision": "--precision", "grad_accum_dtype": "--grad-accum-dtype",
-             "activation_profile": "--activation-profile"}
+             "activation_profile": "--activation-profile", "fp8_recipe": "--fp8-recipe",
+             "fp8_all_gather": "--fp8-all-gather"}
 """The option that sets each TrainingSpec field."""
 _FIELD = re.compile(r"\b(" + "|".join(OPTION_OF) + r")\b")
 

@@ -34,8 +34,15 @@ class TrainingSpec(BaseModel):
     bundled runtime, FSDP2 and DeepSpeed on Hugging Face models), torchtitan's Llama code,
     torch.compile'd blocks and loss, or fused kernels (Megatron-Core with Transformer Engine,
     Liger, flash-attn's ops); None: the engine's default (``EngineProfile.activation_profile``)."""
-    precision: Literal["bf16", "fp32"] = "bf16"
-    """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests)."""
+    precision: Literal["bf16", "fp32", "fp8"] = "bf16"
+    """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests).
+    fp8: as bf16, with the blocks' linears in FP8 (docs/fp8.md); never chosen by the planner."""
+    fp8_recipe: Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"] | None = None
+    """FP8 scaling recipe (precision fp8 only); None: the engine's default (torchtitan: rowwise,
+    Megatron: delayed; ``cost.fp8.default_recipe``)."""
+    fp8_all_gather: Literal["auto", "on", "off"] = "auto"
+    """FSDP/ZeRO-3 weight all-gather in FP8 (precision fp8 only): on, off, or auto (the
+    planner's choice where the engine and recipe allow it)."""
     grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
     """Dtype of gradient shards and the wire for gradient reductions (bf16, the papers' 2 B)."""
     expert_imbalance: Real(1.0, 1e6) = 1.0
@@ -44,12 +51,26 @@ class TrainingSpec(BaseModel):
     matmuls, the token all-to-alls and their buffers (docs/moe.md). Left out of the dump at
     its default, so dense plan files are what they were."""
 
+    # FP8 fields (and the expert imbalance) at their defaults stay out of the dump: bf16 plan
+    # files and hashes unchanged.
+    _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0}
+
     @model_serializer(mode="wrap")
     def _dump(self, handler):
         out = handler(self)
-        if out.get("expert_imbalance") == 1.0:
-            del out["expert_imbalance"]
+        for key, default in self._OMIT_DEFAULT.items():
+            if key in out and out[key] == default:
+                del out[key]
         return out
+
+    @model_validator(mode="after")
+    def _check_fp8(self) -> TrainingSpec:
+        if self.precision != "fp8":
+            for key, default in self._OMIT_DEFAULT.items():
+                if key != "expert_imbalance" and getattr(self, key) != default:
+                    raise ValueError(f"{key} is set but precision is {self.precision}: give "
+                                     "precision fp8, or drop it")
+        return self
 
     @model_validator(mode="after")
     def _check_batch(self) -> TrainingSpec:

@@ -1,0 +1,351 @@
+"""FP8 training: which matmuls run in FP8, how much faster, what the casts cost, the FP8 weight
+all-gather and the FP8 copies kept for backward (docs/fp8.md). No torch.
+
+Data and rules: ``presets/fp8_matmul.yaml``, every row with its source (torchao, Transformer
+Engine, torchtitan, Megatron-LM at pinned commits). Two engine families run FP8:
+
+  torchao (engines torchtitan, fsdp2): ``Float8Linear`` / ``MXLinear`` replace the blocks'
+    ``nn.Linear`` layers; the LM head and the embedding stay bf16.
+  te (engine megatron): Transformer Engine's linears (``linear_qkv``, ``linear_proj``,
+    ``linear_fc1``, ``linear_fc2``); the LM head and embedding stay bf16; optionally the first
+    and last layers (``--first-last-layers-bf16``).
+
+The bundled runtime (amsp), DeepSpeed and InternEvo have no FP8 path here: asking them for FP8
+is a user error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from amsp_planner.errors import AmspUserError
+
+RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
+RECIPES: tuple[str, ...] = ("tensorwise", "rowwise", "blockwise", "mxfp8", "delayed")
+FAMILY = {"torchtitan": "torchao", "fsdp2": "torchao", "megatron": "te"}
+"""Engine -> the FP8 implementation it runs (engines not listed have none)."""
+
+FP8_PEAK_RATIO = {"hopper": 2.0, "blackwell": 2.0}
+"""Dense FP8 / dense bf16 tensor-core peak. Data sheets: H100 SXM 1,979 / 989 TFLOP/s, H200
+SXM the same, B200 4.5 / 2.25 PFLOP/s. Other architectures have no FP8 tensor cores."""
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """How a tensor is scaled before an FP8 matmul.
+
+    ``block``: elements that share one scale along the scaled axis (0: the whole row, None:
+    the whole tensor); ``weight_block``: the same for weights where the recipe scales them in
+    2-D tiles (blockwise: 128 x 128); ``scale_bytes``: 4 (fp32) or 1 (E8M0); ``amax_pass``:
+    the scale needs the tensor's global amax, a separate reduction read before the cast
+    (tensorwise current scaling); local scales are computed inside the cast kernel, delayed
+    scaling takes the amax of earlier steps. ``gemm_fraction``: the fraction of the
+    FP8_PEAK_RATIO x bf16 GEMM rate the recipe's GEMMs reach, relative to bf16's own fraction
+    (presets/fp8_matmul.yaml, TE's pre-quantized GEMM-only figures: H200 NVL FP8 current
+    scaling 31.968 / 16.785 ms = 1.905x of 2 -> 0.95, B300 MXFP8 314.445 / 171.869 = 1.83x ->
+    0.915; blockwise has no GEMM-only figure on Hopper: 0.76 is fitted to TE's autocast 1.40x
+    on H200 NVL, so that point does not test it)."""
+
+    name: str
+    block: int | None
+    scale_bytes: int
+    amax_pass: bool
+    archs: tuple[str, ...]
+    families: tuple[str, ...]
+    weight_block: int | None = None
+    gemm_fraction: float = 0.95
+
+
+RECIPE = {
+    # torchao Float8LinearConfig() (tensorwise dynamic), TE Float8CurrentScaling
+    "tensorwise": Fp8Recipe("tensorwise", None, 4, True, ("hopper", "blackwell"),
+                            ("torchao", "te")),
+    # torchao from_recipe_name("rowwise"): AXISWISE scales, fp32 rounded to powers of 2
+    "rowwise": Fp8Recipe("rowwise", 0, 4, False, ("hopper", "blackwell"), ("torchao",)),
+    # TE Float8BlockScaling (DeepSeek-V3): 1 x 128 activation tiles, 128 x 128 weight blocks;
+    # native on Hopper only (TE emulates it through MXFP8 on Blackwell)
+    "blockwise": Fp8Recipe("blockwise", 128, 4, False, ("hopper",), ("te",), weight_block=128,
+                           gemm_fraction=0.76),
+    # OCP MX: 32 elements share one E8M0 scale (torchao MXLinear, TE MXFP8BlockScaling)
+    "mxfp8": Fp8Recipe("mxfp8", 32, 1, False, ("blackwell",), ("torchao", "te"),
+                       gemm_fraction=0.915),
+    # TE DelayedScaling (Megatron's default --fp8-recipe delayed): per-tensor scale from the
+    # amax history, so no amax pass before the cast
+    "delayed": Fp8Recipe("delayed", None, 4, False, ("hopper", "blackwell"), ("te",)),
+}
+
+
+def family_of(engine: str) -> str:
+    """The engine's FP8 implementation ('torchao' or 'te'); a user error if it has none."""
+    if engine not in FAMILY:
+        raise AmspUserError(f"--precision fp8: engine {engine} has no FP8 path in the planner; "
+                            f"use --engine {', '.join(sorted(FAMILY))}, or --precision bf16")
+    return FAMILY[engine]
+
+
+def recipe_for(name: str, engine: str, arch: str | None = None) -> Fp8Recipe:
+    """The recipe, checked against the engine (and the GPU's architecture when given)."""
+    if name not in RECIPE:
+        raise AmspUserError(f"--fp8-recipe {name}: use one of {', '.join(RECIPES)}")
+    r, fam = RECIPE[name], family_of(engine)
+    if fam not in r.families:
+        ok = [n for n in RECIPES if fam in RECIPE[n].families]
+        raise AmspUserError(f"--fp8-recipe {name}: engine {engine} does not run it; use "
+                            f"{', '.join(ok)}")
+    if arch is not None and arch not in r.archs:
+        raise AmspUserError(f"--fp8-recipe {name} needs a {' or '.join(r.archs)} GPU (this "
+                            f"cluster's is {arch}); pick another recipe or --precision bf16")
+    return r
+
+
+DEFAULT_RECIPE = {"torchao": "rowwise", "te": "delayed"}
+"""--fp8-recipe auto: torchtitan's Float8LinearConverter default (recipe_name = "rowwise" at
+b5bcd76) and Megatron's (TransformerConfig.fp8_recipe = "delayed" at d98e8a6)."""
+
+
+def default_recipe(engine: str) -> str:
+    return DEFAULT_RECIPE[family_of(engine)]
+
+
+def check_training(training, engine: str, arch: str) -> str:
+    """The job's recipe after checking it runs on this engine and GPU, and that an FP8
+    all-gather asked for exists there (one line, exit 2, otherwise)."""
+    name = training.fp8_recipe or default_recipe(engine)
+    recipe_for(name, engine, arch)
+    if training.fp8_all_gather == "on" and not fp8_all_gather_supported(name, engine):
+        raise AmspUserError(f"--fp8-all-gather on: {engine} gathers FP8 weights with the "
+                            "tensorwise recipe only (torchao); use --fp8-recipe tensorwise or "
+                            "--fp8-all-gather off")
+    return name
+
+
+# ----- which matmuls run in FP8 --------------------------------------------------------------
+@dataclass(frozen=True)
+class Linear:
+    """One linear of a block: y = x W with W of shape (k, n) (in, out features)."""
+
+    name: str
+    k: int
+    n: int
+    fp8: bool
+
+
+@dataclass(frozen=True)
+class Fp8Matmuls:
+    """The block's linears (FP8 or not) and what stays bf16 around them."""
+
+    block: tuple[Linear, ...]
+    bf16_layers: int = 0
+    """Blocks run entirely in bf16 (Megatron's first/last layers)."""
+    head_fp8: bool = False
+    embedding_fp8: bool = False
+
+    @property
+    def fp8_params_per_block(self) -> int:
+        return sum(x.k * x.n for x in self.block if x.fp8)
+
+    @property
+    def bf16_params_per_block(self) -> int:
+        return sum(x.k * x.n for x in self.block if not x.fp8)
+
+
+def _auto_filter_keeps(recipe: str, k: int, n: int) -> bool:
+    """torchao's _auto_filter_for_rowwise / _auto_filter_for_tensorwise (H100 thresholds)."""
+    if recipe == "rowwise":
+        return not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
+    if recipe == "tensorwise":
+        return not (k <= 4096 and n <= 1024)
+    return True  # no published filter for the MX recipes
+
+
+def block_linears(model, engine: str, tp: int = 1) -> list[tuple[str, int, int]]:
+    """(name, K, N) of the block's linears as the engine builds them, one TP rank's shard:
+    torchtitan/HF separate wq, wk, wv and w1, w3; Megatron fused linear_qkv and linear_fc1."""
+    h, f, q, kv = model.hidden_size, model.ffn_hidden_size // tp, model.q_dim // tp, \
+        model.kv_dim // tp
+    gated = model.ffn_matrices == 3
+    if family_of(engine) == "te":
+        return [("linear_qkv", h, q + 2 * kv), ("linear_proj", q, h),
+                ("linear_fc1", h, 2 * f if gated else f), ("linear_fc2", f, h)]
+    mlp = [("w1", h, f), ("w3", h, f), ("w2", f, h)] if gated else [("fc1", h, f), ("fc2", f, h)]
+    return [("wq", h, q), ("wk", h, kv), ("wv", h, kv), ("wo", q, h)] + mlp
+
+
+def fp8_matmuls(model, recipe: str, engine: str, tp: int = 1, auto_filter: bool = False,
+                first_last_bf16: tuple[int, int] = (0, 0)) -> Fp8Matmuls:
+    """Which of a block's matmuls run in FP8 (the rule of presets/fp8_matmul.yaml `rules`).
+
+    Both families: a linear whose K or N is not a multiple of 16 stays bf16 (the FP8 tensor
+    cores' requirement); the LM head and the embedding stay bf16. torchao: `auto_filter`
+    applies torchao's auto_filter_small_kn thresholds (opt-in in torchtitan). te:
+    `first_last_bf16` = (num_layers_at_start_in_bf16, num_layers_at_end_in_bf16) when
+    --first-last-layers-bf16 is given (Megatron's defaults are (1, 1))."""
+    recipe_for(recipe, engine)
+    fam = family_of(engine)
+    out = []
+    for name, k, n in block_linears(model, engine, tp):
+        fp8 = k % 16 == 0 and n % 16 == 0
+        if fp8 and fam == "torchao" and auto_filter:
+            fp8 = _auto_filter_keeps(recipe, k, n)
+        out.append(Linear(name, k, n, fp8))
+    start, end = first_last_bf16 if fam == "te" else (0, 0)
+    return Fp8Matmuls(tuple(out), bf16_layers=min(model.num_layers, start + end))
+
+
+# ----- casting and scaling overhead ----------------------------------------------------------
+def scale_count(recipe: Fp8Recipe, rows: int, cols: int, weight: bool) -> int:
+    """Scales of a (rows x cols) tensor scaled along its rows (contiguous cols share one)."""
+    if recipe.block is None:
+        return 1
+    if recipe.block == 0:
+        return rows
+    if weight and recipe.weight_block:
+        return math.ceil(rows / recipe.weight_block) * math.ceil(cols / recipe.weight_block)
+    return rows * math.ceil(cols / recipe.block)
+
+
+def cast_bytes(recipe: Fp8Recipe, rows: int, cols: int, family: str, weight: bool = False) -> int:
+    """HBM bytes to bring one bf16 (rows x cols) operand into FP8 in both layouts an FP8
+    linear needs (scaled along its rows for one GEMM, along its columns for the other).
+
+    amax pass (tensorwise): read 2 B/element. torchao: each layout is its own cast kernel
+    (read 2 B, write 1 B per element, write its scales). te: one fused cast-transpose
+    kernel reads once and writes both layouts (read 2, write 2 x 1 B), plus the scales. Scales
+    along the columns of a 2-D weight tile are the same tiles: counted once more anyway."""
+    e = rows * cols
+    amax = 2 * e if recipe.amax_pass else 0
+    scales = (scale_count(recipe, rows, cols, weight) + scale_count(recipe, cols, rows, weight)) \
+        * recipe.scale_bytes
+    data = 2 * (2 * e + e) if family == "torchao" else 2 * e + 2 * e
+    return amax + data + scales
+
+
+def linear_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, family: str) -> int:
+    """Cast bytes of one FP8 linear's forward + backward, (m x k) @ (k x n): the input x,
+    the weight W and the output gradient dy, each in both layouts (x: forward and weight
+    gradient; W: forward and input gradient; dy: input and weight gradients)."""
+    return (cast_bytes(recipe, m, k, family) + cast_bytes(recipe, k, n, family, weight=True)
+            + cast_bytes(recipe, m, n, family))
+
+
+# ----- speed-up of one linear ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Speedup:
+    """bf16 time / FP8 time of one linear's forward + backward (3 GEMMs and the casts)."""
+
+    value: float
+    how: str
+    """'table', 'table, clamped to its edge', or 'roofline' (module docstring of docs/fp8.md)."""
+    source: str = ""
+
+
+@lru_cache(maxsize=1)
+def fp8_data() -> dict:
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "presets" / "fp8_matmul.yaml"
+    return yaml.safe_load(path.read_text())
+
+
+def _grid(arch: str, recipe: str, family: str) -> dict | None:
+    for g in fp8_data()["grids"]:
+        if g["gpu_arch"] == arch and g["recipe"] == recipe and g["source"] == family:
+            return g
+    return None
+
+
+def _axis(values: list[int], x: float) -> tuple[int, int, float, bool]:
+    """Bracketing indices and weight in log2 space; clamped to the ends (flagged)."""
+    lx = math.log2(x)
+    logs = [math.log2(v) for v in values]
+    if lx <= logs[0] or lx >= logs[-1]:
+        i = 0 if lx <= logs[0] else len(values) - 1
+        return i, i, 0.0, not math.isclose(lx, logs[i])
+    j = next(i for i, v in enumerate(logs) if v >= lx)
+    w = (lx - logs[j - 1]) / (logs[j] - logs[j - 1])
+    return j - 1, j, w, False
+
+
+def grid_speedup(g: dict, m: int, k: int, n: int) -> tuple[float, bool]:
+    """Trilinear interpolation of a grid in (log2 M, log2 K, log2 N); a coordinate outside
+    the grid takes the edge value (no extrapolation), and the result says it was clamped."""
+    nk = len(g["K"])
+    axes = [_axis(g["M"], m), _axis(g["K"], k), _axis(g["N"], n)]
+    total = 0.0
+    for bm in (0, 1):
+        for bk in (0, 1):
+            for bn in (0, 1):
+                w = 1.0
+                idx = []
+                for bit, (lo, hi, t, _) in zip((bm, bk, bn), axes, strict=True):
+                    w *= t if bit else 1.0 - t
+                    idx.append(hi if bit else lo)
+                if w:
+                    total += w * g["speedup"][idx[0] * nk + idx[1]][idx[2]]
+    return total, any(a[3] for a in axes)
+
+
+def roofline_linear_s(gpu, m: int, k: int, n: int, fp8: Fp8Recipe | None,
+                      family: str = "torchao") -> float:
+    """Seconds of one linear's forward + backward (3 GEMMs of 2mkn FLOPs each) on `gpu`:
+    per GEMM max(FLOPs / (peak x achievable_fraction), bytes / hbm) + kernel overhead, the
+    same roofline as cost/compute.py; FP8 at FP8_PEAK_RATIO x gemm_fraction x the bf16 rate,
+    1-byte inputs and a bf16 output, plus the casts at the HBM rate."""
+    ratio = 1.0 if fp8 is None else FP8_PEAK_RATIO[gpu.arch] * fp8.gemm_fraction
+    peak = gpu.peak_bf16_tflop_per_s * 1e12 * ratio * gpu.achievable_fraction
+    hbm = (gpu.hbm_gbyte_per_s or math.inf) * 1e9
+    ib = 2 if fp8 is None else 1
+    t = 0.0
+    for a, b, c in ((m, k, n), (m, n, k), (k, m, n)):  # forward, input grad, weight grad
+        t += max(2.0 * a * b * c / peak, (ib * (a * b + b * c) + 2 * a * c) / hbm)
+        t += gpu.kernel_overhead_us * 1e-6
+    if fp8 is not None:
+        t += linear_cast_bytes(fp8, m, k, n, family) / hbm
+    return t
+
+
+def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
+                   engine: str = "torchtitan") -> Speedup:
+    """Speed-up of one FP8 linear over bf16, forward + backward, at forward shape (m, k, n).
+
+    A published grid for the GPU's architecture, recipe and engine family (torchao's H100
+    rowwise table; H200 reads the H100 table: the same SM90 tensor cores, more HBM
+    bandwidth, so the casts there are if anything cheaper) is interpolated (grid_speedup).
+    Otherwise the roofline (roofline_linear_s) prices both. The grid's values include
+    torchao's casts and the LayerNorm and Sigmoid around the linear (docs/fp8.md)."""
+    fam = family_of(engine)
+    r = recipe_for(recipe, engine, gpu.arch)
+    g = _grid(gpu.arch, recipe, fam)
+    if g is not None:
+        v, clamped = grid_speedup(g, m, k, n)
+        return Speedup(v, "table, clamped to its edge" if clamped else "table", g["id"])
+    bf16 = roofline_linear_s(gpu, m, k, n, None)
+    return Speedup(bf16 / roofline_linear_s(gpu, m, k, n, r, fam), "roofline")
+
+
+def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
+    """Forward matmul seconds of one block of an FP8 job, as cost/compute.py counts them
+    (backward = 2 x forward): each of the engine's linears at its bf16 seconds
+    ``bf16_s(k, n)`` (compute.py's roofline), divided by its linear_speedup when it runs FP8;
+    Megatron's bf16 first/last layers averaged over the L blocks like partial checkpointing.
+    The speed-up covers forward + backward with the casts, so scaling the forward by it scales
+    the backward alike."""
+    engine, gpu = job.engine, job.cluster.gpu
+    recipe = check_training(job.training, engine, gpu.arch)
+    f = fp8_matmuls(job.model, recipe, engine, tp)
+    bf16 = sum(bf16_s(x.k, x.n) for x in f.block)
+    low = sum(bf16_s(x.k, x.n) / linear_speedup(gpu, recipe, tokens, x.k, x.n, engine).value
+              if x.fp8 else bf16_s(x.k, x.n) for x in f.block)
+    share = f.bf16_layers / job.model.num_layers
+    return share * bf16 + (1 - share) * low
+
+
+def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
+    """torchao: tensorwise only (Float8LinearConfig asserts it; rowwise and MX gather in the
+    param dtype: MXFP8TrainingWeightWrapper's fsdp_pre_all_gather casts to bf16). Megatron:
+    --fp8-param-gather for every FP8 recipe."""
+    return family_of(engine) == "te" or recipe == "tensorwise"

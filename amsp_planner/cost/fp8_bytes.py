@@ -1,0 +1,117 @@
+"""FP8 bytes beside the matmuls: the FP8 weight all-gather and the FP8 copies kept for backward
+(docs/fp8.md; the recipes and rules are cost/fp8.py's). No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amsp_planner.cost.fp8 import (
+    RECIPE,
+    family_of,
+    fp8_all_gather_supported,
+    recipe_for,
+    scale_count,
+)
+
+
+# ----- FP8 weight all-gather -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Fp8Gather:
+    """What one FSDP/ZeRO-3 all-gather of a unit moves, per element of the unsharded unit."""
+
+    fp8: bool
+    gather_bytes: float
+    """Bytes of the gathered (unsharded) unit: 1 per FP8 element (+ its gathered scales),
+    2 per bf16 element."""
+    amax_allreduce_bytes: int
+    """fp32 amax bytes all-reduced (MAX) so every rank casts with the same scale."""
+    amax_allreduces: int
+    """How many all-reduces that takes per gather of the unit (0 when precomputed)."""
+
+
+def fp8_all_gather(recipe: str, engine: str, fp8_params: int, other_params: int,
+                   fp8_linears: int, precompute: bool = True) -> Fp8Gather:
+    """Bytes of one all-gather of a unit holding `fp8_params` elements of FP8 linears'
+    weights (`fp8_linears` tensors) and `other_params` elements of everything else.
+
+    torchao tensorwise (torchao/float8/fsdp_utils.py, WeightWithDynamicFloat8CastTensor):
+    fsdp_pre_all_gather returns the FP8 data as the all-gather input and the scale as
+    metadata, so the gather moves 1 byte per element and no scale; the scale comes from the
+    amax all-reduce: with precompute_float8_dynamic_scale_for_fsdp one all-reduce of all
+    FP8 weights' amaxes per step (after the optimizer, not per gather: counted 0 here, its
+    bytes 4 x fp8_linears), else one 4-byte all-reduce per weight per gather
+    (hp_tensor_to_float8_dynamic(reduce_amax=True)). Megatron --fp8-param-gather: 1 byte per
+    element plus the recipe's weight scales (blockwise: one fp32 per 128 x 128 block,
+    approximated as 4/16384 B per element; mxfp8: one E8M0 byte per 32); the tensorwise
+    scale by an amax all-reduce after the optimizer step. Not verified against Megatron's
+    code at the pinned commit (docs/fp8.md)."""
+    recipe_for(recipe, engine)
+    if not fp8_all_gather_supported(recipe, engine):
+        return Fp8Gather(False, 2.0 * (fp8_params + other_params), 0, 0)
+    r = RECIPE[recipe]
+    per = 1.0
+    if r.block and family_of(engine) == "te":
+        per += r.scale_bytes / ((r.weight_block or r.block) ** (2 if r.weight_block else 1))
+    amax = 4 * fp8_linears if r.amax_pass else 0
+    count = 0 if precompute or not r.amax_pass else fp8_linears
+    return Fp8Gather(True, per * fp8_params + 2.0 * other_params, amax, count)
+
+
+# ----- memory --------------------------------------------------------------------------------
+def saved_input_bytes(recipe: str, engine: str, m: int, k: int) -> float:
+    """Bytes one FP8 linear keeps of its (m x k) input for the weight gradient.
+
+    torchao: the bf16 input (matmul_with_hp_or_float8_args.forward saves input_hp and
+    weight_hp_t and re-casts in backward): 2 B per element, as in bf16. te: the quantized
+    input in its column-wise layout (linear.py: inputmat.update_usage(rowwise_usage=False,
+    columnwise_usage=True) before saving): 1 B per element plus its scales."""
+    if family_of(engine) == "torchao":
+        return 2.0 * m * k
+    r = RECIPE[recipe]
+    return float(m * k + scale_count(r, k, m, False) * r.scale_bytes)
+
+
+def weight_copy_bytes(recipe: str, engine: str, fp8_params: int) -> float:
+    """Bytes of FP8 weight copies a rank keeps beside its bf16 weights (unsharded layers).
+
+    torchao: none (casts per use; with the FP8 all-gather the unsharded weight is the FP8
+    one: 1 byte in place of 2, see Fp8Gather). te: the cached weight workspace, row-wise and
+    column-wise FP8 (quantize_weight(cache=...) with is_first_microbatch): 2 bytes per element
+    plus scales, for the layers currently unsharded."""
+    if family_of(engine) == "torchao":
+        return 0.0
+    r = RECIPE[recipe]
+    per = 2.0
+    if r.block:
+        per += 2 * r.scale_bytes / ((r.weight_block or r.block) ** (2 if r.weight_block else 1))
+    return per * fp8_params
+
+
+# ----- tensor-parallel collectives -----------------------------------------------------------
+@dataclass(frozen=True)
+class Fp8TpWire:
+    """Bytes per element on the wire of the sequence-parallel collectives around the FP8
+    linears, and the 4-byte amax all-reduces over the TP group that tensorwise casts of a
+    sharded activation need (one per FP8 all-gather)."""
+
+    all_gather: int
+    reduce_scatter: int
+    amax_allreduces_per_all_gather: int
+
+
+def fp8_tp_wire(recipe: str, engine: str) -> Fp8TpWire:
+    """torchao tensorwise (torchao/float8/float8_tensor_parallel.py at 36027d8; torchtitan
+    applies it when the recipe is tensorwise, ``enable_float8_tensorwise_tp``):
+    Float8ColwiseParallel / PrepareFloat8ModuleInput cast the sequence-sharded input to FP8
+    before the redistribute, so the forward all-gathers before wq/wk/wv and w1/w3 move 1 byte
+    per element; Float8RowwiseParallel's NoopFwToFloat8BwDynamic casts the output gradient to
+    FP8 before the backward of the output redistribute, so the backward all-gathers before wo
+    and w2 move 1 byte too; the reduce-scatters (forward outputs of wo/w2, backward input
+    gradients of the column-parallel linears) carry bf16 GEMM outputs. The cast of a sharded
+    tensor takes its global amax: one all-reduce of 4 bytes over the TP group per all-gather.
+    Every other recipe and engine here: bf16 both ways (Transformer Engine's FP8
+    sequence-parallel all-gather is not modelled: docs/fp8.md)."""
+    recipe_for(recipe, engine)
+    if family_of(engine) == "torchao" and recipe == "tensorwise":
+        return Fp8TpWire(1, 2, 1)
+    return Fp8TpWire(2, 2, 0)

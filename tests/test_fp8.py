@@ -1,0 +1,168 @@
+"""FP8 training (amsp_planner/cost/fp8.py): the published speed-ups, the engines' rules for which
+matmuls run in FP8, cast and all-gather bytes by hand (docs/fp8.md)."""
+
+import math
+
+import pytest
+
+from amsp_planner.cost import fp8, fp8_bytes
+from amsp_planner.errors import AmspUserError
+from amsp_planner.specs import load_model
+from amsp_planner.specs.cluster import GpuSpec, gpu_presets
+
+
+def _gpu(name):
+    return GpuSpec(**gpu_presets()[name])
+
+
+H100 = "H100-SXM5-80GB"
+
+
+# ----- the published grid: lookups, interpolation, clamping ---------------------------------
+@pytest.mark.parametrize("m,k,n,published", [
+    # torchao docs/static/fp8-rowwise-perf.png (fdddb2cfa), H100, rowwise
+    (4096, 8192, 16384, 1.07), (16384, 4096, 8192, 1.20), (1024, 1024, 1024, 0.42),
+    (32768, 32768, 32768, 1.52), (8192, 2048, 4096, 0.82)])
+def test_rowwise_grid_points_are_the_published_cells(m, k, n, published):
+    for gpu in (H100, "H200-SXM5-141GB"):  # H200 reads the H100 table (same SM90 tensor cores)
+        s = fp8.linear_speedup(_gpu(gpu), "rowwise", m, k, n)
+        assert s.how == "table" and s.value == pytest.approx(published)
+
+
+def test_grid_interpolates_in_log2_and_clamps_outside():
+    g = fp8._grid("hopper", "rowwise", "torchao")
+    # halfway between M = 4096 and 8192 in log2, K = N = 4096: cells 0.84 and 1.00
+    v, clamped = fp8.grid_speedup(g, 4096 * math.sqrt(2), 4096, 4096)
+    assert v == pytest.approx((0.84 + 1.00) / 2) and not clamped
+    # halfway in K and N at M = 16384: K 4096/8192 x N 8192/16384 -> 1.20, 1.26, 1.33, 1.39
+    v, _ = fp8.grid_speedup(g, 16384, 4096 * math.sqrt(2), 8192 * math.sqrt(2))
+    assert v == pytest.approx((1.20 + 1.26 + 1.33 + 1.39) / 4)
+    # beyond the grid: the edge value, flagged
+    s = fp8.linear_speedup(_gpu(H100), "rowwise", 131072, 4096, 14336)
+    edge, _ = fp8.grid_speedup(g, 32768, 4096, 14336)
+    assert s.value == pytest.approx(edge) and s.how == "table, clamped to its edge"
+
+
+# ----- the roofline against published figures it was not fitted to -------------------------
+@pytest.mark.parametrize("m,k,n,published", [
+    # torchao/float8/README.md at e2dad4a66, "Performance", examples 1 and 2 (H100, tensorwise)
+    (1024, 2048, 1024, 0.80), (4096, 8192, 16384, 1.39)])
+def test_tensorwise_h100_roofline_matches_torchao_examples(m, k, n, published):
+    s = fp8.linear_speedup(_gpu(H100), "tensorwise", m, k, n)
+    assert s.how == "roofline"
+    assert s.value == pytest.approx(published, rel=0.05)
+
+
+# TE docs/examples/gemm_profiling/gemm_profiling.rst: H200 NVL, 5B config (h 4096, f 16384,
+# M = 31 x 512), the 12 GEMMs of a layer in autocast mode (casts included)
+H200_NVL = GpuSpec(name="H200 NVL", arch="hopper", memory_gib=141,
+                   peak_bf16_tflop_per_s=835,  # data sheet: 1,671 TFLOP/s with sparsity
+                   hbm_gbyte_per_s=0.6 * 4800,  # the presets' 60 % of the data sheet's 4.8 TB/s
+                   # the rate TE's own bf16 arm reached: 19.2 TFLOP per layer in 32.014 ms
+                   achievable_fraction=0.72, kernel_overhead_us=10)
+TE_SHAPES = [(4096, 12288), (4096, 4096), (4096, 16384), (16384, 4096)]
+
+
+@pytest.mark.parametrize("recipe,bf16_ms,fp8_ms", [("tensorwise", 32.014, 20.285),
+                                                   ("delayed", 32.014, 18.978)])
+def test_te_h200_layer_speedup(recipe, bf16_ms, fp8_ms):
+    m = 31 * 512
+    flops = 3 * 2 * m * sum(k * n for k, n in TE_SHAPES)
+    assert flops / (bf16_ms * 1e-3) / 835e12 == pytest.approx(0.72, abs=0.01)
+    bf16 = sum(fp8.roofline_linear_s(H200_NVL, m, k, n, None) for k, n in TE_SHAPES)
+    r = fp8.RECIPE[recipe]
+    low = sum(fp8.roofline_linear_s(H200_NVL, m, k, n, r, "te") for k, n in TE_SHAPES)
+    assert bf16 / low == pytest.approx(bf16_ms / fp8_ms, rel=0.06)
+
+
+def test_published_points_are_consistent():
+    """The yaml's TE per-shape rows sum to its per-layer Fprop figure (B300, 2.879 ms)."""
+    pts = [p for p in fp8.fp8_data()["points"]
+           if p["gpu"] == "B300" and p["recipe"] == "tensorwise"
+           and p["measures"] == "gemm_with_quantize"]
+    assert sum(p["fp8_ms"] for p in pts) == pytest.approx(2.879, abs=0.002)
+    assert sum(p["bf16_ms"] for p in pts) == pytest.approx(4.196, abs=0.002)
+
+
+# ----- which matmuls run in FP8 -------------------------------------------------------------
+def test_torchtitan_rule_llama3_8b():
+    m = load_model("llama3-8b")
+    every = fp8.fp8_matmuls(m, "rowwise", "torchtitan")
+    assert [x.name for x in every.block] == ["wq", "wk", "wv", "wo", "w1", "w3", "w2"]
+    assert all(x.fp8 for x in every.block) and not every.head_fp8 and not every.embedding_fp8
+    # auto_filter_small_kn: wk and wv are (K, N) = (4096, 1024): N <= 2048 (rowwise) and
+    # K <= 4096 and N <= 1024 (tensorwise) keep them bf16
+    for recipe in ("rowwise", "tensorwise"):
+        f = fp8.fp8_matmuls(m, recipe, "torchtitan", auto_filter=True)
+        assert {x.name for x in f.block if not x.fp8} == {"wk", "wv"}
+    assert every.fp8_params_per_block == 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+
+
+def test_megatron_rule_fused_linears_and_first_last_layers():
+    m = load_model("llama3-8b")
+    f = fp8.fp8_matmuls(m, "delayed", "megatron", first_last_bf16=(1, 1))
+    assert [(x.name, x.k, x.n) for x in f.block] == [
+        ("linear_qkv", 4096, 4096 + 2 * 1024), ("linear_proj", 4096, 4096),
+        ("linear_fc1", 4096, 2 * 14336), ("linear_fc2", 14336, 4096)]
+    assert f.bf16_layers == 2 and all(x.fp8 for x in f.block)
+    tp = fp8.fp8_matmuls(m, "tensorwise", "megatron", tp=8)
+    assert tp.block[0].n == (4096 + 2 * 1024) // 8
+
+
+@pytest.mark.parametrize("recipe,engine,arch", [
+    ("tensorwise", "amsp", None), ("tensorwise", "deepspeed", None),
+    ("rowwise", "megatron", None), ("blockwise", "torchtitan", None),
+    ("mxfp8", "torchtitan", "hopper"), ("fp4", "torchtitan", None)])
+def test_unsupported_combinations_are_user_errors(recipe, engine, arch):
+    with pytest.raises(AmspUserError):
+        fp8.recipe_for(recipe, engine, arch)
+
+
+# ----- bytes by hand --------------------------------------------------------------------------
+def test_cast_bytes_by_hand():
+    e = 1024 * 4096
+    t, r, b, mx = (fp8.RECIPE[x] for x in ("tensorwise", "rowwise", "blockwise", "mxfp8"))
+    # torchao tensorwise: amax read 2e, two casts each read 2e write 1e, two fp32 scales
+    assert fp8.cast_bytes(t, 1024, 4096, "torchao") == 2 * e + 2 * 3 * e + 2 * 4
+    # torchao rowwise: no amax pass; scales per row: 1024 + 4096 fp32
+    assert fp8.cast_bytes(r, 1024, 4096, "torchao") == 6 * e + (1024 + 4096) * 4
+    # TE blockwise weight 256 x 256: fused cast-transpose (read 2e, write 2 x 1e); 2 x 2 blocks
+    # of 128 x 128 per layout, fp32
+    assert fp8.cast_bytes(b, 256, 256, "te", weight=True) == 4 * 256 * 256 + 2 * 4 * 4
+    # TE mxfp8 64 x 64: 64 rows x 2 blocks of 32 per layout, one E8M0 byte each
+    assert fp8.cast_bytes(mx, 64, 64, "te") == 4 * 64 * 64 + 2 * 128
+    assert fp8.linear_cast_bytes(t, 8, 16, 32, "torchao") == sum(
+        8 * x + 8 for x in (8 * 16, 16 * 32, 8 * 32))
+
+
+def test_fp8_all_gather_bytes_by_hand():
+    m = load_model("llama3-8b")
+    f = fp8.fp8_matmuls(m, "tensorwise", "torchtitan")
+    lin, norms = f.fp8_params_per_block, 2 * 4096
+    g = fp8_bytes.fp8_all_gather("tensorwise", "torchtitan", lin, norms, fp8_linears=7)
+    assert g.fp8 and g.gather_bytes == 218_103_808 + 2 * 8192
+    assert g.amax_allreduce_bytes == 28 and g.amax_allreduces == 0
+    slow = fp8_bytes.fp8_all_gather("tensorwise", "torchtitan", lin, norms, 7, precompute=False)
+    assert slow.amax_allreduces == 7
+    # rowwise and MX gather in bf16 (torchao asserts tensorwise for the FP8 all-gather)
+    for recipe in ("rowwise",):
+        bf = fp8_bytes.fp8_all_gather(recipe, "torchtitan", lin, norms, 7)
+        assert not bf.fp8 and bf.gather_bytes == 2 * (lin + norms)
+    mg = fp8_bytes.fp8_all_gather("mxfp8", "megatron", 1 << 20, 0, 1)
+    assert mg.gather_bytes == (1 << 20) * (1 + 1 / 32)
+
+
+def test_memory_of_fp8_copies():
+    # torchao keeps the bf16 input (save_for_backward(input_hp, weight_hp_t)); TE the FP8
+    # column-wise input and its scale
+    assert fp8_bytes.saved_input_bytes("rowwise", "torchtitan", 8192, 4096) == 2 * 8192 * 4096
+    assert fp8_bytes.saved_input_bytes("tensorwise", "megatron", 8192, 4096) == 8192 * 4096 + 4
+    assert fp8_bytes.weight_copy_bytes("tensorwise", "torchtitan", 1000) == 0
+    assert fp8_bytes.weight_copy_bytes("delayed", "megatron", 1000) == 2000
+
+
+def test_tp_wire_bytes():
+    # torchao tensorwise: FP8 sequence-parallel all-gathers, bf16 reduce-scatters
+    assert fp8_bytes.fp8_tp_wire("tensorwise", "torchtitan") == fp8_bytes.Fp8TpWire(1, 2, 1)
+    assert fp8_bytes.fp8_tp_wire("rowwise", "torchtitan") == fp8_bytes.Fp8TpWire(2, 2, 0)
+    assert fp8_bytes.fp8_tp_wire("delayed", "megatron") == fp8_bytes.Fp8TpWire(2, 2, 0)
