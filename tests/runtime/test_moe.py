@@ -36,8 +36,8 @@ RUNS_4 = {
     "e4": "ep=4,p=2,g=4,os=4,ep.p=1,ep.g=1,ep.os=1,mb=1",
     # an expert triple unlike the dense one, the EP group strided, every block recomputed
     "e2_span_ckpt": "ep=2,ep.span,p=1,g=2,os=4,ep.p=1,ep.g=1,ep.os=2,mb=1,ckpt",
-    # the first block checkpointed: a dense layer, so no all-to-all is recomputed
-    "e2_ckpt1": "ep=2,p=2,g=2,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1,ckpt=1",
+    # the first 2 blocks checkpointed: the dense layer and one MoE layer recomputed
+    "e2_ckpt2": "ep=2,p=2,g=2,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1,ckpt=2",
     # no expert tokens: the expert units on the dense triple at e = 1, no all-to-all
     "zero3": "zero3",
 }
@@ -122,21 +122,23 @@ def _rows(rep: dict) -> dict:
             if e["measured"] is not None}
 
 
-def check_all_to_all(rep: dict, e: int, stride: int, per_node: int, recompute: bool,
+def check_all_to_all(rep: dict, e: int, stride: int, per_node: int, recompute: int,
                      dtype_bytes: int = 4) -> None:
     """Per MoE layer and micro-batch, dispatch and combine of b S k h values each (fp32, or
-    bf16), in forward and (reversed) in backward, and in the recomputed forward of a fully
-    checkpointed block; ring bytes in-node (k-1)/m, across nodes (g-1)/g of the full size."""
+    bf16), in forward and (reversed) in backward, and in the recomputed forward of the
+    `recompute` checkpointed MoE layers; ring bytes in-node (k-1)/m, across nodes (g-1)/g of
+    the full size."""
     n_micro = rep["n_micro"]
     per_call = 1 * S * K * H * dtype_bytes
     rows = _rows(rep)
-    phases = ("forward", "backward") + (("recompute",) if recompute else ())
+    layers = {"forward": M_LAYERS, "backward": M_LAYERS, "recompute": recompute}
+    phases = [ph for ph, n in layers.items() if n]
     got = {ph for ph, op, g in rows if g == "EP"}
     assert got == set(phases), (rep["strategy"], got)
     nodes = e // per_node
     for ph in phases:
         m = rows[ph, "all_to_all", "EP"]
-        calls = 2 * M_LAYERS * n_micro
+        calls = 2 * layers[ph] * n_micro
         assert (m["calls_per_step"], m["full_bytes_per_step"]) == (calls, calls * per_call), ph
         assert (m["group_size"], m["stride"], m["members_per_node"]) == (e, stride, per_node)
         full = calls * per_call
@@ -178,8 +180,8 @@ def test_parity_topk_4(four, name):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name,e,stride,ep_p,recompute", [
-    ("e2", 2, 1, 2, False), ("e4", 4, 1, 1, False), ("e2_span_ckpt", 2, 2, 1, True),
-    ("e2_ckpt1", 2, 1, 2, False), ("e2_topk", 2, 1, 2, False)])
+    ("e2", 2, 1, 2, 0), ("e4", 4, 1, 1, 0), ("e2_span_ckpt", 2, 2, 1, 2),
+    ("e2_ckpt2", 2, 1, 2, 1), ("e2_topk", 2, 1, 2, 0)])
 def test_all_to_alls_and_expert_gathers_4(four, name, e, stride, ep_p, recompute):
     rep = four[name]
     check_all_to_all(rep, e, stride, e, recompute)
@@ -189,7 +191,7 @@ def test_all_to_alls_and_expert_gathers_4(four, name, e, stride, ep_p, recompute
 @pytest.mark.multiprocess
 def test_bf16_all_to_alls(four):
     rep = four["bf16_e2"]
-    check_all_to_all(rep, 2, 1, 2, False, dtype_bytes=2)
+    check_all_to_all(rep, 2, 1, 2, 0, dtype_bytes=2)
     assert all(math.isfinite(x) for x in rep["loss"])
 
 
@@ -221,7 +223,7 @@ def test_parity_8_two_nodes(eight, name):
 @pytest.mark.parametrize("name,e,stride,per_node", [
     ("e4", 4, 1, 4), ("e2_span", 2, 4, 1), ("e4_span", 4, 2, 2)])
 def test_all_to_alls_8_two_nodes(eight, name, e, stride, per_node):
-    check_all_to_all(eight[name], e, stride, per_node, False)
+    check_all_to_all(eight[name], e, stride, per_node, 0)
 
 
 @pytest.mark.multiprocess
