@@ -163,7 +163,8 @@ class ShardedEngine(ShardState, Gathers, GradReduce, StepBoundary, ExpertClass):
                         ep = epc if i in self.x_of else None
                         if ep is not None:
                             ep.record = [] if self.ckpt_modes[i] == "op" else None
-                        y = M.run_block(xin, leaves[i], model, self.ckpt_modes[i], ep, self.gate)
+                        y = M.run_block(xin, leaves[i], model, self.ckpt_modes[i], ep,
+                                        self.routing)
                         if ep is not None:
                             tp_kept[i], ep.record = ep.record, None
                     else:

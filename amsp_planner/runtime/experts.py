@@ -129,7 +129,8 @@ class ExpertClass:
     def _split_experts(self, gate: str) -> None:
         """Before the layouts: the dense parts' specs, sizes and padding; the expert units;
         the EP context."""
-        self.xp, self.epc, self.x_of, self.gate = None, None, {}, MOE.check_gate(gate)
+        self.xp, self.epc, self.x_of = None, None, {}
+        self.routing = MOE.Routing(MOE.check_gate(gate), self.job.training.expert_imbalance)
         m = self.job.model
         if not m.is_moe:
             return
@@ -137,7 +138,7 @@ class ExpertClass:
         self.offsets = [M.offsets(u) for u in self.specs]
         self.real = [r - x for r, x in zip(self.real, m.unit_expert_params(), strict=True)]
         self.xp = ExpertShards(self, self.groups)
-        self.epc = MOE.EPContext(self.comm, self.groups["EP"], gate)
+        self.epc = MOE.EPContext(self.comm, self.groups["EP"], self.routing)
         self.x_of = {i: k for k, i in enumerate(self.xp.moe_units)}
 
     def _init_experts(self, i: int, full: torch.Tensor) -> None:

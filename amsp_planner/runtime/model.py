@@ -132,7 +132,7 @@ def _same(y: torch.Tensor) -> torch.Tensor:
 
 
 def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: int = 1, gather=_same,
-          scatter=_same, ep=None, gate: str = "balanced") -> torch.Tensor:
+          scatter=_same, ep=None, routing: MOE.Routing = MOE.BALANCED) -> torch.Tensor:
     """One block. Under tensor parallelism (runtime/tp.py) `p` holds this rank's 1/tp of the
     heads and of the MLP, x is the sequence shard, `gather` brings the normed sequence whole
     before the column-sharded matmuls and `scatter` reduce-scatters the row-sharded ones'
@@ -150,7 +150,7 @@ def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: int = 1, gathe
     x = x + scatter(F.linear(o.transpose(1, 2).reshape(b, s, a * hd), p["wo"]))
     y = gather(rms_norm(x, p["mlp_norm"]))
     if "router" in p:
-        return x + MOE.moe_mlp(y, p, model, ep, gate)
+        return x + MOE.moe_mlp(y, p, model, ep, routing)
     g, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
     return x + scatter(F.linear(F.silu(g) * up, p["w2"]))
 
@@ -189,13 +189,13 @@ def block_modes(ckpt, num_layers: int) -> list[str | None]:
 
 
 def run_block(x: torch.Tensor, p: dict[str, torch.Tensor], model, mode: str | None = None,
-              ep=None, gate: str = "balanced") -> torch.Tensor:
+              ep=None, routing: MOE.Routing = MOE.BALANCED) -> torch.Tensor:
     """One block, checkpointed per `mode` (module docstring). Under checkpointing the block is
     recomputed in backward from `p`'s tensors as they are then (the caller points them at the
     unit's backward gather). A MoE block's all-to-alls (over `ep`) run again in a full
     recomputation (no early stop); under op-level checkpointing the caller keeps their outputs
     (``moe.EPContext.record``/``replay``), as the TP collectives'."""
-    fn = functools.partial(block, ep=ep, gate=gate) if "router" in p else block
+    fn = functools.partial(block, ep=ep, routing=routing) if "router" in p else block
     if mode is None:
         return fn(x, p, model)
     from torch.utils.checkpoint import (
@@ -226,10 +226,11 @@ def head_loss(x: torch.Tensor, p: dict[str, torch.Tensor], lm_weight: torch.Tens
 class ReferenceModel(torch.nn.Module):
     """The unsharded model in one process: the parity oracle (same init, same compute)."""
 
-    def __init__(self, model, seed: int, dtype=torch.float32, gate: str = "balanced"):
+    def __init__(self, model, seed: int, dtype=torch.float32,
+                 routing: MOE.Routing = MOE.BALANCED):
         super().__init__()
         check_supported(model)
-        self.spec, self.gate = model, gate
+        self.spec, self.routing = model, routing
         self.specs = unit_param_specs(model)
         self.flats = torch.nn.ParameterList(
             [torch.nn.Parameter(init_unit(model, i, seed).to(dtype)) for i in range(len(self.specs))]
@@ -239,7 +240,7 @@ class ReferenceModel(torch.nn.Module):
         units = [views(f, s) for f, s in zip(self.flats, self.specs, strict=True)]
         x = embed(tokens, units[0])
         for p in units[1:-1]:
-            x = block(x, p, self.spec, gate=self.gate)
+            x = block(x, p, self.spec, routing=self.routing)
         head = units[-1]
         lm = units[0]["tok_emb"] if self.spec.tied_embeddings else head["lm_head"]
         return head_loss(x, head, lm, targets)

@@ -21,7 +21,12 @@ The weights are the router's softmax probabilities at the chosen experts renorma
 the k (equal to Mixtral's softmax over the top-k scores, and what transformers' Qwen-MoE and
 OLMoE blocks do with ``norm_topk_prob: true``; the spec has no field for models that keep
 the raw probabilities, a difference of values, not of bytes). No auxiliary load-balancing
-loss is added. Both need E to divide S k (``capacity``). Capacity per sequence makes the routing independent
+loss is added. Both need E to divide S k (``capacity``).
+
+The capacity factor (``Routing.capacity_factor``, the plan's ``--expert-imbalance``: the
+busiest expert's tokens over the mean) gives every expert c S k / E slots per sequence, so the
+all-to-all buffers are c b S k h elements, the plan's; with ``balanced`` the extra slots stay
+empty, with ``topk`` fewer tokens are dropped. c S k / E must be whole. Capacity per sequence makes the routing independent
 of how sequences are grouped into micro-batches, so the single-process reference routes the
 same tokens to the same experts.
 
@@ -70,12 +75,21 @@ def mlp_specs(model) -> list[tuple[str, tuple[int, ...]]]:
     return out + [(EXPERTS, (E, 3 * h * fe))]
 
 
-def capacity(model, seq_len: int) -> int:
-    """Slots per expert per sequence: S k / E (``support.check_moe`` refuses the rest)."""
-    E, k = model.num_experts, model.experts_per_token
-    if (seq_len * k) % E:
-        check_moe(SimpleNamespace(model=model, training=SimpleNamespace(seq_len=seq_len)))
-    return seq_len * k // E
+@dataclass(frozen=True)
+class Routing:
+    """How a MoE layer routes (module docstring): the gate, and the capacity factor."""
+
+    gate: str = "balanced"
+    capacity_factor: float = 1.0
+
+
+BALANCED = Routing()
+"""The default: balanced routing, capacity factor 1."""
+
+def capacity(model, seq_len: int, factor: float = 1.0) -> int:
+    """Slots per expert per sequence: c S k / E (``support.check_moe`` refuses the rest)."""
+    return check_moe(SimpleNamespace(model=model, training=SimpleNamespace(
+        seq_len=seq_len, expert_imbalance=factor)))
 
 
 def check_gate(gate: str) -> str:
@@ -91,7 +105,7 @@ class EPContext:
 
     comm: Comm
     group: Group
-    gate: str = "balanced"
+    routing: Routing = BALANCED
     backward: bool = False
     record: list | None = None
     """Under op-level checkpointing: the forward's all-to-all outputs of the block, kept."""
@@ -174,17 +188,19 @@ def _swiglu_experts(x: torch.Tensor, experts: torch.Tensor, h: int, fe: int) -> 
 
 
 def moe_mlp(y: torch.Tensor, p: dict[str, torch.Tensor], model, ep: EPContext | None = None,
-            gate: str = "balanced") -> torch.Tensor:
+            routing: Routing = BALANCED) -> torch.Tensor:
     """The MoE MLP on the normed input y [b, s, h]; p holds the router, the shared experts
-    and this rank's E/e rows of ``experts`` (all E without expert parallelism)."""
+    and this rank's E/e rows of ``experts`` (all E without expert parallelism); the routing
+    is `ep`'s when given."""
     b, s, h = y.shape
     E, k, fe = model.num_experts, model.experts_per_token, expert_width(model)
-    C = capacity(model, s)
+    routing = ep.routing if ep is not None else routing
+    C = capacity(model, s, routing.capacity_factor)
     e = 1 if ep is None else ep.size
     n_local = p[EXPERTS].shape[0]
     assert n_local * e == E, (n_local, e, E)
     probs = F.linear(y, p["router"]).float().softmax(-1)
-    idx = route(probs, k, ep.gate if ep is not None else gate)
+    idx = route(probs, k, routing.gate)
     w = probs.gather(-1, idx)
     w = (w / w.sum(-1, keepdim=True)).to(y.dtype)
     slot, kept = _slots(idx, E, C)

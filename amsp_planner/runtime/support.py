@@ -65,15 +65,23 @@ def check_tp(strategy, job=None) -> None:
             "pad it to a multiple, or re-plan with another --tp")
 
 
-def check_moe(job) -> None:
-    """A MoE model routes S k / E tokens of every sequence to each expert (fixed all-to-all
-    sizes, runtime/moe.py): E must divide S k; refused in one line otherwise."""
+def check_moe(job) -> int:
+    """A MoE model gives each expert c S k / E slots of every sequence (c the expert
+    imbalance, the capacity factor; fixed all-to-all sizes, runtime/moe.py): they must be a
+    whole number, refused in one line otherwise; returns it (0 for a dense model)."""
     m, seq = job.model, job.training.seq_len
     if not m.is_moe:
-        return
-    E, k = m.num_experts, m.experts_per_token
+        return 0
+    E, k, c = m.num_experts, m.experts_per_token, job.training.expert_imbalance
     if (seq * k) % E:
         raise AmspUserError(
             f"seq_len {seq} x experts_per_token {k} is not a multiple of num_experts {E}: "
             "the bundled runtime routes S k / E tokens of every sequence to each expert (fixed "
             "all-to-all sizes): pick a sequence length that makes it whole")
+    slots = seq * k // E * c
+    if abs(slots - round(slots)) > 1e-9:
+        raise AmspUserError(
+            f"expert_imbalance {c:g} x {seq * k // E} tokens per expert per sequence is not a "
+            "whole number of slots: the bundled runtime gives each expert that many (its "
+            "capacity factor): pick an imbalance that makes it whole")
+    return round(slots)

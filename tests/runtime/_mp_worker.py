@@ -3,7 +3,8 @@
     torchrun --nproc-per-node=4 tests/runtime/_mp_worker.py CONFIG.json
 
 CONFIG: {"out": DIR, "runs": [{"name", "strategy", "precision", "seq_len", "batch_seqs",
-"steps", "data", "grad_accum_dtype", "model", "gate", "link_bytes", the checkpoint options}]}.
+"steps", "data", "grad_accum_dtype", "expert_imbalance", "model", "gate", "link_bytes", the
+checkpoint options}]}.
 Rank 0 writes DIR/<name>.json (the run report; with "link_bytes", on an emulated cluster, the
 bytes node 0's uplink carried during train()) and DIR/<name>.pt (final unpadded fp32
 parameters and Adam moments).
@@ -28,7 +29,8 @@ from amsp_planner.strategy import parse_strategy_or_baseline
 def make_job(run: dict, world: int) -> Job:
     t = TrainingSpec(seq_len=run.get("seq_len", 32), global_batch_seqs=run.get("batch_seqs", 2 * world),
                      precision=run.get("precision", "fp32"),
-                     grad_accum_dtype=run.get("grad_accum_dtype", "bf16"))
+                     grad_accum_dtype=run.get("grad_accum_dtype", "bf16"),
+                     expert_imbalance=run.get("expert_imbalance", 1.0))
     return Job.create(load_model(run.get("model", "tiny")), load_cluster("cpu-local"), t, world)
 
 

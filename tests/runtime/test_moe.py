@@ -42,6 +42,10 @@ RUNS_4 = {
     "zero3": "zero3",
 }
 TOPK_4 = {"e2_topk": "ep=2,p=4,g=4,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1"}
+IMBALANCE = 1.25
+CAPACITY_4 = {"e2_topk_c125": "ep=2,p=4,g=4,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1"}
+"""A plan with --expert-imbalance 1.25: capacity factor 1.25, 10 slots per expert and sequence,
+all-to-alls 1.25 times as large."""
 PRESET_4 = {"preset_e4": "ep=4,p=4,g=4,os=4,ep.p=1,ep.g=1,ep.os=1,mb=1"}
 BF16_4 = {"bf16_e2": "ep=2,p=2,g=4,os=4,ep.p=1,ep.g=2,ep.os=2,mb=1"}
 """bf16 parameters and activations: the all-to-alls carry 2-byte elements."""
@@ -52,8 +56,9 @@ RUNS_8 = {
 }
 
 
-def _job(world: int, model: str = SPEC) -> Job:
-    t = TrainingSpec(seq_len=S, global_batch_seqs=2 * world, precision="fp32")
+def _job(world: int, model: str = SPEC, imbalance: float = 1.0) -> Job:
+    t = TrainingSpec(seq_len=S, global_batch_seqs=2 * world, precision="fp32",
+                     expert_imbalance=imbalance)
     return Job.create(load_model(model), load_cluster("cpu-local"), t, world)
 
 
@@ -67,6 +72,7 @@ def four(tmp_path_factory):
     ck = str(tmp / "ck")
     runs = [_run(n, s) for n, s in RUNS_4.items()]
     runs += [_run(n, s, gate="topk") for n, s in TOPK_4.items()]
+    runs += [_run(n, s, gate="topk", expert_imbalance=IMBALANCE) for n, s in CAPACITY_4.items()]
     runs += [_run(n, s, steps=2, precision="bf16") for n, s in BF16_4.items()]
     runs += [_run(n, s, model="tiny-moe") for n, s in PRESET_4.items()]
     # saved at e = 2 after step 2, resumed at e = 4 for step 3
@@ -96,19 +102,20 @@ def eight(tmp_path_factory):
 _REF: dict = {}
 
 
-def reference(world: int, gate: str = "balanced", model: str = SPEC):
+def reference(world: int, gate: str = "balanced", model: str = SPEC, imbalance: float = 1.0):
     from amsp_planner.runtime.reference import reference_run
 
-    if (world, gate, model) not in _REF:
-        _REF[world, gate, model] = reference_run(_job(world, model), STEPS, gate=gate)
-    return _REF[world, gate, model]
+    key = (world, gate, model, imbalance)
+    if key not in _REF:
+        _REF[key] = reference_run(_job(world, model, imbalance), STEPS, gate=gate)
+    return _REF[key]
 
 
 def check_parity(rep: dict, world: int, gate: str = "balanced", first: int = 0,
-                 model: str = SPEC) -> None:
+                 model: str = SPEC, imbalance: float = 1.0) -> None:
     """Loss per step within 1e-5 and final parameters within the dense parity tests'
     tolerance of the single-process reference."""
-    ref_loss, ref_params = reference(world, gate, model)
+    ref_loss, ref_params = reference(world, gate, model, imbalance)
     assert len(rep["loss"]) == STEPS - first
     for a, b in zip(rep["loss"], ref_loss[first:], strict=True):
         assert abs(a - b) <= 1e-5 * abs(b), (rep["strategy"], rep["loss"], ref_loss)
@@ -123,13 +130,13 @@ def _rows(rep: dict) -> dict:
 
 
 def check_all_to_all(rep: dict, e: int, stride: int, per_node: int, recompute: int,
-                     dtype_bytes: int = 4) -> None:
+                     dtype_bytes: int = 4, capacity_factor: float = 1.0) -> None:
     """Per MoE layer and micro-batch, dispatch and combine of b S k h values each (fp32, or
     bf16), in forward and (reversed) in backward, and in the recomputed forward of the
     `recompute` checkpointed MoE layers; ring bytes in-node (k-1)/m, across nodes (g-1)/g of
     the full size."""
     n_micro = rep["n_micro"]
-    per_call = 1 * S * K * H * dtype_bytes
+    per_call = round(1 * S * K * H * dtype_bytes * capacity_factor)
     rows = _rows(rep)
     layers = {"forward": M_LAYERS, "backward": M_LAYERS, "recompute": recompute}
     phases = [ph for ph, n in layers.items() if n]
@@ -186,6 +193,16 @@ def test_all_to_alls_and_expert_gathers_4(four, name, e, stride, ep_p, recompute
     rep = four[name]
     check_all_to_all(rep, e, stride, e, recompute)
     check_expert_gathers(rep, e, ep_p)
+
+
+@pytest.mark.multiprocess
+def test_capacity_factor(four):
+    """Capacity factor 1.25 (the plan's --expert-imbalance): parity with the reference routing
+    alike, all-to-alls of 1.25 b S k h values, fewer tokens dropped than at 1.0."""
+    rep = four["e2_topk_c125"]
+    check_parity(rep, 4, gate="topk", imbalance=IMBALANCE)
+    check_all_to_all(rep, 2, 1, 2, 0, capacity_factor=IMBALANCE)
+    assert rep["loss"] != four["e2_topk"]["loss"]
 
 
 @pytest.mark.multiprocess
@@ -246,7 +263,7 @@ def test_cross_node_bytes_on_the_wire(eight):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("world,name", [(4, n) for n in {**RUNS_4, **TOPK_4, **BF16_4,
-                                                           **PRESET_4}]
+                                                           **PRESET_4, **CAPACITY_4}]
                          + [(8, n) for n in RUNS_8])
 def test_measured_equals_plan(four, eight, world, name):
     """Every schedule entry, the all-to-alls and the expert class's included: calls and bytes
@@ -310,3 +327,7 @@ def test_capacity_refused_in_one_line():
 
     with pytest.raises(AmspUserError, match="seq_len 30 x experts_per_token 2 is not a multiple"):
         moe.capacity(load_model(SPEC), 30)
+    with pytest.raises(AmspUserError, match="expert_imbalance 1.1 x 8 tokens per expert per "
+                                            "sequence is not a whole number of slots"):
+        moe.capacity(load_model(SPEC), S, 1.1)
+    assert moe.capacity(load_model(SPEC), S, 1.25) == 10
