@@ -167,14 +167,17 @@ def route(probs: torch.Tensor, k: int, gate: str) -> torch.Tensor:
 
 def _slots(idx: torch.Tensor, E: int, C: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(slot, kept) [b, s, k]: each assignment's row in the dispatch buffer [b, E, C] (in
-    sequence order per expert), and whether it is within the expert's capacity."""
+    sequence order per expert: a stable sort by (sequence, expert) keeps the token order), and
+    whether it is within the expert's capacity. O(b s k) memory, not O(b s k E)."""
     b, s, k = idx.shape
-    flat = idx.reshape(b, s * k)
-    onehot = F.one_hot(flat, E)
-    pos = (onehot.cumsum(1) - 1).gather(2, flat.unsqueeze(-1)).squeeze(-1)
+    key = (torch.arange(b, device=idx.device).view(b, 1) * E + idx.reshape(b, s * k)).view(-1)
+    order = torch.sort(key, stable=True).indices
+    start = torch.cumsum(torch.bincount(key, minlength=b * E), 0) - torch.bincount(
+        key, minlength=b * E)
+    pos = torch.empty_like(key)
+    pos[order] = torch.arange(key.numel(), device=idx.device) - start[key[order]]
     kept = pos < C
-    row = torch.arange(b, device=idx.device).view(b, 1)
-    slot = (row * E + flat) * C + pos.clamp(max=C - 1)
+    slot = key * C + pos.clamp(max=C - 1)
     return slot.view(b, s, k), kept.view(b, s, k)
 
 
