@@ -30,7 +30,7 @@ import torch
 
 from amsp_planner.runtime import model as M
 from amsp_planner.runtime import moe as MOE
-from amsp_planner.runtime.gather import Gathers
+from amsp_planner.runtime.gather import Gathers, _alias
 from amsp_planner.runtime.groups import EXPERT_KINDS, members
 from amsp_planner.runtime.layout import UnitLayout
 from amsp_planner.runtime.optim import StepBoundary
@@ -127,8 +127,8 @@ class ExpertClass:
     """What ``engine.ShardedEngine`` adds for the expert class (a base of it)."""
 
     def _split_experts(self, gate: str) -> None:
-        """Before the layouts: the dense parts' specs, sizes and padding; the expert units;
-        the EP context."""
+        """Before the layouts: the dense parts' specs and sizes (their padded units are
+        ``Job.units`` already), the expert units, the EP context and the routing."""
         self.xp, self.epc, self.x_of = None, None, {}
         self.routing = MOE.Routing(MOE.check_gate(gate), self.job.training.expert_imbalance)
         m = self.job.model
@@ -152,8 +152,6 @@ class ExpertClass:
     def _expert_leaf(self, i: int, xbuf: torch.Tensor, leaves: dict) -> None:
         """Unit i's expert leaf over its gathered expert unit, registered with the saved-
         tensor hooks as unit U + i."""
-        from amsp_planner.runtime.gather import _alias
-
         key = self.num_units + i
         self._cur[key] = xbuf
         self._live[xbuf.untyped_storage().data_ptr()] = key
