@@ -75,11 +75,14 @@ def test_ilp_equals_brute_force_on_moe(p):
 def test_partial_checkpointing_range_of_a_moe_model_matches_the_brute_force():
     # four layers: K = 1..4 blocks is one option with a slope (solver/tables.py), the
     # all-to-all buffers counted once; a limit that makes checkpointing bind
-    model = tiny_moe(layers=4, experts=4, h=1024, fe=512)
-    job = moe_job(model, "dgx-h100-ndr", 8, 4, seqs_per_gpu=2, seq_len=2048)
-    ddp = evaluate(job, Strategy(), float("inf")).memory.total
-    for frac in (0.35, 0.5, 0.8):
-        check_against_brute_force(job, ddp * frac, False, "time", None)
+    # (and with a first dense layer: K = 1 apart, the range from K = 2, past which the
+    # recomputed all-to-alls grow by one layer's per block)
+    for dense in ((), (0,)):
+        model = tiny_moe(layers=4 + len(dense), experts=4, h=1024, fe=512, dense=dense)
+        job = moe_job(model, "dgx-h100-ndr", 8, 4, seqs_per_gpu=2, seq_len=2048)
+        ddp = evaluate(job, Strategy(), float("inf")).memory.total
+        for frac in (0.35, 0.5, 0.8):
+            check_against_brute_force(job, ddp * frac, False, "time", None)
 
 
 def qwen3_like(layers=48) -> ModelSpec:
@@ -131,3 +134,26 @@ def test_expert_parallelism_inside_the_node_beats_spanning_nodes():
     assert a2a == 3 * 96 * 2 * 7 / 8 * 128 * 2**20
     assert res.best.step_s < spanning.step_s
     assert not span or min(e.step_s for e in span) >= res.best.step_s
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(instances)
+def test_the_planners_rule_on_moe_matches_the_brute_force(p):
+    # the default rule (band, headroom, least recompute, fewest process groups, least
+    # memory): the ILP's choice is the brute force's first
+    from amsp_planner.solver.space import Preference
+
+    layers = p["layers"]
+    model = tiny_moe(layers, p["experts"], p["k"], p["shared"], (), p["h"])
+    gpus = p["gpus_per_node"] * p["nodes"]
+    job = moe_job(model, p["cluster"], gpus, p["gpus_per_node"], p["seqs_per_gpu"],
+                  expert_imbalance=p["imbalance"])
+    pref = Preference.default(job=job)
+    limit = evaluate(job, Strategy(), float("inf")).memory.total * p["limit_frac"]
+    oracle = brute_force(job, SearchSpace.for_job(job), limit, preference=pref)
+    for solver in ("highs", "exhaustive"):
+        if not oracle:
+            continue
+        got = _solve(job, limit, preference=pref, solver=solver, runners_up=0).best
+        assert got.strategy == oracle[0].strategy, (solver, got.strategy, oracle[0].strategy)

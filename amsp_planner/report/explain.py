@@ -25,7 +25,7 @@ from amsp_planner.report.sensitivity import (  # noqa: F401 - also this module's
 STEP_PARTS = (("compute", "compute_s"), ("kernels", "kernel_s"), ("optimizer", "optimizer_s"),
               ("contention", "contention_s"), ("exposed forward", "exposed_forward_s"),
               ("exposed backward", "exposed_backward_s"), ("exposed update", "exposed_update_s"),
-              ("TP collectives", "tp_comm_s"))
+              ("TP collectives", "tp_comm_s"), ("all-to-alls", "ep_comm_s"))
 
 
 def step_differences(chosen, other, threshold: float = 0.002) -> list[tuple[str, float]]:
@@ -115,6 +115,7 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
                  f"{secs(t.kernel_s)} + optimizer {secs(t.optimizer_s)} + contention "
                  f"{secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)}"
                  + (f" (TP collectives {secs(t.tp_comm_s)})" if t.tp_comm_s else "")
+                 + (f" (all-to-alls {secs(t.ep_comm_s)})" if t.ep_comm_s else "")
                  + f"; most exposed: {top} ({secs(phases[top])})")
     if e.schedule:
         big = max(e.schedule, key=lambda s: s.time_s)

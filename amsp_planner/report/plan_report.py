@@ -106,6 +106,7 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
         f"contention {secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)} "
         f"(forward {secs(t.exposed_forward_s)}, backward {secs(t.exposed_backward_s)}, update "
         f"{secs(t.exposed_update_s)}" + (f", TP {secs(t.tp_comm_s)}" if t.tp_comm_s else "")
+        + (f", all-to-alls {secs(t.ep_comm_s)}" if t.ep_comm_s else "")
         + f"); all collectives {secs(t.comm_total_s)}",
         f"{e.tokens_per_s:,.0f} tokens/s (+/-{band * 100:.0f} %), MFU {e.mfu * 100:.1f}%, "
         f"memory {gib(e.memory.total)} (+/-{mband * 100:.0f} %) of {gib(e.memory_limit)} GiB "

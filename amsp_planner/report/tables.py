@@ -116,8 +116,11 @@ def schedule_grid(e: Evaluation, job=None) -> Grid:
 
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "hpz", "gather_buffers", "grad_buffers",
-                "staging", "step_buffer", "activations", "loss_peak", "fragmentation",
-                "communicators", "context")
+                "staging", "step_buffer", "expert_params", "expert_grads", "expert_optimizer",
+                "expert_buffers", "dispatch_buffers", "activations", "loss_peak",
+                "fragmentation", "communicators", "context")
+"""The memory grid's rows, those that are not zero (the expert_ ones: a mixture of experts'
+routed experts, the dense class's being the rows above them; docs/moe.md)."""
 
 
 def memory_grid(e: Evaluation, job=None) -> Grid:

@@ -32,7 +32,8 @@ def criterion(job: Job, e: Evaluation, name: str) -> float:
     if name == GROUPS:
         return float(process_groups(e.strategy, job.num_gpus, job.gpus_per_node))
     if name == RECOMPUTE:
-        return recompute_s(job, e.strategy.micro_batch, e.strategy.ckpt_value, e.strategy.tp)
+        s = e.strategy
+        return recompute_s(job, s.micro_batch, s.ckpt_value, s.tp, s.ep)
     return e.memory.total
 
 
