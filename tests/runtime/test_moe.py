@@ -331,3 +331,16 @@ def test_capacity_refused_in_one_line():
                                             "sequence is not a whole number of slots"):
         moe.capacity(load_model(SPEC), S, 1.1)
     assert moe.capacity(load_model(SPEC), S, 1.25) == 10
+
+
+def test_gate_option_reaches_the_ranks(tmp_path):
+    """amsp train --gate: a choice of the two (else exit 2 before anything runs), handed to
+    every rank's RunConfig."""
+    from amsp_planner.runtime.worker import run_config
+
+    from .mp import amsp
+
+    assert run_config({"steps": 1, "gate": "topk"}).gate == "topk"
+    assert run_config({"steps": 1}).gate == "balanced"
+    r = amsp("train", tmp_path / "none.json", "--gate", "sinkhorn", cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and "'sinkhorn' is not one of 'balanced', 'topk'" in r.stderr
