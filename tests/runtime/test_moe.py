@@ -51,8 +51,11 @@ BF16_4 = {"bf16_e2": "ep=2,p=2,g=4,os=4,ep.p=1,ep.g=2,ep.os=2,mb=1"}
 """bf16 parameters and activations: the all-to-alls carry 2-byte elements."""
 RUNS_8 = {
     "e4": "ep=4,p=8,g=8,os=8,ep.p=2,ep.g=2,ep.os=2,mb=1",
-    "e2_span": "ep=2,ep.span,p=4,g=4,os=8,ep.p=1,ep.g=4,ep.os=4,mb=1",
+    # the expert update gather's permuted copy (ep.p < ep.g < ep.os)
+    "e2_span": "ep=2,ep.span,p=4,g=4,os=8,ep.p=1,ep.g=2,ep.os=4,mb=1",
     "e4_span": "ep=4,ep.span,p=8,g=8,os=8,ep.p=2,ep.g=2,ep.os=2,mb=1",
+    # the expert gradient's staging copy (1 < ep.p < ep.g), EDP ranks 2 per node
+    "e2_stage": "ep=2,p=8,g=8,os=8,ep.p=2,ep.g=4,ep.os=4,mb=1",
 }
 
 
