@@ -26,6 +26,10 @@ class Execution:
     """Parameters with fewer elements stay whole on every rank (not gathered)."""
     prefetch_bucket: int | None = None
     """Elements gathered ahead in one call ('module' grouping); None: one unit."""
+    max_live_params: int | None = None
+    """'module' grouping: the engine prefetches the next module's parameters only while the
+    parameters it holds stay under this many elements; a module gathered after one at least
+    this large is fetched on demand (``cost/schedule.py`` ``on_demand``). None: no limit."""
     prefetch_depth: int = 1
     """Units gathered ahead of the one computing (the step model prices one)."""
     reduce_bucket: int | None = None
@@ -79,13 +83,14 @@ def execution_differences(a, b) -> list[str]:
     for f in dataclasses.fields(Execution):
         x, y = getattr(a.execution, f.name), getattr(b.execution, f.name)
         if f.name != "sources" and x != y:
-            out.append(f"{f.name} {_words(x)} -> {_words(y)}")
+            none = "no limit" if f.name == "max_live_params" else "per unit"
+            out.append(f"{f.name} {_words(x, none)} -> {_words(y, none)}")
     return out
 
 
-def _words(v) -> str:
+def _words(v, none: str = "per unit") -> str:
     if v is None:
-        return "per unit"
+        return none
     if isinstance(v, bool):
         return "on" if v else "off"
     return f"{v:,}" if isinstance(v, int) else str(v)

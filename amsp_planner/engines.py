@@ -24,8 +24,9 @@ it refuses a vocabulary, MLP width or sequence length the degree does not divide
 ``fully_shard``) and torchtitan (``parallelism.tensor_parallel_degree``). DeepSpeed's AutoTP
 training (``tensor_parallel.autotp_size``, deepspeed >= 0.16.4) shards the linear layers
 without sequence parallelism and only with ZeRO stages 0-2, so it does not run the TP + SP
-plans this model prices: its profile keeps tp = 1 (``tp_note`` says why). InternEvo has
-tensor parallelism of its own (``parallel.tensor``) that this profile does not describe yet.
+plans this model prices: its profile keeps tp = 1 (``tp_note`` says why). InternEvo runs
+Megatron tensor parallelism with sequence parallelism as ``parallel.tensor = dict(size=T,
+mode="msp")``, and Megatron-Core as ``--tensor-model-parallel-size T --sequence-parallel``.
 
 Nothing here imports torch, DeepSpeed or the cost model; ``cost/job.py`` reads the profiles.
 """
@@ -206,6 +207,7 @@ PROFILES = {
                  "bf16 grad_accum_dtype)"),
         execution=Execution(
             gather_grouping="module", persistence_threshold=100_000, prefetch_bucket=50_000_000,
+            max_live_params=1_000_000_000,
             reduce_bucket=500_000_000, update_bucket=500_000_000, replicated_reduce="all_reduce",
             sync_overlap=False, reduce_host_us=REDUCE_HOST_US,
             sources=(
@@ -224,6 +226,11 @@ PROFILES = {
                  "param_persistence_threshold (stage3_param_persistence_threshold) = 1e5"),
                 ("prefetch_bucket", "deepspeed/runtime/zero/config.py prefetch_bucket_size "
                  "(stage3_prefetch_bucket_size) = 5e7"),
+                ("max_live_params", "deepspeed/runtime/zero/config.py max_live_parameters "
+                 "(stage3_max_live_parameters) = 1e9; partitioned_param_coordinator.py "
+                 "fetch_sub_module prefetches min(max_live_parameters - n_available_params, "
+                 "prefetch_bucket_size) elements after fetching a module: none while the "
+                 "module just fetched holds 1e9 or more"),
                 ("reduce_bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8"),
                 ("update_bucket", "deepspeed/runtime/zero/config.py allgather_bucket_size = 5e8"),
                 ("replicated_reduce", "deepspeed/runtime/zero/config.py "
@@ -284,8 +291,10 @@ PROFILES = {
                  "zero1.fsdp, model.checkpoint)",
                  "internlm/solver/optimizer/utils.py reduce_tensor (communicates in the "
                  "gradient's own dtype, the model dtype)"),
-        tp_note="InternEvo's own tensor parallelism (parallel.tensor) is not described by this "
-                "profile: plan with --engine torchtitan or fsdp2 for tp > 1",
+        tp=True, tp_note="parallel.tensor = dict(size=T, mode='msp'): Megatron tensor parallelism "
+                         "with sequence parallelism over the T ranks (InternEvo configs/7B_sft.py: "
+                         "mode in mtp, msp, fsp, isp; 'msp' = megatron tensor parallel with "
+                         "sequence parallel, sequence parallel size = tensor parallel size)",
         activation_profile="fused",
         execution=Execution(
             reduce_bucket=512 * 1024 * 1024, update_collective="broadcast",

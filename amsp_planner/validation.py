@@ -2,14 +2,16 @@
 
     python bench/gpu_validation.py        # writes docs/validation.md and presets/error_bands.json
 
-The rows (``presets/validation.yaml``) are published measurements of LLM training, each with
-its source, the engine that ran it and the hardware. ``predict_rows`` turns every row that is
-a job of this model into a Job and a Strategy, priced with the execution profile of the row's
-engine (``pricing_engine``; an engine without a profile of its own is priced as the one that
-executes the same way, and a strategy the profile does not express falls back to the bundled
-runtime's profile, said in ``RowResult.priced_as``), and predicts the row's metric. Rows out of
-scope state why (pipeline or context parallelism, FP8 matmuls, offload, a setup the source
-does not publish ...); they are kept and listed, never dropped.
+The rows (``presets/validation.yaml``; mixture-of-experts runs in ``validation_moe.yaml``, read
+with ``load_rows(MOE_ROWS_FILE)`` and summarised apart) are published measurements of LLM
+training, each with its source, the engine that ran it and the hardware. ``predict_rows``
+turns every row that is a job of this model into a Job and a Strategy, priced with the
+execution profile of the row's engine (``pricing_engine``; an engine without a profile of its
+own is priced as the one that executes the same way, and a strategy the profile does not
+express falls back to the bundled runtime's profile, said in ``RowResult.priced_as``), and
+predicts the row's metric. Rows out of scope state why (pipeline or context parallelism, FP8
+matmuls, offload, a setup the source does not publish ...); they are kept and listed, never
+dropped.
 
 Statistics: ``summary`` (median, 90th percentile and worst |error| with the rows in scope and
 collected), by engine and by scale bucket (``scale_bucket``: <= 64, 65-255, >= 256 GPUs), and
@@ -32,6 +34,9 @@ from pathlib import Path
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 ROWS_FILE = PRESETS / "validation.yaml"
+MOE_ROWS_FILE = PRESETS / "validation_moe.yaml"
+"""Published mixture-of-experts runs: the same schema plus the MoE fields in its header, with
+their own statistics (bench/gpu_validation.py); the planner's bands come from ROWS_FILE only."""
 BANDS_FILE = PRESETS / "error_bands.json"
 
 
@@ -120,12 +125,13 @@ def check_rows(doc: dict) -> dict:
     return doc
 
 
-def load_rows() -> dict:
+def load_rows(path: Path | None = None) -> dict:
     """The rows, read as every YAML input is (``textfile.load``: a key given twice in one row
-    is refused, not silently the last one)."""
+    is refused, not silently the last one); `path` MOE_ROWS_FILE for the MoE runs (default
+    ROWS_FILE)."""
     from amsp_planner.textfile import load
 
-    return check_rows(load(ROWS_FILE))
+    return check_rows(load(path or ROWS_FILE))
 
 
 def _metric(ev, job, metric: str) -> float:
@@ -156,8 +162,9 @@ def row_job(row: dict, models: dict, engine: str | None = None):
     name = row["model"]
     model = ModelSpec(**models[name]) if name in models else load_model(name)
     cluster = load_cluster(row["cluster"], row.get("set"))
+    moe = {"expert_imbalance": row["expert_imbalance"]} if "expert_imbalance" in row else {}
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
-                            **row.get("training", {}))
+                            **row.get("training", {}), **moe)
     engine = engine or pricing_engine(row["engine"])[0]
     job = Job.create(model, cluster, training, row["gpus"], engine=engine)
     s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)

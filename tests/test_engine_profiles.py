@@ -27,6 +27,7 @@ def test_deepspeed_values_are_its_own_config_defaults():
     assert ex.update_bucket == stage1.allgather_bucket_size
     assert ex.prefetch_bucket == stage3.prefetch_bucket_size
     assert ex.persistence_threshold == stage3.param_persistence_threshold
+    assert ex.max_live_params == stage3.max_live_parameters
     # stages 1-2 all-reduce the bucket (multi-rank bucket all-reduce), on the current stream
     assert stage1.use_multi_rank_bucket_allreduce and ex.replicated_reduce == "all_reduce"
     assert stage1.overlap_comm is False and ex.sync_overlap is False
@@ -252,3 +253,50 @@ def test_execution_differences_name_each_separating_value():
     # every listed difference is a value with a source in the target's profile
     for line in got:
         assert PROFILES["deepspeed"].execution.source(line.split()[0])
+
+
+def test_deepspeed_fetches_on_demand_after_a_module_over_max_live_parameters(monkeypatch):
+    # A GPT block of width 20480 (the 530B model's): norms kept whole (2 x 20480 < 1e5), then
+    # q, k, v, o 20480^2 + bias = 419M each, fc1 and fc2 4 x 20480^2 (+ bias) = 1.68e9 each:
+    # six calls (each over the 5e7 prefetch bucket). DeepSpeed prefetches nothing while it
+    # holds 1e9 elements or more (stage3_max_live_parameters): the call after fc1 (fc2) and the
+    # one after the previous block's fc2 (q) are fetched on demand.
+    from amsp_planner.cost.schedule import on_demand, unit_elements
+    from amsp_planner.specs.model import ModelSpec
+
+    gpt = ModelSpec(name="gpt-20480", num_layers=2, hidden_size=20480, num_heads=128,
+                    ffn_hidden_size=81920, ffn_type="gelu", vocab_size=51200, max_seq_len=2048,
+                    norm_type="layernorm", position_embedding="learned", attention_bias="all",
+                    mlp_bias=True)
+    n = 16
+    job = make_job(n, model=gpt, seq_len=2048, batch_seqs=n).for_engine("deepspeed")
+    u = unit_elements(job)[1]
+    assert [x for _, x in call_groups(job, "gather", 1, u)] == pytest.approx(
+        [w / gpt.block_params() for w in [20480**2 + 20480] * 4 + [4 * 20480**2 + 81920,
+                                                                  4 * 20480**2 + 20480]])
+    assert on_demand(job, 1, u) == (True, False, False, False, False, True)
+    # those two calls' seconds move from the overlapped gather to the compute stream
+    s = Strategy(s_p=n, s_g=n, s_os=n)
+    ds = PROFILES["deepspeed"]
+    free = dataclasses.replace(ds, execution=dataclasses.replace(ds.execution,
+                                                                 max_live_params=None))
+    a = evaluate(job, s)
+    monkeypatch.setitem(engines.PROFILES, "deepspeed", free)
+    b = evaluate(job.for_engine("amsp").for_engine("deepspeed"), s)
+    ga = {(e.phase, e.group): e for e in a.schedule}[("forward", "P")]
+    gb = {(e.phase, e.group): e for e in b.schedule}[("forward", "P")]
+    topo, pb = job.topology, job.training.param_bytes
+    late = sum(topo.collective_time("all_gather", n, 1, x * pb)
+               for x in (20480**2 + 20480, 4 * 20480**2 + 20480))
+    assert ga.unit_kernel_s[1] - gb.unit_kernel_s[1] == pytest.approx(late, rel=1e-3)
+    assert gb.unit_time_s[1] - ga.unit_time_s[1] == pytest.approx(late, rel=1e-3)
+    assert ga.time_s == pytest.approx(gb.time_s)  # the same collectives, charged elsewhere
+    assert a.step_s > b.step_s
+
+
+def test_max_live_parameters_changes_nothing_for_small_modules():
+    # LLaMA-7B's largest module has 45M elements: every call is prefetched
+    from amsp_planner.cost.schedule import on_demand, unit_elements
+
+    job = make_job(16, model=load_model("llama-7b")).for_engine("deepspeed")
+    assert not any(any(on_demand(job, c, u)) for c, u in enumerate(unit_elements(job)))

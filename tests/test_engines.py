@@ -66,6 +66,11 @@ def test_amsp_searches_every_tp_degree_with_the_rules_over_the_dp_ranks():
     got = space_of("amsp", tp=None)
     assert got == want and {s.tp for s in got} == {1, 2, 4}
     assert {s.tp for s in space_of("deepspeed", tp=None)} == {1}  # AutoTP has no SP
+    # InternEvo: parallel.tensor (mode 'msp') with its zero1 shapes over the N/t DP ranks
+    evo = space_of("internevo", tp=2)
+    assert evo and {s.tp for s in evo} == {2}
+    assert {(s.s_p, s.s_g, s.s_os) for s in evo} == {
+        t for f in (1, 2, 4, 8) for t in ((1, 1, f), (f, f, f))}
 
 
 def test_deepspeed_is_the_four_stages_and_zeropp_on_stage_3():

@@ -507,3 +507,20 @@ def test_megatron_distributed_optimizer_tp_and_recompute():
     assert not r.exact and (r.closest.s_p, r.closest.s_g) == (1, 1)
     assert any("keeps parameters whole" in d for d in r.differences)
     assert any("float32" in d for d in r.differences)  # bf16 gradients -> fp32 on Megatron
+
+
+def test_internevo_tensor_parallelism_with_zero1():
+    # InternLM's published 7B runs: tp=2 with zero1=4 over 32 GPUs = 16 data-parallel ranks
+    job = make_job(32, model=load_model("llama-7b"), seq_len=2048, batch_seqs=256)
+    s = Strategy(s_os=4, micro_batch=4, tp=2)
+    r = internevo.export(job.for_engine("internevo"), s)
+    assert r.exact and r.closest == s
+    got = internevo.check(r.text, 32, 256)
+    assert got["parallel"]["tensor"] == {"size": 2, "mode": "msp"}
+    assert got["parallel"]["zero1"] == {"size": 4, "fsdp": False}
+    # 256 sequences over 16 data-parallel ranks: 16 each, micro-batches of 4
+    assert got["data"]["micro_num"] == 4 and got["data"]["micro_bsz"] == 4
+    with pytest.raises(ValueError, match="tensor.mode"):  # no sequence parallelism: not priced
+        internevo.check(r.text.replace("'msp'", "'mtp'"), 32, 256)
+    with pytest.raises(ValueError, match="zero1.size 32"):
+        internevo.check(r.text.replace("size=4", "size=32"), 32, 256)

@@ -162,8 +162,9 @@ def test_plan_is_no_worse_than_any_baseline_beyond_the_band():
     from amsp_planner.cost.communicators import process_groups
     from amsp_planner.strategy import Strategy
 
-    r = amsp("plan", "--model", "llama-13b", "--gpus", "256", "--cluster", "a800-hdr",
-             "--json", "-o", "-", check=True)
+    # llama-7b on 1,024 A100s: ZeRO-3, HSDP, MiCS and ZeRO++ within a few % of each other
+    n = 1024
+    r = amsp("plan", "--model", "llama-7b", "--gpus", str(n), "--json", "-o", "-", check=True)
     doc = json.loads(r.stdout)
     pref = doc["inputs"]["search"]["preference"]
     band, usable = pref["band"], doc["inputs"]["memory_limit_bytes"] * (1 - pref["headroom"])
@@ -177,7 +178,7 @@ def test_plan_is_no_worse_than_any_baseline_beyond_the_band():
         if step > b["step_s"] * (1 + 1e-9):
             faster += 1
             s = Strategy.parse(b["strategy"])
-            worse = [s.qwz or s.qgz, process_groups(s, 256, 8) > process_groups(chosen, 256, 8),
+            worse = [s.qwz or s.qgz, process_groups(s, n, 8) > process_groups(chosen, n, 8),
                      b["memory_bytes"] > doc["predictions"]["memory"]["total"]]
             assert any(worse), name
     assert faster, "the case should have a baseline faster inside the band"

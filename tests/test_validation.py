@@ -162,3 +162,16 @@ def test_a_key_given_twice_in_a_row_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(v, "ROWS_FILE", bad)
     with pytest.raises(AmspUserError, match="value"):
         v.load_rows()
+
+
+def test_every_row_is_priced_with_its_own_engines_profile(results):
+    """A row whose engine has a profile is priced with that profile, never the bundled
+    runtime's: InternEvo's tensor-parallel rows run InternEvo's broadcast of the updated shards
+    (engines.py), which is what separates zero1=-1 from zero1=4 at 1,024 GPUs."""
+    from amsp_planner.engines import ENGINES
+
+    for r in results:
+        if r.priced_as and r.engine in ENGINES:
+            assert r.priced_as == r.engine, (r.id, r.priced_as)
+    tp2 = [r for r in results if r.id.startswith("internlm-tp2-zero1-all")]
+    assert tp2 and all(r.priced_as == "internevo" for r in tp2)

@@ -117,6 +117,50 @@ def _buckets(fraction_per_call: float) -> tuple[tuple[float, float], ...]:
     return ((k, 1 / k),)
 
 
+def _module_calls(job: Job, cls: int, unit: int) -> list[tuple[float, int]]:
+    """(padded elements, the modules' own elements) of each gather call of a unit under
+    'module' grouping: the modules' tensors that are not kept whole, consecutive ones coalesced
+    into calls of at most ``prefetch_bucket`` elements."""
+    ex = job.profile.execution
+    mods = unit_tensors(job.model)[cls]
+    scale = unit / (sum(mods) or 1)  # a TP rank's shard and the padding, spread over modules
+    cap = ex.prefetch_bucket or unit
+    calls: list[tuple[float, int]] = []
+    for x in mods:
+        if x < ex.persistence_threshold:
+            continue
+        if calls and calls[-1][0] + x * scale <= cap:
+            calls[-1] = (calls[-1][0] + x * scale, calls[-1][1] + x)
+        else:
+            calls.append((x * scale, x))
+    return calls
+
+
+def on_demand(job: Job, cls: int, unit: int, tp: int = 1) -> tuple[bool, ...]:
+    """Per gather call of a unit (``call_groups``): whether the engine fetches it on demand,
+    with the compute waiting for it, rather than prefetched during the previous call's compute
+    (empty: every call prefetched).
+
+    DeepSpeed prefetches after fetching a module only while the parameters it holds stay under
+    ``max_live_params`` (partitioned_param_coordinator.py fetch_sub_module: max_params_to_prefetch
+    = min(max_live_parameters - n_available_params, prefetch_bucket_size)); what it holds then
+    is the call just fetched. So a call is fetched on demand when the call before it carries
+    ``max_live_params`` elements or more. Before a block's first call comes the previous
+    block's last call (the head's: the last block's); before the embedding's first, nothing
+    (the step's first gather, exposed anyway). The backward runs its units in reverse; the
+    step model prices it with the same calls (one gather price per unit, as the ILP's
+    tables hold it)."""
+    cap = job.profile.execution.max_live_params
+    if cap is None or job.profile.execution.gather_grouping != "module":
+        return ()  # nothing fetched on demand
+    calls = _module_calls(job, cls, unit)
+    if not calls:
+        return ()
+    before = _module_calls(job, 1, unit_elements(job, tp)[1]) if cls else None
+    prev = [before[-1][1] if before else 0] + [own for _, own in calls[:-1]]
+    return tuple(p >= cap for p in prev)
+
+
 def call_groups(job: Job, role: str, cls: int, unit: int, tp: int = 1
                 ) -> tuple[tuple[float, float], ...]:
     """How the job's engine issues one unit's collective of `role` ('gather', 'reduce',
@@ -126,18 +170,7 @@ def call_groups(job: Job, role: str, cls: int, unit: int, tp: int = 1
     whole are not gathered)."""
     ex = job.profile.execution
     if role == "gather" and ex.gather_grouping == "module":
-        mods = unit_tensors(job.model)[cls]
-        total = sum(mods) or 1
-        scale = unit / total  # a TP rank's shard and the padding, spread over the modules
-        sizes = [x * scale for x in mods if x >= ex.persistence_threshold]
-        cap = ex.prefetch_bucket or unit
-        calls: list[float] = []
-        for x in sizes:  # consecutive modules coalesced into calls of at most `cap` elements
-            if calls and calls[-1] + x <= cap:
-                calls[-1] += x
-            else:
-                calls.append(x)
-        return tuple((1, x / unit) for x in calls)
+        return tuple((1, x / unit) for x, _ in _module_calls(job, cls, unit))
     bucket = {"reduce": ex.reduce_elements(job.num_gpus // tp),
               "update": ex.update_bucket}.get(role)
     if bucket is None or not unit:
@@ -158,7 +191,9 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     read + write of the full tensor at ``hbm_gbyte_per_s``), as FSDP's copy-out / copy-in do.
 
     The engine issues each unit's call as ``call_groups(role)`` says, each call delayed by its
-    ``launch_us``. `exposed`: the engine runs these collectives after backward, before the
+    ``launch_us``; a gather call the engine fetches on demand (``on_demand``) is charged to
+    the compute stream (``unit_kernel_s``: the unit's compute waits for it) and counted in
+    ``time_s``, not in ``unit_time_s`` (what overlaps the previous unit's compute). `exposed`: the engine runs these collectives after backward, before the
     step; their seconds are charged to the embedding, the last unit of backward, whose
     reduction the step model exposes whole (cost/step_time.py)."""
     topo, gpu = job.topology, job.cluster.gpu
@@ -168,11 +203,21 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     counts = (1, job.model.num_layers, 1)
     launch = job.profile.execution.launch_us * 1e-6 if size > 1 else 0.0
 
-    def seconds(c: int, u: int) -> float:
-        return per_unit * sum(k * (topo.collective_time(op, size, stride, full(u) * f) + launch)
-                              for k, f in call_groups(job, role, c, u, tp)) if u else 0.0
+    def seconds(c: int, u: int) -> tuple[float, float]:
+        """(overlapped, on demand) seconds of one unit's calls."""
+        if not u:
+            return 0.0, 0.0
+        groups = call_groups(job, role, c, u, tp)
+        late = on_demand(job, c, u, tp) if role == "gather" and size > 1 else ()
+        out = [0.0, 0.0]
+        for i, (k, f) in enumerate(groups):
+            t = k * (topo.collective_time(op, size, stride, full(u) * f) + launch)
+            out[i < len(late) and late[i]] += per_unit * t
+        return out[0], out[1]
 
-    unit_t = tuple(seconds(c, u) for c, u in enumerate(sizes))
+    both = tuple(seconds(c, u) for c, u in enumerate(sizes))
+    unit_t = tuple(t for t, _ in both)
+    demand = tuple(d for _, d in both)  # on the compute stream's critical path
     if role == "update" and job.profile.execution.update_collective == "broadcast" and size > 1:
         # one broadcast per member of its shard of the whole model; each unit its share
         whole = sum(c * full(u) for c, u in zip(counts, sizes, strict=True))
@@ -192,10 +237,11 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
             return 2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in of the buffer
         return 0.0
 
-    unit_k = tuple(kernel(u, c) * per_unit for c, u in enumerate(sizes))
+    unit_k = tuple(kernel(u, c) * per_unit + d for c, (u, d) in enumerate(zip(sizes, demand,
+                                                                            strict=True)))
     total = n_micro * sum(c * full(u) for c, u in zip(counts, sizes, strict=True)) * per_unit
     intra, inter = split_bytes(op, total, lay)
-    time = n_micro * sum(c * t for c, t in zip(counts, unit_t, strict=True))
+    time = n_micro * sum(c * (t + d) for c, t, d in zip(counts, unit_t, demand, strict=True))
     kern = n_micro * sum(c * k for c, k in zip(counts, unit_k, strict=True))
     if exposed:
         unit_t = (sum(c * t for c, t in zip(counts, unit_t, strict=True)), 0.0, 0.0)

@@ -88,7 +88,8 @@ def closest_expressible(job: Job, plan: Strategy, candidates: Iterable[Strategy]
 def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     """Every strategy ``job.engine`` runs exactly (its SearchSpace, ZeRO++ included), with the
     plan's micro-batch, accumulation and checkpointing (every checkpointing setting the engine
-    runs, when it does not run the plan's)."""
+    runs, when it does not run the plan's); for a mixture of experts, each dense one with the
+    experts following it and with every expert setting the engine runs (exports/moe.py)."""
     from amsp_planner.solver.space import SearchSpace
 
     ck = plan.ckpt_value
@@ -101,7 +102,13 @@ def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     ck = ck if tp == plan.tp else None
     space = SearchSpace.for_job(job, micro_batch=mb, ckpt=ck, tp=tp)
     ga = plan.grad_accum if tp == plan.tp else None
-    return [c.with_(grad_accum=ga) for c in space.candidates(job)]
+    cands = [c.with_(grad_accum=ga) for c in space.candidates(job)]
+    if job.model.is_moe:  # the engine's expert settings with each dense one (exports/moe.py)
+        from amsp_planner.exports.moe import with_experts
+
+        cands = with_experts(job.engine, job.model.num_experts, job.num_gpus,
+                             job.gpus_per_node, cands)
+    return cands
 
 
 def behaviour_differences(job: Job, target_job: Job) -> list[str]:
@@ -168,6 +175,9 @@ def knob_differences(plan: Strategy, closest: Strategy) -> list[tuple[str, str, 
     if plan.ckpt_value != closest.ckpt_value:
         out.append(("checkpointing", f"checkpointing {plan.ckpt_words} -> {closest.ckpt_words}",
                     True))
+    from amsp_planner.exports.moe import expert_knobs
+
+    out += expert_knobs(plan, closest)
     quantized = (plan.qwz or plan.qgz) and (closest.qwz or closest.qgz)
     if quantized and plan.quant_block != closest.quant_block:
         out.append(("quantization", f"quantization block {plan.quant_block} -> "

@@ -49,6 +49,7 @@ from typing import Any
 from amsp_planner.cost.job import Job
 from amsp_planner.engines import PROFILES
 from amsp_planner.errors import AmspUserError
+from amsp_planner.exports import deepspeed_moe
 from amsp_planner.exports.common import ExportResult, expressible, finish
 from amsp_planner.strategy import Strategy, checkpointed_blocks, ckpt_fields
 
@@ -64,6 +65,7 @@ WHY = {
     "quantization": "DeepSpeed chooses its own quantization groups (priced at block 256)",
     "checkpointing": "DeepSpeed checkpoints whole blocks: it has no op-level selective policy",
     "tp": PROFILES["deepspeed"].tp_note,
+    **deepspeed_moe.WHY,
 }
 
 
@@ -117,6 +119,7 @@ def config_dict(job: Job, s: Strategy) -> dict[str, Any]:
         "communication_data_type": t.grad_dtype_name,
         "data_types": {"grad_accum_dtype": t.grad_dtype_name},
         "zero_optimization": zero,
+        **deepspeed_moe.fields(s, job.num_gpus),
     }
     k, _ = checkpointed_blocks(s.ckpt_value, job.model.num_layers)
     if k:
@@ -144,6 +147,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
                        "torch.utils.checkpoint)")
         if s.qwz or s.qgz:
             out.append(WHY["quantization"])
+        out += deepspeed_moe.notes(s)
         p = strategy
         if 1 < p.s_p == p.s_g == p.s_os < job.num_gpus and not s == p:
             out.append(f"this MiCS/HSDP plan (shard groups of {p.s_p}) is exact with --to fsdp2 "
@@ -155,7 +159,8 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
 
 
 def parse_with_deepspeed(config: dict[str, Any], num_gpus: int) -> dict[str, Any]:
-    """Parse `config` with DeepSpeed's own classes; return what DeepSpeed understood.
+    """Parse `config` with DeepSpeed's own classes; return what DeepSpeed understood (the
+    expert-parallel keys too: exports/deepspeed_moe.py).
 
     ``DeepSpeedZeroConfig`` (pydantic, extra fields forbidden) parses the zero section;
     ``DeepSpeedConfig`` parses the whole file in this one process, where its data-parallel world
@@ -174,7 +179,10 @@ def parse_with_deepspeed(config: dict[str, Any], num_gpus: int) -> dict[str, Any
     if "train_batch_size" in config and config["train_batch_size"] != mb * ga * num_gpus:
         raise ValueError(f"train_batch_size {config['train_batch_size']} != {mb} x {ga} x "
                          f"{num_gpus}")
+    experts = (deepspeed_moe.parse_with_deepspeed(config, num_gpus, ds.zero_optimization_stage)
+               if "expert_parallel" in config else {})
     return {
+        **experts,
         "stage": int(ds.zero_optimization_stage),
         "hpz": zero.zero_hpz_partition_size,
         "qwz": zero.zero_quantized_weights,

@@ -41,6 +41,10 @@ of torchtitan's Llama (wq/wk/wv/wo, w1/w2/w3, attention_norm/ffn_norm) and of Hu
 (q_proj/.../down_proj, input_layernorm/post_attention_layernorm) are recognised; the attention
 must reshape with -1 heads (torchtitan's does) so that it runs on its a/T local heads.
 
+Mixture of experts (a plan with ``ep=E`` and expert factor F): the experts get a mesh of their
+own, (ereplicate, eshard, ep) over the plan's EP and EDP groups, in either placement
+(exports/fsdp2_moe.py).
+
 With gradient accumulation, HSDP's replica all-reduce runs on every micro-batch unless told
 otherwise; the plan's schedule all-reduces once per step, so the module provides
 ``set_micro_batch(model, index)`` to call before each micro-batch's backward.
@@ -52,6 +56,7 @@ applies a written module with torch on a tiny model (``--check``).
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
+from amsp_planner.exports import fsdp2_moe
 from amsp_planner.exports.common import ExportResult, expressible, finish
 from amsp_planner.exports.fsdp2_check import (  # noqa: F401 - also this module's API
     check_in_child,
@@ -69,6 +74,7 @@ WHY = {
     "hpZ": "reshard_after_forward=int needs 1 < h < shard size",
     "qwz": "FSDP2 has no quantized all-gather",
     "qgz": "FSDP2 has no quantized gradient reduction",
+    **{f"ep.{c}": "FSDP2 shards the experts' P, G and OS over one group" for c in ("p", "g", "os")},
 }
 
 
@@ -100,6 +106,7 @@ def settings(job: Job, s: Strategy) -> dict:
         "MICRO_BATCH": s.micro_batch,
         "GRAD_ACCUM": job.n_micro(s),
         "ACTIVATION_CHECKPOINTING": s.ckpt_value,
+        **fsdp2_moe.settings(job, s),
     }
 
 
@@ -364,7 +371,8 @@ def render(job: Job, s: Strategy) -> str:
         "",
     ]
     consts = [f"{k} = {v!r}" for k, v in settings(job, s).items()]
-    return "\n".join(head + consts) + "\n" + _BODY + (_TP_BODY if s.tp > 1 else "")
+    return ("\n".join(head + consts) + "\n" + _BODY + (_TP_BODY if s.tp > 1 else "")
+            + (fsdp2_moe.BODY if s.has_experts else ""))
 
 
 def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:

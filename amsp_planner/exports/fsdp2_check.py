@@ -32,6 +32,24 @@ def _Tiny(layers: int = 2):
     return Tiny()
 
 
+def _TinyMoE(layers: int = 2, experts: int = 2):
+    import torch
+
+    class Block(torch.nn.Module):
+        """A block whose MLP is `experts` experts in ``.experts`` (each token to all of them)."""
+
+        def __init__(self):
+            super().__init__()
+            self.experts = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(experts)])
+
+        def forward(self, x):
+            return x + sum(torch.relu(e(x)) for e in self.experts)
+
+    model = _Tiny(layers)
+    model.layers = torch.nn.ModuleList([Block() for _ in range(layers)])
+    return model
+
+
 def _TinyTP(layers: int = 2):
     import torch
 
@@ -95,7 +113,8 @@ def check_with_torch(text: str, layers: int = 2, given_blocks: bool = False) -> 
     else:
         mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
-    model = _TinyTP(layers) if tp else _Tiny(layers)
+    moe = hasattr(mod, "EP_SIZE")
+    model = _TinyTP(layers) if tp else _TinyMoE(layers) if moe else _Tiny(layers)
     calls = [0] * layers
     for i, block in enumerate(model.layers):  # counts forwards, recomputation included
         block.register_forward_pre_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
@@ -118,6 +137,11 @@ def check_with_torch(text: str, layers: int = 2, given_blocks: bool = False) -> 
         "reshard_after_forward": mod.RESHARD_AFTER_FORWARD,
         "checkpointed": [isinstance(b, CheckpointWrapper) for b in model.layers],
         "forward_calls": calls,
+        **({"expert_mesh_dims": sorted({str(p.device_mesh.mesh_dim_names) for b in model.layers
+                                        for n, p in b.named_parameters() if "experts" in n}),
+            "dense_mesh_dims": sorted({str(p.device_mesh.mesh_dim_names)
+                                       for n, p in model.named_parameters()
+                                       if "experts" not in n})} if moe else {}),
         "selective": [getattr(b, "checkpoint_fn", None) is not None
                       and "context_fn" in getattr(b.checkpoint_fn, "keywords", {})
                       for b in model.layers],

@@ -22,6 +22,14 @@ accumulate and reduce gradients in fp32 (``megatron/training/arguments.py``): a 
 another engine with bf16 gradients is priced so, and the export says it. Not expressed: sharded
 parameters or gradients (Megatron's FSDP is another code path), hpZ, qwZ, qgZ.
 
+Mixture of experts (a plan with ``ep=E``): ``--expert-model-parallel-size E`` (expert tensor
+parallelism 1). Megatron's default rank order tp-cp-ep-dp-pp puts an EP group on E consecutive
+ranks (the plan's placement in the node); the distributed optimizer shards the expert optimizer
+states over the expert-data-parallel group of N/E ranks (``megatron/core/optimizer``:
+``intra_expt_dp_group``) as the dense ones over all N: dense (1, 1, N) goes with experts
+(1, 1, N/E), DDP with (1, 1, 1) (exports/moe.py). Another expert triple or ``ep.span`` exports
+as the closest of these, priced.
+
 Checked here by parsing the arguments back (``check``); Megatron-LM is not installed.
 """
 
@@ -43,6 +51,13 @@ WHY = {
     "qwz": "Megatron has no quantized all-gather",
     "qgz": "Megatron has no quantized gradient reduction",
     "checkpointing": "Megatron's selective recomputation is attention's core, not op-level",
+    "ep.span": "Megatron's rank order tp-cp-ep-dp-pp puts an EP group on consecutive ranks",
+    "ep.p": "Megatron's distributed optimizer shards only the expert optimizer states, over "
+            "the N/E expert-data-parallel ranks",
+    "ep.g": "Megatron's distributed optimizer shards only the expert optimizer states, over "
+            "the N/E expert-data-parallel ranks",
+    "ep.os": "Megatron's distributed optimizer shards only the expert optimizer states, over "
+             "the N/E expert-data-parallel ranks",
 }
 
 
@@ -60,6 +75,10 @@ def arguments(job: Job, s: Strategy) -> list[str]:
     out = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", "1"]
     if tp > 1:
         out.append("--sequence-parallel")
+    if s.has_experts and s.ep > 1:
+        assert not s.ep_span and (s.ep_p, s.ep_g) == (1, 1), s
+        assert s.ep_os == (1 if s.s_os == 1 else job.num_gpus // s.ep), s
+        out += ["--expert-model-parallel-size", str(s.ep), "--expert-tensor-parallel-size", "1"]
     out += ["--micro-batch-size", str(s.micro_batch), "--global-batch-size", str(t.batch_seqs),
             "--seq-length", str(t.seq_len)]
     if t.precision == "bf16":
@@ -101,7 +120,7 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
 
 def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
     """Parse the arguments back and check their arithmetic; returns the parsed values
-    (tp, micro_batch, dp, os_instances, recompute_layers); raises ValueError naming the flag."""
+    (tp, micro_batch, dp, os, recompute_layers; ep and edp with expert parallelism); raises ValueError naming the flag."""
     try:
         body = text.split('MEGATRON_PARALLEL_ARGS="', 1)[1].split('"', 1)[0]
     except IndexError:
@@ -135,6 +154,11 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
     if dp % inst:
         raise ValueError(f"--num-distributed-optimizer-instances {inst} does not divide {dp}")
     layers = num("--recompute-num-layers", 1) if "--recompute-method" in flags else 0
-    return {"tp": tp, "micro_batch": mb, "dp": dp,
+    ep = num("--expert-model-parallel-size", 1)
+    if dp % ep:
+        raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {dp} "
+                         "data-parallel ranks")
+    experts = {"ep": ep, "edp": dp // ep} if "--expert-model-parallel-size" in flags else {}
+    return {**experts, "tp": tp, "micro_batch": mb, "dp": dp,
             "os": dp // inst if "--use-distributed-optimizer" in flags else 1,
             "recompute_layers": layers}

@@ -25,6 +25,13 @@ layout), with sequence parallelism on (``--parallelism.enable-sequence-parallel`
 and asynchronous TP off (``--compile.no-enable-async-tensor-parallel``: the plan prices TP
 collectives exposed); replicate x shard = N/T data-parallel ranks.
 
+Mixture of experts (a plan with ``ep=E``): ``parallelism.expert_parallel_degree=E``. torchtitan
+takes the EP group from the FSDP ranks, innermost on the mesh (E consecutive ranks), and shards
+the routed experts over the derived expert-FSDP mesh efsdp = data_parallel_shard_degree / E,
+replicated over the replicate degree (``ParallelDims.build_mesh``; ``apply_fsdp_to_decoder``'s
+``edp_mesh``): the plan's expert triple is (s/E, s/E, s/E) for shard degree s
+(exports/moe.py); a plan with another expert triple or ``ep.span`` exports as the closest such.
+
 ``check`` verifies the names, choices and arithmetic without torchtitan; ``check_with_torchtitan``
 parses the overrides with torchtitan's own ConfigManager (the interop extra).
 """
@@ -45,6 +52,10 @@ WHY = {
     "qwz": "torchtitan has no quantized all-gather",
     "qgz": "torchtitan has no quantized gradient reduction",
     "checkpointing": "torchtitan 0.3 checkpoints every block or none (no per-layer option)",
+    "ep.span": "torchtitan puts the EP group innermost on the mesh: consecutive ranks",
+    "ep.p": "torchtitan shards the experts over efsdp = shard degree / EP, for P, G and OS",
+    "ep.g": "torchtitan shards the experts over efsdp = shard degree / EP, for P, G and OS",
+    "ep.os": "torchtitan shards the experts over efsdp = shard degree / EP, for P, G and OS",
 }
 AC_MODES = {True: "full", False: "none", "op": "selective"}
 """The plan's checkpointing -> torchtitan's activation-checkpoint subcommand."""
@@ -62,6 +73,8 @@ SCHEMA = {
                     "fsdp_reshard_after_forward": str, "tensor_parallel_degree": int,
                     "pipeline_parallel_degree": int, "context_parallel_degree": int},
 }
+OPTIONAL = {("parallelism", "expert_parallel_degree"): int}
+"""Fields written only for a plan with an expert strategy (default 1 when absent)."""
 CHOICES = {
     ("training", "mixed_precision_param"): ("bfloat16", "float32"),
     ("training", "mixed_precision_reduce"): ("float32",),
@@ -85,6 +98,11 @@ def candidates(job: Job, plan: Strategy) -> list[Strategy]:
 def sections(job: Job, s: Strategy) -> dict[str, dict]:
     assert s.s_p == s.s_g == s.s_os and s.hpz == 1 and not (s.qwz or s.qgz), s
     t = job.training
+    experts = {}
+    if s.has_experts:
+        f = s.s_p // s.ep
+        assert not s.ep_span and (s.ep_p, s.ep_g, s.ep_os) == (f, f, f), s
+        experts = {"expert_parallel_degree": s.ep}
     return {
         "training": {
             "local_batch_size": s.micro_batch,
@@ -100,6 +118,7 @@ def sections(job: Job, s: Strategy) -> dict[str, dict]:
             "tensor_parallel_degree": s.tp,
             "pipeline_parallel_degree": 1,
             "context_parallel_degree": 1,
+            **experts,
         },
     }
 
@@ -111,6 +130,10 @@ def render(job: Job, s: Strategy) -> str:
              "your --module and --config:",
              "#   torchrun ... -m torchtitan.train --module M --config C $(grep -v '^#' FILE)",
              f"# Gradient accumulation: {job.n_micro(s)} micro-batches per step."]
+    if s.has_experts:
+        lines.append(f"# Experts: EP groups of {s.ep} consecutive ranks; expert FSDP mesh efsdp = "
+                     f"shard degree / EP = {s.s_p // s.ep}, x {job.num_gpus // s.s_p} replicas "
+                     "(torchtitan ParallelDims.build_mesh)")
     for name, fields in sections(job, s).items():
         lines += [f"--{name}.{k}={v}" for k, v in fields.items()]
     if s.tp > 1:
@@ -156,9 +179,9 @@ def check(text: str, num_gpus: int) -> dict:
             continue
         key, eq, value = arg.removeprefix("--").partition("=")
         section, _, name = key.partition(".")
-        if not arg.startswith("--") or not eq or name not in SCHEMA.get(section, {}):
+        kind = SCHEMA.get(section, {}).get(name) or OPTIONAL.get((section, name))
+        if not arg.startswith("--") or not eq or kind is None:
             raise ValueError(f"{arg}: not a torchtitan field this export writes")
-        kind = SCHEMA[section][name]
         try:
             doc[section][name] = kind(value)
         except ValueError:
@@ -182,6 +205,12 @@ def check(text: str, num_gpus: int) -> dict:
         raise ValueError(f"tensor_parallel_degree={tp} needs {' and '.join(TP_FLAGS)}")
     if tr["global_batch_size"] % (tr["local_batch_size"] * dp):
         raise ValueError("global_batch_size is not a multiple of local_batch_size x DP degree")
+    ep = par.setdefault("expert_parallel_degree", 1)
+    fsdp = par["data_parallel_shard_degree"] * par["context_parallel_degree"] * tp
+    if ep < 1 or fsdp % ep:
+        raise ValueError(f"--parallelism.expert_parallel_degree {ep} does not divide "
+                         f"data_parallel_shard_degree x cp x tp = {fsdp}")
+    doc["efsdp"] = fsdp // ep  # torchtitan ParallelDims.build_mesh: efsdp = fsdp * tp // ep
     return doc
 
 
@@ -213,6 +242,10 @@ def check_with_torchtitan(text: str) -> dict:
         logging.disable(logging.NOTSET)
     doc = {name: {f: getattr(getattr(cfg, name), f) for f in fields}
            for name, fields in SCHEMA.items()}
+    par = doc["parallelism"]
+    par["expert_parallel_degree"] = cfg.parallelism.expert_parallel_degree
+    doc["efsdp"] = (par["data_parallel_shard_degree"] * par["context_parallel_degree"]
+                    * par["tensor_parallel_degree"] // par["expert_parallel_degree"])
     if cfg.parallelism.tensor_parallel_degree > 1:
         doc["tp_flags"] = {"enable_sequence_parallel": cfg.parallelism.enable_sequence_parallel,
                            "enable_async_tensor_parallel":
