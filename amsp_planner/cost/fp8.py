@@ -349,3 +349,9 @@ def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     param dtype: MXFP8TrainingWeightWrapper's fsdp_pre_all_gather casts to bf16). Megatron:
     --fp8-param-gather for every FP8 recipe."""
     return family_of(engine) == "te" or recipe == "tensorwise"
+
+
+PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts "
+               "(docs/fp8.md); the collectives and the memory still priced as bf16")
+"""What an FP8 figure covers today (amsp compare prints it beside FP8 rows): keep it true as
+the schedule (FP8 all-gather) and memory wiring land."""
