@@ -344,6 +344,18 @@ def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
     return share * bf16 + (1 - share) * low
 
 
+def named_matmuls_s(job, tokens: int, tp: int, names, bf16_s) -> float:
+    """Forward seconds of the block's linears named `names` (those op-level checkpointing
+    recomputes: torchtitan's wo and w3), each at its FP8 speed-up where it runs FP8, as
+    block_matmul_s prices the block's."""
+    engine, gpu = job.engine, job.cluster.gpu
+    recipe = check_training(job.training, engine, gpu.arch)
+    lin = {x.name: x for x in fp8_matmuls(job.model, recipe, engine, tp).block}
+    return sum(bf16_s(lin[n].k, lin[n].n) / (linear_speedup(gpu, recipe, tokens, lin[n].k,
+                                                            lin[n].n, engine).value
+                                             if lin[n].fp8 else 1.0) for n in names)
+
+
 def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     """torchao: tensorwise only (Float8LinearConfig asserts it; rowwise and MX gather in the
     param dtype: MXFP8TrainingWeightWrapper's fsdp_pre_all_gather casts to bf16). Megatron:
