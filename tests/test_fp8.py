@@ -166,3 +166,22 @@ def test_tp_wire_bytes():
     assert fp8_bytes.fp8_tp_wire("tensorwise", "torchtitan") == fp8_bytes.Fp8TpWire(1, 2, 1)
     assert fp8_bytes.fp8_tp_wire("rowwise", "torchtitan") == fp8_bytes.Fp8TpWire(2, 2, 0)
     assert fp8_bytes.fp8_tp_wire("delayed", "megatron") == fp8_bytes.Fp8TpWire(2, 2, 0)
+
+
+def test_tensorwise_tp_casts_each_gathered_input_once_on_its_shard():
+    """torchao's Float8 TP classes (float8_tensor_parallel.py): the input of wq/wk/wv is cast
+    once, on its sequence shard, before the FP8 all-gather; wo's output gradient likewise."""
+    from amsp_planner.cost.fp8 import RECIPE, tp_cast_bytes
+
+    r = RECIPE["tensorwise"]
+    m, k, n, tp = 1024, 512, 256, 4
+    # by hand, bytes per element: amax read 2, cast read 2 + write 1, on m/tp rows; the
+    # transposed FP8 layout of the gathered tensor read 1 + write 1 on all m rows; an
+    # ordinary tensorwise operand: amax 2 + two casts of (2 + 1) = 8, plus 2 x 4 B of scales
+    x_shard = 5 * m * k // tp + 2 * m * k        # 655,360 + 1,048,576
+    dy = 8 * m * n + 8                           # 2,097,160
+    w = 8 * k * n + 8                            # 1,048,584
+    assert tp_cast_bytes(r, m, k, n, "wq", tp) == x_shard + dy + w
+    assert tp_cast_bytes(r, m, k, n, "wk", tp) == 2 * m * k + dy + w  # shares wq's cast
+    x = 8 * m * k + 8
+    assert tp_cast_bytes(r, m, k, n, "wo", tp) == x + 5 * m * n // tp + 2 * m * n + w
