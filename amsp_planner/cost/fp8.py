@@ -399,7 +399,8 @@ def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     return family_of(engine) == "te" or recipe == "tensorwise"
 
 
-PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts "
-               "(docs/fp8.md); the collectives and the memory still priced as bf16")
+PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts and the "
+               "FP8 tensor-parallel all-gathers (docs/fp8.md); the FSDP/ZeRO collectives and "
+               "the memory still priced as bf16")
 """What an FP8 figure covers today (amsp compare prints it beside FP8 rows): keep it true as
 the schedule (FP8 all-gather) and memory wiring land."""
