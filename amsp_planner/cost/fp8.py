@@ -365,13 +365,13 @@ def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
     recipe = check_training(job.training, engine, gpu.arch)
     f = fp8_matmuls(job.model, recipe, engine, tp)
     bf16 = sum(bf16_s(x.k, x.n) for x in f.block)
-    low = sum(bf16_s(x.k, x.n) / _speedup(job, recipe, tokens, x, tp) if x.fp8
+    low = sum(bf16_s(x.k, x.n) / block_linear_speedup(job, recipe, tokens, x, tp) if x.fp8
               else bf16_s(x.k, x.n) for x in f.block)
     share = f.bf16_layers / job.model.num_layers
     return share * bf16 + (1 - share) * low
 
 
-def _speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> float:
+def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> float:
     """linear_speedup, or under torchao tensorwise TP the roofline with tp_cast_bytes."""
     gpu = job.cluster.gpu
     if tp > 1 and recipe == "tensorwise" and family_of(job.engine) == "torchao":
@@ -388,7 +388,7 @@ def named_matmuls_s(job, tokens: int, tp: int, names, bf16_s) -> float:
     engine, gpu = job.engine, job.cluster.gpu
     recipe = check_training(job.training, engine, gpu.arch)
     lin = {x.name: x for x in fp8_matmuls(job.model, recipe, engine, tp).block}
-    return sum(bf16_s(lin[n].k, lin[n].n) / (_speedup(job, recipe, tokens, lin[n], tp)
+    return sum(bf16_s(lin[n].k, lin[n].n) / (block_linear_speedup(job, recipe, tokens, lin[n], tp)
                                              if lin[n].fp8 else 1.0) for n in names)
 
 

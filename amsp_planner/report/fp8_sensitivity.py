@@ -1,15 +1,17 @@
 """Where FP8 stops paying: the per-GPU batch and the model size below which a job's blocks run
 no faster in FP8 than in bf16 on its cluster (``amsp explain``).
 
-FP8 changes only the blocks' linears (docs/fp8.md): attention, the elementwise kernels and the
-LM head are the same in both precisions, and the collectives and memory are priced as bf16. So
-FP8 pays exactly when the blocks' matmuls get faster:
+FP8 changes the blocks' linears (docs/fp8.md): attention, the elementwise kernels and the LM
+head are the same in both precisions, and the FSDP/ZeRO collectives and memory are priced as
+bf16; the FP8 tensor-parallel all-gathers only shorten the step and are left out here. So the
+crossovers are where the blocks' matmuls stop getting faster:
 
     sum_i bf16_s(M, K_i, N_i) / speedup_i(M, K_i, N_i)  <  sum_i bf16_s(M, K_i, N_i)
 
 over the engine's linears (``cost/fp8.py: block_linears``; a linear that stays bf16 has
 speed-up 1), bf16_s the roofline of ``cost/compute.py``, speedup_i ``cost/fp8.py:
-linear_speedup`` (the published grid or the roofline). Two scans find where the sign changes:
+block_linear_speedup`` (the published grid or the roofline; under torchao's tensorwise TP
+with the shared casts). Two scans find where the sign changes:
 
   per-GPU batch: M, the tokens of one micro-batch on one GPU (micro-batch x sequence), over
     ``M_RANGE`` with the model as it is;
@@ -37,10 +39,12 @@ TOLERANCE = 0.01
 
 def _gain_fn(job, tp: int):
     """f(M, x) -> FP8's matmul seconds / bf16's for one block at M tokens and width x."""
-    from amsp_planner.cost.compute import _matmul, _rates
-    from amsp_planner.cost.fp8 import fp8_matmuls, linear_speedup
+    from dataclasses import replace
 
-    gpu, engine = job.cluster.gpu, job.engine
+    from amsp_planner.cost.compute import _matmul, _rates
+    from amsp_planner.cost.fp8 import block_linear_speedup, fp8_matmuls
+
+    engine = job.engine
     recipe = recipe_of(job)
     r = _rates(job)
     lin = fp8_matmuls(job.model, recipe, engine, tp).block
@@ -51,7 +55,8 @@ def _gain_fn(job, tp: int):
             k, n = li.k * x, li.n * x
             t = _matmul(r, m, k, n)
             bf16 += t
-            fp8 += t / linear_speedup(gpu, recipe, m, k, n, engine).value if li.fp8 else t
+            fp8 += t / block_linear_speedup(job, recipe, m, replace(li, k=k, n=n), tp) \
+                if li.fp8 else t
         return fp8 / bf16
 
     return ratio
