@@ -63,6 +63,10 @@ class RowResult:
     job: str | None = None
     memory_kind: str = "reserved"
     """The figure the published peak is: 'reserved', 'allocated' or 'device' (docs/memory.md)."""
+    precision: str = "bf16"
+    recipe: str = ""
+    bf16_row: str | None = None
+    """An FP8 row's bf16 counterpart: the same source's run of the same job in bf16."""
 
     @property
     def bucket(self) -> str:
@@ -124,7 +128,29 @@ def check_rows(doc: dict) -> dict:
         if row["scope"] == "in" and not (row.get("strategy") and row.get("cluster")):
             raise ValueError(f"validation.yaml: row {name}: a row in scope needs fields "
                              "'strategy' and 'cluster'")
+    _check_bf16_rows(doc["rows"])
     return doc
+
+
+def _check_bf16_rows(rows: list[dict]) -> None:
+    """Each `bf16_row` names a bf16 row of the same source, model, GPUs and batch, given on
+    an FP8 row (ValueError naming the row and the field otherwise)."""
+    by_id = {r.get("id"): r for r in rows}
+    for row in rows:
+        ref = row.get("bf16_row")
+        if ref is None:
+            continue
+        other = by_id.get(ref)
+        if row.get("training", {}).get("precision") != "fp8":
+            raise ValueError(f"validation.yaml: row {row['id']}: field 'bf16_row' is for an "
+                             "FP8 row (training: {precision: fp8})")
+        if other is None or other.get("training", {}).get("precision", "bf16") != "bf16":
+            raise ValueError(f"validation.yaml: row {row['id']}: field 'bf16_row': '{ref}' is "
+                             "not a bf16 row of this file")
+        for f in ("source", "model", "gpus", "seq_len", "global_batch_seqs", "metric"):
+            if other.get(f) != row.get(f):
+                raise ValueError(f"validation.yaml: row {row['id']}: field 'bf16_row': {ref} "
+                                 f"differs in '{f}'")
 
 
 def load_rows(path: Path | None = None) -> dict:
@@ -210,7 +236,9 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
     for row in doc["rows"]:
         r = RowResult(row["id"], row["source"], row["engine"], row["gpus"], row["metric"],
                       float(row["value"]), None, row.get("bound", "="), row["scope"],
-                      row.get("order"), row.get("strategy", ""), job=row.get("job"))
+                      row.get("order"), row.get("strategy", ""), job=row.get("job"),
+                      precision=row.get("training", {}).get("precision", "bf16"),
+                      bf16_row=row.get("bf16_row"))
         if "memory_gib" in row or row["metric"] == "memory":
             r.published_memory_gib = float(row.get("memory_gib", row["value"]))
         out.append(r)
@@ -219,6 +247,10 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
         job, s, engine, why = priced_job(row, doc.get("models", {}))
         r.priced_as = engine + (f" ({why})" if why else "")
         r.activation_profile = job.training.activation_profile
+        if r.precision == "fp8":
+            from amsp_planner.cost.fp8 import default_recipe
+
+            r.recipe = job.training.fp8_recipe or default_recipe(job.engine)
         ev = evaluate(job, s)
         r.predicted, r.step_s = _metric(ev, job, row["metric"]), ev.step_s
         # the published figure's kind (docs/memory.md): torch's max_memory_reserved unless
@@ -228,6 +260,38 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
                                                                          "reserved")
         r.memory_gib, r.memory_kind = ev.memory.peak(kind) / 2**30, kind
     return out
+
+
+@dataclass
+class Fp8Pair:
+    """An FP8 row and its bf16 row: the published and predicted FP8 speed-up (throughput
+    ratio FP8 / bf16) and their difference in points."""
+    fp8: RowResult
+    bf16: RowResult
+
+    @property
+    def published(self) -> float:
+        return self.fp8.published / self.bf16.published
+
+    @property
+    def predicted(self) -> float:
+        return self.fp8.predicted / self.bf16.predicted
+
+    @property
+    def points(self) -> float:
+        """Predicted minus published speed-up, in percentage points."""
+        return 100 * (self.predicted - self.published)
+
+
+FP8_SPEEDUP_POINTS = 5.0
+"""Target: each source's published bf16-vs-FP8 speed-up within 5 points (issue 27)."""
+
+
+def fp8_pairs(results: list[RowResult]) -> list[Fp8Pair]:
+    """Every in-scope FP8 row with an in-scope `bf16_row`, in file order."""
+    by_id = {r.id: r for r in results}
+    return [Fp8Pair(r, by_id[r.bf16_row]) for r in results
+            if r.bf16_row and r.scope == "in" and by_id[r.bf16_row].scope == "in"]
 
 
 def orderings(results: list[RowResult]) -> dict[str, bool]:

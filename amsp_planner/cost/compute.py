@@ -112,7 +112,12 @@ def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
     h, f, kv = m.hidden_size, _div(m.ffn_hidden_size, tp), _div(m.kv_dim, tp)
     q = _div(m.num_heads * m.head_dim, tp)
     shape = {"wk": (h, kv), "wo": (q, h), "w3": (h, f), "fc2": (f, h)}
-    return sum(_matmul(r, t, *shape[n]) for n in op_recomputed_matmuls(job))
+    names = op_recomputed_matmuls(job)
+    if job.training.precision == "fp8":  # recomputed in FP8 like their forward (cost/fp8.py)
+        from amsp_planner.cost.fp8 import named_matmuls_s
+
+        return named_matmuls_s(job, t, tp, names, lambda k, n: _matmul(r, t, k, n))
+    return sum(_matmul(r, t, *shape[n]) for n in names)
 
 
 def _elementwise_block(job: Job) -> float:

@@ -152,6 +152,11 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
         facts["alternatives"].append({"name": name, "strategy": r["strategy"],
                                       "step_rel": d_step, "memory_gib_delta": d_mem,
                                       "step_parts_s": dict(parts)})
+    if job.cluster.gpu.arch in ("hopper", "blackwell"):  # GPUs with FP8 tensor cores
+        from amsp_planner.report.fp8_sensitivity import fp8_crossover, fp8_lines
+
+        facts["fp8"] = fp8_crossover(job, e.strategy)
+        lines += fp8_lines(facts["fp8"], job)
     if sensitivity:
         _add_sensitivity(p, opts, facts, lines, progress, workers)
     facts["lines"] = lines
