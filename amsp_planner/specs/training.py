@@ -34,6 +34,11 @@ class TrainingSpec(BaseModel):
     bundled runtime, FSDP2 and DeepSpeed on Hugging Face models), torchtitan's Llama code,
     torch.compile'd blocks and loss, or fused kernels (Megatron-Core with Transformer Engine,
     Liger, flash-attn's ops); None: the engine's default (``EngineProfile.activation_profile``)."""
+    attention_kernel: Literal["flash2", "flash1", "triton"] | None = None
+    """The attention kernel (cost/attention_kernel.py): flash2 (FlashAttention-2 or SDPA's
+    flash kernel, the GPU's ``attention_fraction``), flash1 (FlashAttention v1) or triton
+    (flash-attn's Triton FlashAttention: llm-foundry's ``attn_impl: triton``), their rates in
+    presets/attention_kernels.yaml; None: flash2. Left out of the dump at its default."""
     precision: Literal["bf16", "fp32", "fp8"] = "bf16"
     """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests).
     fp8: as bf16, with the blocks' linears in FP8 (docs/fp8.md); never chosen by the planner."""
@@ -51,9 +56,11 @@ class TrainingSpec(BaseModel):
     matmuls, the token all-to-alls and their buffers (docs/moe.md). Left out of the dump at
     its default, so dense plan files are what they were."""
 
-    # FP8 fields (and the expert imbalance) at their defaults stay out of the dump: bf16 plan
-    # files and hashes unchanged.
-    _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0}
+    # FP8 fields (and the expert imbalance, the attention kernel) at their defaults stay out of
+    # the dump: plan files and hashes unchanged.
+    _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0,
+                     "attention_kernel": None}
+    _NOT_FP8 = ("expert_imbalance", "attention_kernel")
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
@@ -67,7 +74,7 @@ class TrainingSpec(BaseModel):
     def _check_fp8(self) -> TrainingSpec:
         if self.precision != "fp8":
             for key, default in self._OMIT_DEFAULT.items():
-                if key != "expert_imbalance" and getattr(self, key) != default:
+                if key not in self._NOT_FP8 and getattr(self, key) != default:
                     raise ValueError(f"{key} is set but precision is {self.precision}: give "
                                      "precision fp8, or drop it")
         return self
