@@ -43,6 +43,11 @@ class Execution:
     """How gradients that are not sharded during backward (s_G = 1: DDP, ZeRO-1) reach the
     optimizer shard: 'reduce_scatter', or 'all_reduce' (the whole buffer is all-reduced and each
     rank keeps its slice: twice the bytes)."""
+    sharded_reduce: str = "reduce_scatter"
+    """How each micro-batch's gradients reach their G shard where gradients are sharded
+    (s_G > 1): 'reduce_scatter', or 'all_reduce' (every rank receives the whole reduced
+    gradient and keeps its slice: twice the bytes; the bucket is flattened into one buffer and
+    copied back, two copies of it)."""
     sync_overlap: bool = True
     """The once-per-step gradient reduction runs during the last backward, overlapped with it
     (True), or after backward, before the step (False: exposed)."""

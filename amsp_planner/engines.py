@@ -17,6 +17,8 @@ tied      (s, s, s)                                  FSDP2 / HSDP mesh (N/s, s);
 zero1     (1, 1, s) or (s, s, s)                     InternEvo zero1.size = s, zero1.fsdp
 os        (1, 1, s)                                  Megatron-Core: DDP (s = 1) or the
                                                      distributed optimizer over N/s instances
+zero3     (N, N, N)                                  a past DeepSpeed release, stage 3 only
+                                                     (engine_versions.py)
 ========  =========================================  ==========================================
 
 Tensor (+ sequence) parallelism inside the node (``tp``): amsp (``amsp train``, runtime/tp.py;
@@ -33,6 +35,7 @@ Nothing here imports torch, DeepSpeed or the cost model; ``cost/job.py`` reads t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from amsp_planner.engine_execution import (  # noqa: F401 - also this module's API
@@ -91,6 +94,11 @@ class EngineProfile:
     """Its op-level selective checkpointing: 'matmuls' keeps every matmul's output,
     'alternate' every second one (torchtitan's policy; cost/activations.py)."""
 
+    @property
+    def engine(self) -> str:
+        """The engine, without the release a versioned profile names (``deepspeed@0.3.14``)."""
+        return self.name.split("@")[0]
+
     # ----- the search space ------------------------------------------------------------------
     def runs_ckpt(self, value, num_layers: int) -> bool:
         """Whether it runs checkpointing setting `value` (True, False, K blocks or 'op')."""
@@ -102,7 +110,7 @@ class EngineProfile:
 
     def stage0_allowed(self, training) -> bool:
         """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation."""
-        return not (self.name == "deepspeed" and training.precision == "bf16"
+        return not (self.engine == "deepspeed" and training.precision == "bf16"
                     and training.grad_accum_dtype == "fp32")
 
     def triples(self, num_gpus: int, gpus_per_node: int, training
@@ -120,6 +128,8 @@ class EngineProfile:
             return tuple((s, s, s) for s in fs)
         if self.shapes == "os":
             return tuple((1, 1, s) for s in fs)
+        if self.shapes == "zero3":
+            return ((n, n, n),)
         assert self.shapes == "zero1", self.shapes
         return tuple(dict.fromkeys(t for s in fs for t in ((1, 1, s), (s, s, s))))
 
@@ -350,6 +360,22 @@ PROFILES = {
         ),
     ),
 }
+
+
+def _versioned() -> dict[str, EngineProfile]:
+    """The past releases' profiles (engine_versions.py): the current one with their fields."""
+    from amsp_planner.engine_versions import VERSIONS
+
+    out = {}
+    for key, fields in VERSIONS.items():
+        fields = dict(fields)
+        out[key] = dataclasses.replace(PROFILES[fields.pop("base")], name=key, **fields)
+    return out
+
+
+PROFILES.update(_versioned())
+VERSIONED = tuple(k for k in PROFILES if "@" in k)
+"""Profiles of past releases, for pricing published runs (never a choice of --engine)."""
 
 
 def profile(engine: str) -> EngineProfile:

@@ -235,6 +235,8 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
                                         if gpu.hbm_gbyte_per_s else 0.0)
         if copies and gpu.hbm_gbyte_per_s and op in ("all_gather", "reduce_scatter"):
             return 2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in of the buffer
+        if copies and gpu.hbm_gbyte_per_s and op == "all_reduce":  # flatten in, copy back out
+            return 4 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)
         return 0.0
 
     unit_k = tuple(kernel(u, c) * per_unit + d for c, (u, d) in enumerate(zip(sizes, demand,
@@ -301,7 +303,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
                 add("backward", "all_to_all", "G_inter", s1, R, "int4+scales",
                     lambda u: quantized_bytes(u // s0, 4, blk), lambda u: 2 * u // s0)
         else:
-            add("backward", "reduce_scatter", "G", s.s_g, 1, gdt, lambda u: u * gb)
+            add("backward", ex.sharded_reduce, "G", s.s_g, 1, gdt, lambda u: u * gb)
     k = s.s_os // s.s_g
     if k > 1:  # unsharded gradients: the engine's replicated_reduce (engines.Execution)
         add("grad_sync", ex.replicated_reduce if s.s_g == 1 else "reduce_scatter", "OS_shard",
