@@ -30,6 +30,9 @@ plans this model prices: its profile keeps tp = 1 (``tp_note`` says why). Intern
 Megatron tensor parallelism with sequence parallelism as ``parallel.tensor = dict(size=T,
 mode="msp")``, and Megatron-Core as ``--tensor-model-parallel-size T --sequence-parallel``.
 
+Past releases (``engine_versions.py``, keys ``<engine>@<version>`` in ``PROFILES``, listed in
+``VERSIONED``) price published runs made with them; ``--engine`` offers ``ENGINES`` only.
+
 Nothing here imports torch, DeepSpeed or the cost model; ``cost/job.py`` reads the profiles.
 """
 
