@@ -21,7 +21,9 @@ class Execution:
     """'unit': one all-gather per unit (a block, the embedding, the head); 'module': one fetch
     per parameter-holding module, the modules fetched together coalesced into calls of at most
     ``prefetch_bucket`` elements; tensors under ``persistence_threshold`` elements are kept
-    whole and never gathered."""
+    whole and never gathered; 'parameter': one call per parameter-holding module, never
+    coalesced, the calls of one prefetch batch (up to ``prefetch_bucket`` elements) serialised
+    (``cost/schedule.py`` ``on_demand``)."""
     persistence_threshold: int = 0
     """Parameters with fewer elements stay whole on every rank (not gathered)."""
     prefetch_bucket: int | None = None

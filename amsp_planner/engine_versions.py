@@ -25,12 +25,17 @@ profile, for ZeRO-3:
 - no ZeRO++ (hpZ, qwZ, qgZ: 2023) and no bf16 (fp16 only; ``fp32_allreduce`` is refused with
   ZeRO: engine.py ``assert not self.allreduce_always_fp32()``): gradients reduced in the
   parameters' dtype.
+- one all-gather per parameter, never coalesced, each after a ``torch.cuda.synchronize()``
+  (partition_parameters.py ``_allgather_param``): of the parameters one prefetch takes (up to
+  ``stage3_prefetch_bucket_size`` 5e7 elements, ``get_params_to_prefetch``), every gather but
+  the last waits for the one before it with nothing computing (``gather_grouping``
+  'parameter', cost/schedule.py ``on_demand``). Modules of 5e7 elements or more (every one of
+  a 175B model's blocks) are one prefetch each: overlapped as now.
 - the rest as now: parameters fetched per module (``PartitionedParameterCoordinator``
-  ``fetch_sub_module``), the next ones prefetched up to ``stage3_prefetch_bucket_size`` 5e7
-  elements only while the parameters held stay under ``stage3_max_live_parameters`` 1e9
-  (``prefetch_next_sub_modules``: ``total_available_parameter_numel <
-  max_available_parameters_in_numel``), parameters under ``stage3_param_persistence_threshold``
-  1e5 kept whole (``persistent_parameters``).
+  ``fetch_sub_module``), prefetched only while the parameters held stay under
+  ``stage3_max_live_parameters`` 1e9 (``prefetch_next_sub_modules``:
+  ``total_available_parameter_numel < max_available_parameters_in_numel``), parameters under
+  ``stage3_param_persistence_threshold`` 1e5 kept whole (``persistent_parameters``).
 
 Only stage 3 is profiled (``shapes`` 'zero3'): stages 1 and 2 of that release (stage1.py,
 stage2.py) are other code, not read here.
@@ -59,13 +64,18 @@ VERSIONS: dict[str, dict] = {
             f"{_DS_0_3_14} deepspeed/runtime/engine.py (ZeRO refuses fp32_allreduce)",
         ),
         "execution": Execution(
-            gather_grouping="module", persistence_threshold=100_000, prefetch_bucket=50_000_000,
+            gather_grouping="parameter", persistence_threshold=100_000,
+            prefetch_bucket=50_000_000,
             max_live_params=1_000_000_000, reduce_bucket=500_000_000,
             sharded_reduce="all_reduce",
             sources=(
                 ("gather_grouping", f"{_DS_0_3_14} stage3.py PartitionedParameterCoordinator."
                  "fetch_sub_module (the submodule's own parameters) and "
-                 "prefetch_next_sub_modules (the next ones in the recorded trace)"),
+                 "prefetch_next_sub_modules (the next ones in the recorded trace, "
+                 "PrefetchCoordinator.get_params_to_prefetch: until they reach the prefetch "
+                 "bucket); partition_parameters.py _all_gather -> _allgather_param: one "
+                 "torch.distributed.all_gather per parameter, each after "
+                 "torch.cuda.synchronize()"),
                 ("persistence_threshold", f"{_DS_0_3_14} constants.py "
                  "ZERO_OPTIMIZATION_PARAM_PERSISTENCE_THRESHOLD_DEFAULT = 100000"),
                 ("prefetch_bucket", f"{_DS_0_3_14} constants.py "

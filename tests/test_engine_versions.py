@@ -45,7 +45,7 @@ def test_v0_3_14_values_are_that_releases_defaults():
     ex = PROFILES[OLD].execution
     assert (ex.prefetch_bucket, ex.persistence_threshold, ex.max_live_params,
             ex.reduce_bucket) == (50_000_000, 100_000, 1_000_000_000, 500_000_000)
-    assert ex.gather_grouping == "module" and ex.sharded_reduce == "all_reduce"
+    assert ex.gather_grouping == "parameter" and ex.sharded_reduce == "all_reduce"
     assert PROFILES["deepspeed"].execution.sharded_reduce == "reduce_scatter"
     base = Execution()
     for f in dataclasses.fields(Execution):
@@ -88,9 +88,41 @@ def test_zero3_gradients_all_reduced_in_buckets_with_two_copies():
                                              for c, u in zip(counts, units, strict=True)))
     hbm = base.cluster.gpu.hbm_gbyte_per_s * 1e9
     assert g_old.unit_kernel_s == pytest.approx(tuple(4 * u * gb / hbm for u in units))
-    # the gathers are the same calls in both releases
-    gathers = [[e for e in ev.schedule if e.op == "all_gather"] for ev in (old, new)]
-    assert [e.time_s for e in gathers[0]] == pytest.approx([e.time_s for e in gathers[1]])
+
+
+def test_gathers_of_one_prefetch_batch_wait_for_each_other(monkeypatch):
+    # v0.3.14 gathers parameter by parameter, each after torch.cuda.synchronize(); a prefetch
+    # takes the next parameters until they reach 5e7 elements. LLaMA-7B block: norms kept
+    # whole (4096 < 1e5); q, k, v, o 16.8M each, gate, up, down 45.1M each: seven calls (the
+    # current release coalesces them into five). Batches: [q, k, v] (50.3M), [o, gate]
+    # (61.9M), [up, down] (90.2M): q, k, o and up wait with nothing computing, v, gate and
+    # down are prefetched. With a bucket of one element each call is its own batch.
+    from amsp_planner import engines
+    from amsp_planner.cost.schedule import call_groups, on_demand
+
+    n = 16
+    job = make_job(n, model=load_model("llama-7b"), seq_len=2048,
+                   batch_seqs=4 * n).for_engine(OLD)
+    u = unit_elements(job)[1]
+    scale = u / job.model.block_params()
+    a, f = 4096 * 4096, 4096 * 11008
+    assert [x for _, x in call_groups(job, "gather", 1, u)] == pytest.approx(
+        [w * scale / u for w in (a, a, a, a, f, f, f)])
+    assert len(call_groups(job.for_engine("deepspeed"), "gather", 1, u)) == 5
+    assert on_demand(job, 1, u) == (True, True, False, True, False, True, False)
+    s = Strategy(s_p=n, s_g=n, s_os=n)
+    before = evaluate(job, s)
+    one = dataclasses.replace(PROFILES[OLD], execution=dataclasses.replace(
+        PROFILES[OLD].execution, prefetch_bucket=1))
+    monkeypatch.setitem(engines.PROFILES, OLD, one)
+    after = evaluate(job.for_engine("amsp").for_engine(OLD), s)
+    ga = {(e.phase, e.group): e for e in before.schedule}[("forward", "P")]
+    gb = {(e.phase, e.group): e for e in after.schedule}[("forward", "P")]
+    topo, pb = job.topology, job.training.param_bytes
+    late = sum(topo.collective_time("all_gather", n, 1, x * scale * pb) for x in (a, a, a, f))
+    assert ga.unit_kernel_s[1] - gb.unit_kernel_s[1] == pytest.approx(late, rel=1e-6)
+    assert gb.unit_time_s[1] - ga.unit_time_s[1] == pytest.approx(late, rel=1e-6)
+    assert before.step_s > after.step_s  # compute-bound: the waits add to the step
 
 
 # ----- ILP == brute force with the old release's profile --------------------------------------
