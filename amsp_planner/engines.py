@@ -172,7 +172,9 @@ class EngineProfile:
 
 
 REDUCE_HOST_US = 20.0
-"""DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted)."""
+"""DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted, to
+runs of a release without that function: docs/cost-model.md "Published runs of past
+releases")."""
 
 _FSDP2_SOURCES = (
     ("gather_grouping", "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: one "
@@ -228,7 +230,9 @@ PROFILES = {
                  "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
                  "world_sz x tensors slices every tensor into per-rank chunks and interleaves "
                  "them (with padding) for one torch.cat; the time per (rank, tensor) is fitted "
-                 "to the published ZeRO-3 runs at 384-1,536 GPUs (docs/cost-model.md); the "
+                 "to the published ZeRO-3 runs at 384-1,536 GPUs (docs/cost-model.md), which "
+                 "ran DeepSpeed of spring 2021, before the function existed (v0.6.0; "
+                 "engine_versions.py): the fit stands in for a gap of another cause; the "
                  "function itself, run with 9 tensors and a stub for the collective, took "
                  "45 us more per (rank, tensor) from 256 to 1,024 ranks on a shared 2-core "
                  "development machine"),
