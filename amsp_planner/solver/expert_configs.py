@@ -17,8 +17,9 @@ from amsp_planner.strategy_experts import expert_layout
 NCLS = len(CLASSES)
 ADDED = ("gf", "gb", "kf", "kb", "red", "kr", "sync", "cu", "topt", "states")
 """The configuration arrays the expert class adds to."""
-KEPT = ("p", "g", "o", "h", "q", "qg", "a2a")
-"""The dense arrays only repeated."""
+KEPT = ("p", "g", "o", "h", "q", "qg", "a2a", "dm")
+"""The dense arrays only repeated (the expert gathers are never fetched on demand: dm is the
+dense class's)."""
 
 
 @dataclass
