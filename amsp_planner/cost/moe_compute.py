@@ -62,24 +62,30 @@ def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
     return t
 
 
-def moe_layer_elementwise(job: Job) -> float:
-    """Forward elementwise elements per token of one MoE layer's MLP part (module docstring)."""
+def moe_layer_elementwise(job: Job, fused: bool = False) -> float:
+    """Forward elementwise elements per token of one MoE layer's MLP part (module docstring).
+    In the fused activation profiles (Transformer Engine, compiled blocks) the SwiGLU is one
+    kernel that reads the gate and up outputs and writes their product: 3 f per copy, not
+    eager's 5 (Megatron-Core's weighted_bias_swiglu_impl, which NeMo AutoModel's
+    GroupedExpertsDeepEP calls between its two grouped GEMMs; Inductor fuses it likewise):
+    `fused`, the job's profile is one of ``activations.KORTHIKANTI``."""
     m = job.model
     fe = m.expert_ffn_hidden_size or m.ffn_hidden_size
-    per = 5 if m.ffn_matrices == 3 else 2
+    per = (3 if fused else 5) if m.ffn_matrices == 3 else 2
     routed = m.experts_per_token * (per * fe + 4 * m.hidden_size) * job.training.expert_imbalance
     return routed + per * m.shared_expert_ffn_hidden_size
 
 
 def mean_mlp(job: Job, r: _Rates, tokens: int, ep: int, dense_mlp_s: float,
-             dense_elem: float) -> tuple[float, float]:
+             dense_elem: float, fused: bool = False) -> tuple[float, float]:
     """(forward matmul seconds, elementwise elements per token) of a block's MLP part, the mean
-    over the L blocks; `dense_mlp_s`, `dense_elem`: a dense layer's."""
+    over the L blocks; `dense_mlp_s`, `dense_elem`: a dense layer's; `fused`: a fused
+    activation profile (``moe_layer_elementwise``)."""
     m = job.model
     n_moe = m.num_moe_layers
     n_dense = m.num_layers - n_moe
     mm = (n_moe * moe_layer_mlp_s(job, r, tokens, ep) + n_dense * dense_mlp_s) / m.num_layers
-    el = (n_moe * moe_layer_elementwise(job) + n_dense * dense_elem) / m.num_layers
+    el = (n_moe * moe_layer_elementwise(job, fused) + n_dense * dense_elem) / m.num_layers
     return mm, el
 
 
@@ -100,10 +106,11 @@ def mean_mlp_saved(job: Job, fused: bool, dense_mlp: float) -> float:
     return (n_moe * moe + (m.num_layers - n_moe) * dense_mlp) / m.num_layers
 
 
-def dispatch_buffer_bytes(job: Job, micro_batch: int) -> float:
+def dispatch_buffer_bytes(job: Job, micro_batch: int, ep: int) -> float:
     """The transient buffers of one all-to-all: the permuted send buffer and the receive
-    buffer, b x s x k x h elements x imbalance each (none without expert parallelism: the
-    tokens stay on the rank, and the permuted copy is the saved expert input)."""
+    buffer, b x s x h elements x the copies per token x imbalance each
+    (``moe_schedule.a2a_bytes_per_call``; none without expert parallelism: the tokens stay on
+    the rank, and the permuted copy is the saved expert input)."""
     from amsp_planner.cost.moe_schedule import a2a_bytes_per_call
 
-    return 2.0 * a2a_bytes_per_call(job, micro_batch)
+    return 2.0 * a2a_bytes_per_call(job, micro_batch, ep)
