@@ -108,3 +108,16 @@ def test_defaults_stay_out_of_the_dump_and_bad_values_are_refused():
     assert TrainingSpec(**t2.model_dump()) == t2
     with pytest.raises(ValidationError):
         TrainingSpec(seq_len=128, global_batch_seqs=8, expert_dispatch="deepep")
+
+
+def test_an_all_to_all_over_whole_nodes_shares_the_nodes_nics_among_their_ranks():
+    # 16 ranks on 2 nodes of 8 (an EP group of whole nodes): every rank sends half its buffer
+    # to the other node at once, so each gets 1/8 of its node's NIC bandwidth, not all of it
+    job = job64()
+    topo = job.topology
+    B = 2**30
+    per_rank = topo.node_bw / 8
+    want = 0.5 * B / per_rank  # plus NCCL's latency, tens of microseconds
+    assert 0 < topo.collective_time("all_to_all", 16, 1, B) - want < 50e-6
+    # one rank per node (the spanning placement) gets its own NIC: the same bytes, same time
+    assert 0 < topo.collective_time("all_to_all", 2, 8, B) - want < 50e-6
