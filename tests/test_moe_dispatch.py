@@ -6,10 +6,11 @@ Every figure is derived by hand or by enumeration here."""
 from __future__ import annotations
 
 import itertools
+import json
 from fractions import Fraction
 
 import pytest
-from amsp_testlib import make_job
+from amsp_testlib import make_job, run_cli
 from pydantic import ValidationError
 from test_moe_cost import A2A_CALL, EXPERTS_PER_RANK_E8, S_IN, TOKENS, job64
 
@@ -121,3 +122,18 @@ def test_an_all_to_all_over_whole_nodes_shares_the_nodes_nics_among_their_ranks(
     assert 0 < topo.collective_time("all_to_all", 16, 1, B) - want < 50e-6
     # one rank per node (the spanning placement) gets its own NIC: the same bytes, same time
     assert 0 < topo.collective_time("all_to_all", 2, 8, B) - want < 50e-6
+
+
+def test_the_cli_sets_them_and_the_plan_file_keeps_them(tmp_path):
+    out = tmp_path / "p.json"
+    base = ["plan", "--model", "qwen3-30b-a3b", "--gpus", "8", "--cluster", "dgx-h100-ndr",
+            "--engine", "fsdp2", "--global-batch-seqs", "64", "--seq-len", "4096",
+            "--micro-batch", "1", "--activation-checkpointing", "on", "--ep", "8"]
+    code, _, err = run_cli([*base, "--expert-dispatch", "ranks", "--expert-routing",
+                            "round_robin", "--no-master-weights", "-o", str(out)])
+    assert code == 0, err
+    t = json.loads(out.read_text())["inputs"]["training"]
+    assert (t["expert_dispatch"], t["expert_routing"], t["master_weights"]) == (
+        "ranks", "round_robin", False)
+    code, _, err = run_cli(["validate", str(out)])
+    assert code == 0, err
