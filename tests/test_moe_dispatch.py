@@ -99,6 +99,16 @@ def test_fused_profiles_run_the_expert_swiglu_as_one_kernel():
     assert eager - fused == pytest.approx(TOKENS * 2 * 768 * 8 * 2 / r.hbm)
 
 
+def test_a_per_rank_dispatch_permutes_its_received_copies_into_the_expert_rows():
+    # DeepEP delivers c copies of a token (c = 1 under the round-robin gate at e = 8); the
+    # permutation expands them into the k = 8 expert rows and sums them back: 2 (1 + 8) h per
+    # token instead of 4 k h = 32 h
+    j = job64(expert_dispatch="ranks", expert_routing="round_robin")
+    assert moe_layer_elementwise(j, ep=8) == 8 * 5 * 768 + 2 * (1 + 8) * 2048
+    assert moe_layer_elementwise(job64(), ep=8) == 8 * 5 * 768 + 4 * 8 * 2048
+    assert moe_layer_elementwise(j, ep=1) == 8 * 5 * 768 + 4 * 8 * 2048  # no dispatch
+
+
 def test_defaults_stay_out_of_the_dump_and_bad_values_are_refused():
     t = TrainingSpec(seq_len=128, global_batch_seqs=8)
     dumped = t.model_dump()
