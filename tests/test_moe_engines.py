@@ -1,6 +1,7 @@
 """The expert search keeps to what the engine runs (engine_experts.py, docs/moe.md "Engines"):
 every candidate of ``amsp plan --engine T`` is a setting T's export expresses exactly, and the
-ILP still equals the brute force over the restricted space."""
+ILP still equals the brute force over the restricted space (and with the MoE job settings of
+test_moe_dispatch.py)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from amsp_planner.specs import TrainingSpec, load_cluster
 from amsp_planner.strategy import Strategy
 
 
-def engine_job(engine, experts=4, gpus=8, per_node=4, layers=2):
+def engine_job(engine, experts=4, gpus=8, per_node=4, layers=2, **training):
     c = load_cluster("dgx-h100-ndr", {"gpus_per_node": per_node})
-    t = TrainingSpec(seq_len=512, global_batch_seqs=gpus)
+    t = TrainingSpec(seq_len=512, global_batch_seqs=gpus, **training)
     return Job.create(tiny_moe(layers, experts), c, t, gpus, engine=engine)
 
 
@@ -70,20 +71,26 @@ def test_a_pinned_degree_the_engine_does_not_run_is_one_line():
 
 
 instances = st.fixed_dictionaries({
-    "engine": st.sampled_from([e for e in ENGINES if e != "amsp"]),
+    "engine": st.sampled_from(ENGINES),
     "experts": st.sampled_from([2, 4, 8]),
     "per_node": st.sampled_from([2, 4]),
     "nodes": st.sampled_from([1, 2]),
     "limit_frac": st.floats(min_value=0.05, max_value=1.2),
     "objective": st.sampled_from(["time", "comm"]),
+    "dispatch": st.sampled_from(["copies", "ranks"]),
+    "routing": st.sampled_from(["uniform", "round_robin"]),
+    "master": st.booleans(),
 })
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(instances)
 def test_ilp_equals_brute_force_within_each_engines_expert_rule(p):
     gpus = p["per_node"] * p["nodes"]
-    job = engine_job(p["engine"], p["experts"], gpus, p["per_node"], layers=1)
+    # the MoE job settings too (docs/moe.md, "Dispatch, routing and state dtypes")
+    job = engine_job(p["engine"], p["experts"], gpus, p["per_node"], layers=1,
+                     expert_dispatch=p["dispatch"], expert_routing=p["routing"],
+                     master_weights=p["master"])
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
     check_against_brute_force(job, ddp * p["limit_frac"], False, p["objective"], None)
