@@ -126,8 +126,42 @@ def parse_tp(text) -> int | None:
     return t
 
 
-def job_options(f):
-    """--model, --gpus, --cluster, --set and the training options."""
+PRECISIONS = ("bf16", "fp32", "fp8")
+
+
+class PrecisionList(click.ParamType):
+    """--precision of amsp compare: one precision or several, comma-separated (bf16,fp8),
+    each once; returns them as a tuple in the order given."""
+
+    name = "precision[,precision]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        items = [x.strip().lower() for x in str(value).split(",")]
+        bad = [x for x in items if x not in PRECISIONS]
+        if bad or len(set(items)) != len(items):
+            why = f"{shown(bad[0])!r} is not a precision" if bad else "a precision is repeated"
+            self.fail(f"{why}: give {', '.join(PRECISIONS)} or several of them "
+                      "comma-separated, e.g. bf16,fp8", param, ctx)
+        return tuple(items)
+
+
+def job_options(f=None, *, precisions: bool = False):
+    """--model, --gpus, --cluster, --set and the training options; with `precisions`,
+    --precision takes a comma-separated list (PrecisionList: amsp compare side by side)."""
+    if f is None:
+        return lambda g: job_options(g, precisions=precisions)
+    prec_help = ("bf16 mixed precision, fp32 everywhere, or fp8: bf16 with the blocks' "
+                 "linears in FP8 (docs/fp8.md; never chosen by the planner)")
+    if precisions:
+        prec = click.option("--precision", type=PrecisionList(), default="bf16",
+                            show_default=True,
+                            help=prec_help + "; several, comma-separated (bf16,fp8), put the "
+                                 "same job side by side in each.")
+    else:
+        prec = click.option("--precision", type=click.Choice(list(PRECISIONS)), default="bf16",
+                            show_default=True, help=prec_help + ".")
     opts = [
         click.option("--model", "-m", required=True,
                      help="Model preset name or spec file (YAML, or a Hugging Face config.json)."),
@@ -156,10 +190,7 @@ def job_options(f):
                      help="What autograd saves (docs/memory.md): eager PyTorch, torchtitan's "
                           "Llama, torch.compile, fused kernels (Megatron/TE, Liger); auto: the "
                           "engine's default."),
-        click.option("--precision", type=click.Choice(["bf16", "fp32", "fp8"]), default="bf16",
-                     show_default=True,
-                     help="bf16 mixed precision, fp32 everywhere, or fp8: bf16 with the blocks' "
-                          "linears in FP8 (docs/fp8.md; never chosen by the planner)."),
+        prec,
         click.option("--fp8-recipe", type=click.Choice(
                          ["auto", "tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]),
                      default="auto", show_default=True,

@@ -175,6 +175,11 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
                                       "step_rel": d_step, "memory_gib_delta": d_mem,
                                       "step_parts_s": dict(parts),
                                       "all_to_all_s": {ph: v for ph, v, _ in a2a}})
+    if job.cluster.gpu.arch in ("hopper", "blackwell"):  # GPUs with FP8 tensor cores
+        from amsp_planner.report.fp8_sensitivity import fp8_crossover, fp8_lines
+
+        facts["fp8"] = fp8_crossover(job, e.strategy)
+        lines += fp8_lines(facts["fp8"], job)
     if sensitivity:
         _add_sensitivity(p, opts, facts, lines, progress, workers)
     facts["lines"] = lines

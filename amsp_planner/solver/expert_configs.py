@@ -18,8 +18,9 @@ from amsp_planner.strategy_experts import expert_layout
 NCLS = len(CLASSES)
 ADDED = ("gf", "gb", "kf", "kb", "red", "kr", "sync", "cu", "topt", "states")
 """The configuration arrays the expert class adds to."""
-KEPT = ("p", "g", "o", "h", "q", "qg", "a2a")
-"""The dense arrays only repeated."""
+KEPT = ("p", "g", "o", "h", "q", "qg", "a2a", "dm")
+"""The dense arrays only repeated (``dm``, the gathers fetched on demand: the expert class's
+are whole units, prefetched, none on demand)."""
 
 
 @dataclass

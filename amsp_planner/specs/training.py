@@ -34,6 +34,11 @@ class TrainingSpec(BaseModel):
     bundled runtime, FSDP2 and DeepSpeed on Hugging Face models), torchtitan's Llama code,
     torch.compile'd blocks and loss, or fused kernels (Megatron-Core with Transformer Engine,
     Liger, flash-attn's ops); None: the engine's default (``EngineProfile.activation_profile``)."""
+    attention_kernel: Literal["flash2", "flash1", "triton"] | None = None
+    """The attention kernel (cost/attention_kernel.py): flash2 (FlashAttention-2 or SDPA's
+    flash kernel, the GPU's ``attention_fraction``), flash1 (FlashAttention v1) or triton
+    (flash-attn's Triton FlashAttention: llm-foundry's ``attn_impl: triton``), their rates in
+    presets/attention_kernels.yaml; None: flash2. Left out of the dump at its default."""
     precision: Literal["bf16", "fp32", "fp8"] = "bf16"
     """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests).
     fp8: as bf16, with the blocks' linears in FP8 (docs/fp8.md); never chosen by the planner."""
@@ -70,11 +75,11 @@ class TrainingSpec(BaseModel):
     gradient back to the sharded parameter's dtype, so gradient shards are in that dtype too,
     while the reduction's wire stays grad_accum_dtype. cost/memory.py."""
 
-    # FP8 fields (and the MoE fields) at their defaults stay out of the dump: bf16 plan
-    # files and hashes unchanged.
+    # FP8 fields (and the MoE fields, the attention kernel) at their defaults stay out of the
+    # dump: plan files and hashes unchanged.
     _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0,
-                     "expert_dispatch": "copies", "expert_routing": "uniform",
-                     "master_weights": True}
+                     "attention_kernel": None, "expert_dispatch": "copies",
+                     "expert_routing": "uniform", "master_weights": True}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")
