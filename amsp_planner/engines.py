@@ -96,6 +96,10 @@ class EngineProfile:
     op_policy: str = "matmuls"
     """Its op-level selective checkpointing: 'matmuls' keeps every matmul's output,
     'alternate' every second one (torchtitan's policy; cost/activations.py)."""
+    expert_rule: str = "any"
+    """Mixture of experts: the expert settings (e, placement, expert triple) it runs with a
+    dense triple, a rule of engine_experts.py ('any', 'tied', 'stages', 'titan', 'os',
+    'none'; the sources are there); the search keeps to it (``SearchSpace.expert_pairs``)."""
 
     @property
     def engine(self) -> str:
@@ -198,7 +202,7 @@ PROFILES = {
     ),
     "deepspeed": EngineProfile(
         name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,
-        qgz_needs_p=True, reduce_dtype=None,
+        qgz_needs_p=True, reduce_dtype=None, expert_rule="stages",
         gathers="stage 3 fetches parameters per module and prefetches up to "
                 "stage3_prefetch_bucket_size elements within stage3_max_live_parameters; the "
                 "export writes DeepSpeed's defaults, which the memory model replays module by "
@@ -275,7 +279,7 @@ PROFILES = {
                  "(parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel)"),
         tp=True, tp_note="parallelize_module on the 'tp' dimension of a 2-D mesh, then fully_shard "
                          "on the data-parallel dimension",
-        master_params=True,
+        master_params=True, expert_rule="tied",
         execution=Execution(sources=_FSDP2_SOURCES),
     ),
     "torchtitan": EngineProfile(
@@ -294,11 +298,12 @@ PROFILES = {
                  "SequenceParallel norms)"),
         tp=True, tp_note="parallelism.tensor_parallel_degree, enable_async_tensor_parallel off",
         activation_profile="torchtitan", op_policy="alternate", master_params=True,
+        expert_rule="titan",
         execution=Execution(sources=_FSDP2_SOURCES),
     ),
     "internevo": EngineProfile(
         name="internevo", title="InternEvo", shapes="zero1", hpz=False, qwz=False, qgz=False,
-        qgz_needs_p=False, reduce_dtype="param",
+        qgz_needs_p=False, reduce_dtype="param", expert_rule="none",
         gathers="hybrid ZeRO optimizer: gradients reduced in reduce_bucket_size buckets, updated "
                 "parameters broadcast/all-gathered after the step; priced per unit",
         checkpointing="model.checkpoint True/False or a fraction of the layers (K of L); no "
@@ -333,7 +338,7 @@ PROFILES = {
     ),
     "megatron": EngineProfile(
         name="megatron", title="Megatron-Core", shapes="os", hpz=False, qwz=False, qgz=False,
-        qgz_needs_p=False, reduce_dtype="fp32",
+        qgz_needs_p=False, reduce_dtype="fp32", expert_rule="os",
         gathers="parameters whole on every data-parallel rank (DDP, or the distributed optimizer: "
                 "optimizer states sharded over the data-parallel ranks, gradients "
                 "reduce-scattered and updated parameters all-gathered in buckets, once per step)",

@@ -208,6 +208,17 @@ def job_options(f=None, *, precisions: bool = False):
                      help="Mixture of experts: the most tokens an expert gets over the mean "
                           "(1.0: balanced routing); scales the expert matmuls, the all-to-alls "
                           "and their buffers (docs/moe.md)."),
+        click.option("--expert-dispatch", type=click.Choice(["copies", "ranks"]),
+                     default="copies", show_default=True,
+                     help="Mixture of experts: the all-to-all sends a token once per routed "
+                          "expert (copies), or once per EP rank it reaches (ranks: DeepEP)."),
+        click.option("--expert-routing", type=click.Choice(["uniform", "round_robin"]),
+                     default="uniform", show_default=True,
+                     help="For --expert-dispatch ranks: experts drawn uniformly, or NeMo "
+                          "AutoModel's round-robin fake balanced gate (docs/moe.md)."),
+        click.option("--no-master-weights", is_flag=True,
+                     help="No fp32 master copy: parameters, gradient shards and Adam's moments "
+                          "in bf16 (NeMo AutoModel's MoE recipes; docs/moe.md)."),
         engine_option,
     ]
     for opt in reversed(opts):
@@ -285,7 +296,8 @@ def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
-              fp8_all_gather="auto", expert_imbalance=1.0, **_ignored):
+              fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
+              expert_routing="uniform", no_master_weights=False, **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -309,7 +321,9 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          activation_profile=None if activation_profile in (None, "auto")
                          else activation_profile,
                          fp8_recipe=None if fp8_recipe in (None, "auto") else fp8_recipe,
-                         fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance)
+                         fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance,
+                         expert_dispatch=expert_dispatch, expert_routing=expert_routing,
+                         master_weights=not no_master_weights)
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":

@@ -147,12 +147,14 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
         mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job, tp))
     elems = _elementwise_block(job)
     if m.is_moe:  # the MLP part: the mean over the blocks (cost/moe_compute.py)
+        from amsp_planner.cost.activations import KORTHIKANTI, profile_of
         from amsp_planner.cost.moe_compute import mean_mlp
 
         mats = _block_matmuls(job)[-m.ffn_matrices:]
         dense_mlp = sum(_matmul(r, t, k, n) for k, n in mats)
         dense_el = (5 if m.ffn_matrices == 3 else 2) * m.ffn_hidden_size
-        mlp_s, mlp_el = mean_mlp(job, r, t, ep, dense_mlp, dense_el)
+        mlp_s, mlp_el = mean_mlp(job, r, t, ep, dense_mlp, dense_el,
+                                  profile_of(job) in KORTHIKANTI)
         mm += mlp_s - dense_mlp
         elems += (mlp_el - dense_el) * job.training.param_bytes
     attn = _div(2.0 * t * s * m.num_heads * m.head_dim, tp) / r.attn

@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from amsp_planner.cost.communicators import communicator_bytes, used_kinds
 from amsp_planner.cost.compute import recompute_s, unit_computes
 from amsp_planner.cost.job import Job
-from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
+from amsp_planner.cost.memory import (
+    activation_bytes,
+    buffer_bytes,
+    job_state_bytes,
+    model_state_bytes,
+)
 from amsp_planner.cost.moe_compute import dispatch_buffer_bytes
 from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
 from amsp_planner.cost.step_time import optimizer_time, tp_unit_seconds
@@ -161,8 +166,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         ar[f] = _unit(e.get(("grad_sync", "OS_replica")))
         w = e.get(("update", "world"))
         metrics = w.time_s if w else 0.0
-        st = model_state_bytes(job.tp_phi(tp), base, pb, gb,
-                               job.profile.master_params)
+        st = job_state_bytes(job, job.tp_phi(tp), base)
         mem_p[f], mem_g[f], mem_o[f] = st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB
         b = buffer_bytes(job, base)
         buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB
@@ -217,7 +221,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
 
     def dispatch(mb):
         """GiB of the token all-to-all's buffers (expert parallelism): with the activations."""
-        return dispatch_buffer_bytes(job, mb) / GIB if sp.ep > 1 else 0.0
+        return dispatch_buffer_bytes(job, mb, sp.ep) / GIB if sp.ep > 1 else 0.0
 
     def compute(mb, ck):
         """(forward, backward) seconds per class: compute and the TP collectives (and a
