@@ -49,6 +49,7 @@ from amsp_planner.runtime import moe as MOE
 from amsp_planner.runtime import tp as TP
 from amsp_planner.runtime.collectives import Comm, Group
 from amsp_planner.runtime.experts import ExpertClass, fetch_unit
+from amsp_planner.runtime.fp8 import Fp8Scales
 from amsp_planner.runtime.gather import Gathers, _alias
 from amsp_planner.runtime.layout import UnitLayout
 from amsp_planner.runtime.optim import DTYPES, OptimConfig, StepBoundary, adamw_  # noqa: F401
@@ -57,7 +58,7 @@ from amsp_planner.runtime.state import ShardState
 from amsp_planner.runtime.support import check_tp
 
 
-class ShardedEngine(ShardState, Gathers, GradReduce, StepBoundary, ExpertClass):
+class ShardedEngine(ShardState, Gathers, GradReduce, StepBoundary, ExpertClass, Fp8Scales):
     """Model states of one rank under one strategy, and the training step over them."""
 
     def __init__(self, job, strategy, comm: Comm, groups: dict[str, Group], rank: int,
