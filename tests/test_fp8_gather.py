@@ -159,3 +159,11 @@ def test_train_runs_amsp_fp8_plans_and_refuses_other_engines_fp8(tmp_path):
     assert_user_error(*run_cli(["plan", "--model", "tiny", "--gpus", "8", "--strategy",
                                 "p=8,g=8,os=8,fp8ag", "-o", str(plan)]), "fp8ag",
                       "--precision fp8")
+
+
+def test_fp8_all_gather_on_gathers_every_strategy_in_fp8():
+    # --fp8-all-gather on: a strategy written without fp8ag (a named baseline) gathers FP8 too
+    job = make_job("llama-7b", "dgx-a100-hdr", 16, precision="fp8", fp8_all_gather="on")
+    plain, tagged = (_entries(job, Strategy(s_p=16, s_g=16, s_os=16, fp8ag=f))
+                     for f in (False, True))
+    assert plain == tagged and plain["forward", "all_gather", "P"].dtype == "fp8"

@@ -70,7 +70,7 @@ from amsp_planner.cost.activations import loss_peak_bytes, phase_bytes, saved_by
 from amsp_planner.cost.communicators import communicator_bytes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.module_fetch import gathered_elements, grad_bucket_elements
-from amsp_planner.cost.schedule import quantized_bytes
+from amsp_planner.cost.schedule import fp8_gathers, gathers_fp8, quantized_bytes
 from amsp_planner.strategy import Strategy
 
 OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v per parameter
@@ -186,9 +186,8 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
         gather = (gathered_elements(job) if per_module else 2 * u + e) * pb
         if s.qwz:
             gather += 2 * quantized_bytes(u, 8, s.quant_block)
-        if s.fp8ag:  # FP8 receive buffers (the bundled runtime), or FP8 units (torchao)
+        if gathers_fp8(job, s):  # FP8 receive buffers (the bundled runtime), or FP8 units
             from amsp_planner.cost.fp8 import GATHER_ONLY
-            from amsp_planner.cost.schedule import fp8_gathers
 
             fb = 2 * max(g.gather_bytes for g in fp8_gathers(job, s.tp))
             gather += fb if job.engine in GATHER_ONLY else fb - 2 * u * pb

@@ -37,7 +37,8 @@ buffer (all-to-all). Quantized payloads are one uint8 buffer per call: INT8 (qwZ
 the members' chunks back to back, each chunk its own values then scales (the sizes add up to
 ``quantized_bytes`` of the whole, since every chunk is whole blocks).
 
-FP8 all-gather (``fp8ag``, ``--precision fp8``; docs/fp8.md): the P gathers (forward, and
+FP8 all-gather (``fp8ag``, or every gather with ``--fp8-all-gather on``: ``gathers_fp8``;
+docs/fp8.md): the P gathers (forward, and
 backward without hpZ) move each unit class's ``cost/fp8_bytes.py: unit_gathers`` bytes (1 per
 FP8 element, 2 per bf16 one; scales travel as metadata), dtype ``fp8``; the weights' fp32
 amaxes are all-reduced (MAX) over P once per step after the update (torchao's
@@ -307,7 +308,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
                           role="amax" if by and not per_mb else role,
                           exposed=phase == "grad_sync" and not ex.sync_overlap, by_class=by))
 
-    fp8 = fp8_gathers(job, tp) if s.fp8ag and s.s_p > 1 else None
+    fp8 = fp8_gathers(job, tp) if gathers_fp8(job, s) else None
     if s.s_p > 1 and per_micro_batch:
         if fp8:
             fwd_full, fwd_dt = None, "fp8"
@@ -357,6 +358,14 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     return tuple(out)
 
 
+
+
+def gathers_fp8(job: Job, s: Strategy) -> bool:
+    """Whether `s` gathers its parameters in FP8: s_P > 1 and ``fp8ag``, or ``--fp8-all-gather
+    on`` (every gather in FP8: a strategy written without ``fp8ag``, a named baseline)."""
+    t = job.training
+    return s.s_p > 1 and (s.fp8ag or t.precision == "fp8" and t.fp8_all_gather == "on"
+                          and not job.model.is_moe)
 
 
 def fp8_gathers(job: Job, tp: int = 1):

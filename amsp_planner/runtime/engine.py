@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import torch
 
+from amsp_planner.cost.schedule import gathers_fp8
 from amsp_planner.runtime import faults
 from amsp_planner.runtime import model as M
 from amsp_planner.runtime import moe as MOE
@@ -99,6 +100,8 @@ class ShardedEngine(ShardState, Gathers, GradReduce, StepBoundary, ExpertClass, 
         self.ckpt_modes = [None] + M.block_modes(s.ckpt_value, job.model.num_layers) + [None]
         """Per unit: None, 'full' or 'op' checkpointing (blocks only)."""
         self.step_count = 0
+        self.fp8ag = gathers_fp8(job, s)
+        """FP8 parameter all-gathers (runtime/fp8.py), as the plan's schedule has them."""
         self._alloc()
 
     # ----- initial values ---------------------------------------------------------------------

@@ -67,7 +67,7 @@ class Gathers:
             def keep():
                 h0 = self.i_h * lay.hpz_len
                 self.hpz[i].copy_(dst[h0:h0 + lay.hpz_len])
-        if s.fp8ag:
+        if self.fp8ag:
             return self._fetch_fp8(i, dst, keep)
         if not s.qwz:
             work = self.comm.all_gather(dst, self.p_shard[i], self.groups["P"], True)
