@@ -6,7 +6,8 @@ The rows (``presets/validation.yaml``; mixture-of-experts runs in ``validation_m
 with ``load_rows(MOE_ROWS_FILE)`` and summarised apart) are published measurements of LLM
 training, each with its source, the engine that ran it and the hardware. ``predict_rows``
 turns every row that is a job of this model into a Job and a Strategy, priced with the
-execution profile of the row's engine (``pricing_engine``; an engine without a profile of its
+execution profile of the row's engine (``pricing_engine``: the release the row ran where it names
+one with a profile of its own, engine_versions.py; an engine without a profile of its
 own is priced as the one that executes the same way, and a strategy the profile does not
 express falls back to the bundled runtime's profile, said in ``RowResult.priced_as``), and
 predicts the row's metric. Rows out of scope state why (pipeline or context parallelism, FP8
@@ -99,12 +100,17 @@ def scale_bucket(gpus: int) -> str:
 PRICED_AS = {"fsdp": "fsdp2", "fairscale": "fsdp2"}
 
 
-def pricing_engine(engine: str) -> tuple[str, str]:
-    """The engine profile a row is priced with, and why when it is not the row's own."""
-    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES
+def pricing_engine(engine: str, version: str | None = None) -> tuple[str, str]:
+    """The engine profile a row is priced with, and why when it is not the row's own: the
+    profile of the release the row ran (`version`, its ``engine_version``) where
+    engine_versions.py has one, else the engine's current one."""
+    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES, VERSIONED
 
+    if version and f"{engine}@{version}" in VERSIONED:
+        return f"{engine}@{version}", ""
     if engine in ENGINES:
-        return engine, ""
+        return engine, (f"{engine} {version} has no profile: priced as the current release"
+                        if version else "")
     alt = PRICED_AS.get(engine, DEFAULT_ENGINE)
     alt = alt if alt in ENGINES else DEFAULT_ENGINE
     return alt, f"{engine} has no profile: priced as {alt}"
@@ -125,6 +131,9 @@ def check_rows(doc: dict) -> dict:
         if row["source"] not in doc["sources"]:
             raise ValueError(f"validation.yaml: row {name}: field 'source': "
                              f"'{row['source']}' is not a key of sources: add it there")
+        if "engine_version" in row and not isinstance(row["engine_version"], str):
+            raise ValueError(f"validation.yaml: row {name}: field 'engine_version' must be a "
+                             "quoted release, e.g. '0.3.14'")
         if row["scope"] == "in" and not (row.get("strategy") and row.get("cluster")):
             raise ValueError(f"validation.yaml: row {name}: a row in scope needs fields "
                              "'strategy' and 'cluster'")
@@ -204,7 +213,7 @@ def row_job(row: dict, models: dict, engine: str | None = None):
     moe = {"expert_imbalance": row["expert_imbalance"]} if "expert_imbalance" in row else {}
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
                             **row.get("training", {}), **moe)
-    engine = engine or pricing_engine(row["engine"])[0]
+    engine = engine or pricing_engine(row["engine"], row.get("engine_version"))[0]
     job = Job.create(model, cluster, training, row["gpus"], engine=engine)
     s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
     job.check(s)
@@ -218,7 +227,7 @@ def priced_job(row: dict, models: dict):
     from amsp_planner.engines import DEFAULT_ENGINE
     from amsp_planner.errors import AmspUserError
 
-    engine, why = pricing_engine(row["engine"])
+    engine, why = pricing_engine(row["engine"], row.get("engine_version"))
     try:
         return (*row_job(row, models, engine), engine, why)
     except AmspUserError:

@@ -277,7 +277,9 @@ def write_doc(results, b, orders, pairs, met, doc) -> str:
            "## Throughput per scale bucket", ""]
     out += band_table("GPUs", b["step_time_by_scale"])
     out += ["", "## Throughput per engine", "", "The engine the source ran; `priced as` in the row "
-            "table names the execution profile that priced it.", ""]
+            "table names the execution profile that priced it (`engine@version` for a row "
+            "that names a past release with a profile of its own, amsp_planner/"
+            "engine_versions.py).", ""]
     out += band_table("engine", b["step_time_by_engine"])
     out += ["", "Per engine and scale bucket:", ""] + engine_scale_table(b)
     out += ["", "Published orderings (throughput, within one source): "

@@ -59,6 +59,11 @@ def _unit(e: ScheduleEntry | None, kernel: bool = False) -> tuple[float, ...]:
     return e.unit_kernel_s if kernel else e.unit_time_s
 
 
+def _demand(e: ScheduleEntry | None) -> tuple[float, ...]:
+    """Per unit class: the seconds of one call's gathers fetched on demand (in its kernels)."""
+    return e.unit_demand_s if e is not None else (0.0,) * len(CLASSES)
+
+
 
 @dataclass
 class Tables:
@@ -123,6 +128,11 @@ class Tables:
     """Option (mb, 'K') -> TP collective seconds per step per block more checkpointed."""
     experts: dict | None = None
     """Mixture of experts: the expert class's tables by name (solver/expert_tables.py)."""
+    dm: dict | None = None
+    """Of ka, the gathers fetched on demand per unit call (collective seconds on the compute
+    stream: the 'comm' objective counts them); dmq of kq, dmh of khz."""
+    dmq: dict | None = None
+    dmh: dict | None = None
 
     def get(self, name: str):
         """A table by name: the expert class's ('e_...') or a field."""
@@ -139,6 +149,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     t = job.training
     pb, gb = t.param_bytes, t.grad_bytes
     ag, agq, ka, kq, rs, krs, qg, kg, ar = {}, {}, {}, {}, {}, {}, {}, {}, {}
+    dm, dmq, dmh = {}, {}, {}
     mem_p, mem_g, mem_o = {}, {}, {}
     buf_ag, buf_agq, buf_gr, buf_grq = {}, {}, {}, {}
     metrics = 0.0
@@ -146,6 +157,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         base = Strategy(s_p=f, s_g=f, s_os=f)
         e = _entries(job, base)
         ag[f], ka[f] = _unit(e.get(("forward", "P"))), _unit(e.get(("forward", "P")), True)
+        dm[f] = _demand(e.get(("forward", "P")))
         rs[f], krs[f] = _unit(e.get(("backward", "G"))), _unit(e.get(("backward", "G")), True)
         ar[f] = _unit(e.get(("grad_sync", "OS_replica")))
         w = e.get(("update", "world"))
@@ -157,7 +169,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB
         if f > 1 and True in sp.qwz:
             eq = _entries(job, base.with_(qwz=True))[("forward", "P")]
-            agq[f], kq[f] = _unit(eq), _unit(eq, kernel=True)
+            agq[f], kq[f], dmq[f] = _unit(eq), _unit(eq, kernel=True), _demand(eq)
             buf_agq[f] = buffer_bytes(job, base.with_(qwz=True))["gather_buffers"] / GIB
         if f > 1 and True in sp.qgz:
             sq = base.with_(qgz=True)
@@ -171,7 +183,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         if z > 1:
             s = Strategy(s_p=n, s_g=n, s_os=n, hpz=z)
             eh = _entries(job, s).get(("backward", "hpZ"))
-            hpz[z], khz[z] = _unit(eh), _unit(eh, True)
+            hpz[z], khz[z], dmh[z] = _unit(eh), _unit(eh, True), _demand(eh)
             mem_h[z] = model_state_bytes(job.tp_phi(tp), s, pb, gb)["hpz"] / GIB
     osrs, upd, step_buf = {}, {}, {}
     for g in F:
@@ -257,7 +269,8 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
                            zip(counts, fwd[j], bwd_hi.get(j, bwd[j]), strict=True))
                for j in fwd) or 1.0
     opt = {o: optimizer_time(job, o, tp) / unit for o in F}
-    for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd, bwd_hi, dbwd):
+    for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd, bwd_hi, dbwd,
+              dm, dmq, dmh):
         for k in d:
             d[k] = tuple(x / unit for x in d[k])
     for k in upd:
@@ -266,6 +279,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
                      mem_p, mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf,
                      act, opt)
     tables.krange, tables.bwd_hi, tables.dbwd, tables.dact = krange, bwd_hi, dbwd, dact
+    tables.dm, tables.dmq, tables.dmh = dm, dmq, dmh
     tables.rec = {j: v / unit for j, v in rec.items()}
     tables.tpc = {j: v / unit for j, v in tpc.items()}
     tables.dtpc = {j: v / unit for j, v in dtpc.items()}
