@@ -16,6 +16,7 @@ String form (docs/design.md), parsed only here::
   mesh dimension.
 - ``qwz`` / ``qwz=BLOCK``: INT8 block-quantized parameter all-gather (one fp32 scale per BLOCK
   elements, default 256; the block must divide 256, the padding quantum).
+- ``fp8ag``: FP8 parameter all-gather (``--precision fp8`` only; docs/fp8.md); not with qwz.
 - ``hpz=H``: hpZ secondary bf16 copy sharded over H GPUs inside the node (H | R, H < s_P, H | s_P);
   the backward all-gather runs over those H GPUs.
 - ``qgz``: gradient reduction by a two-hop INT4 all-to-all (intra-node, then inter-node).
@@ -68,6 +69,8 @@ class Strategy:
     """Optimizer-state shard factor s_OS (fp32 master + Adam m, v)."""
     qwz: bool = False
     """INT8 quantized parameter all-gathers (ZeRO++ qwZ)."""
+    fp8ag: bool = False
+    """FP8 parameter all-gathers (tensorwise; cost/fp8_bytes.py), an alternative to qwZ."""
     quant_block: int = PAD_QUANTUM
     """Elements per quantization block (qwZ and qgZ), one fp32 scale each."""
     hpz: int = 1
@@ -155,8 +158,7 @@ class Strategy:
             parts += [f"ep.p={self.ep_p}", f"ep.g={self.ep_g}", f"ep.os={self.ep_os}"]
         if self.qwz:
             parts.append("qwz" if self.quant_block == PAD_QUANTUM else f"qwz={self.quant_block}")
-        if self.hpz > 1:
-            parts.append(f"hpz={self.hpz}")
+        parts += ["fp8ag"] * bool(self.fp8ag) + ([f"hpz={self.hpz}"] if self.hpz > 1 else [])
         if self.qgz:
             parts.append("qgz")
         parts.append(f"mb={self.micro_batch}")
@@ -191,16 +193,16 @@ class Strategy:
                     kw["quant_block"] = _positive_int(value, key, text)
             elif key == "ckpt" and value:
                 kw.update(ckpt_fields(parse_ckpt_value(value, "--strategy: ckpt=")))
-            elif key in ("qgz", "ckpt", "nockpt", "ep.span"):
+            elif key in ("qgz", "ckpt", "nockpt", "ep.span", "fp8ag"):
                 if value:
                     raise AmspUserError(f"--strategy: '{key}' takes no value (got '{token}')")
-                if key in ("qgz", "ep.span"):
+                if key in ("qgz", "ep.span", "fp8ag"):
                     kw[key.replace(".", "_")] = True
                 else:
                     kw["ckpt"] = key == "ckpt"
             else:
                 raise AmspUserError(
-                    f"--strategy: unknown token '{token}' in '{text}': use tp=, p=, g=, os=, qwz[=block], "
+                    f"--strategy: unknown token '{token}' in '{text}': use tp=, p=, g=, os=, qwz[=block], fp8ag, "
                     "hpz=, qgz, ep=, ep.span, ep.p=, ep.g=, ep.os=, mb=, ga=, ckpt[=K|op] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
                     "hsdp, mics, zeropp)"
                 )
@@ -278,8 +280,11 @@ class Strategy:
                 raise ValueError(
                     f"hpz={self.hpz} needs p > hpz with hpz | p (p={self.s_p}): raise p or drop hpz"
                 )
-        if self.qwz and self.s_p == 1:
-            raise ValueError("qwz quantizes the parameter all-gather, but p=1 has none: drop qwz")
+        for name in ("qwz", "fp8ag") if self.s_p == 1 else ():
+            if getattr(self, name):
+                raise ValueError(f"{name} quantizes the parameter all-gather, but p=1 has none: drop {name}")
+        if self.qwz and self.fp8ag:
+            raise ValueError("qwz and fp8ag both quantize the parameter all-gather: keep one")
         if self.qgz and self.s_g == 1:
             raise ValueError("qgz replaces the gradient reduce-scatter, but g=1 has none: drop qgz")
         if self.has_experts:
@@ -339,12 +344,8 @@ def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
     base = Strategy(micro_batch=micro_batch, tp=tp, **ckpt_fields(ckpt))
     if key == "ddp":
         return base
-    if key == "zero1":
-        return base.with_(s_os=n)
-    if key == "zero2":
-        return base.with_(s_g=n, s_os=n)
-    if key == "zero3":
-        return base.with_(s_p=n, s_g=n, s_os=n)
+    if key in ("zero1", "zero2", "zero3"):
+        return base.with_(s_os=n, s_g=n if key != "zero1" else 1, s_p=n if key == "zero3" else 1)
     if key == "hsdp":
         s = min(n, r)
         return base.with_(s_p=s, s_g=s, s_os=s)

@@ -156,7 +156,8 @@ BAD_INPUTS = [
     (["--model", "tiny", "--gpus", "8", "-s", "p=8,g=8,os=8,hpz=8"], "hpz"),
     (["--model", "tiny", "--gpus", "8", "-s", "p=1,mb=3"], "mb=3"),
     (["--model", "tiny", "--gpus", "8", "--micro-batch", "3"], "--micro-batch 3"),
-    (["--model", "tiny", "--gpus", "8", "--precision", "fp8"], "--precision"),
+    (["--model", "tiny", "--gpus", "8", "--engine", "deepspeed", "--precision", "fp8"],
+     "--precision"),
     (["--model", "tiny", "--gpus", "8", "--bogus"], "--bogus"),
 ]
 

@@ -110,7 +110,8 @@ def test_megatron_rule_fused_linears_and_first_last_layers():
 
 
 @pytest.mark.parametrize("recipe,engine,arch", [
-    ("tensorwise", "amsp", None), ("tensorwise", "deepspeed", None),
+    ("rowwise", "amsp", None), ("tensorwise", "deepspeed", None),
+    ("tensorwise", "internevo", None),
     ("rowwise", "megatron", None), ("blockwise", "torchtitan", None),
     ("mxfp8", "torchtitan", "hopper"), ("fp4", "torchtitan", None)])
 def test_unsupported_combinations_are_user_errors(recipe, engine, arch):

@@ -89,15 +89,17 @@ def _fake_torchao(calls):
     return f8
 
 
-@pytest.mark.parametrize("recipe,gather", [("tensorwise", "on"), ("tensorwise", "off"),
-                                           ("rowwise", "auto")])
-def test_fsdp2_module_converts_with_torchao_before_sharding(monkeypatch, recipe, gather):
+@pytest.mark.parametrize("recipe,gather,fp8ag", [
+    ("tensorwise", "on", False), ("tensorwise", "off", False), ("rowwise", "auto", False),
+    ("tensorwise", "auto", True)])  # the search chose the FP8 all-gather (fp8ag)
+def test_fsdp2_module_converts_with_torchao_before_sharding(monkeypatch, recipe, gather, fp8ag):
     nn = pytest.importorskip("torch.nn")
     text = export("fsdp2", _job("fsdp2", recipe, gather),
-                  Strategy.parse("p=64,g=64,os=64,mb=1")).text
+                  Strategy.parse("p=64,g=64,os=64,mb=1" + ",fp8ag" * fp8ag)).text
     mod = load_module(text)
+    gathers = gather == "on" or fp8ag
     assert (mod.FP8_RECIPE, mod.FP8_ALL_GATHER, mod.PARAM_DTYPE) == \
-        (recipe, gather == "on", "bfloat16")
+        (recipe, gathers, "bfloat16")
     calls = []
     monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
     monkeypatch.setitem(sys.modules, "torchao.float8", _fake_torchao(calls))
@@ -107,14 +109,14 @@ def test_fsdp2_module_converts_with_torchao_before_sharding(monkeypatch, recipe,
         "Float8LinearConfig" if recipe == "tensorwise" else "from_recipe_name", "convert",
         "shard"]
     if recipe == "tensorwise":
-        assert calls[0][1] == {"enable_fsdp_float8_all_gather": gather == "on"}
+        assert calls[0][1] == {"enable_fsdp_float8_all_gather": gathers}
     keep = calls[1][1]
     assert keep(nn.Linear(64, 32), "layers.0.attention.wq")
     assert not keep(nn.Linear(64, 32), "output") and not keep(nn.Linear(64, 32), "lm_head")
     assert not keep(nn.Linear(64, 24), "layers.0.feed_forward.w1")  # 24: not a multiple of 16
     calls.clear()
     mod.after_optimizer_step("model")
-    assert calls == ([("precompute", "model")] if gather == "on" else [])
+    assert calls == ([("precompute", "model")] if gathers else [])
 
 
 def test_megatron_fp8_arguments_parse_back():

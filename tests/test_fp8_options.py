@@ -23,7 +23,10 @@ def test_fp8_fields_stay_out_of_bf16_dumps():
 
 
 @pytest.mark.parametrize("argv,needles", [
-    (["--precision", "fp8"], ("engine amsp has no FP8 path", "--engine")),
+    (["--precision", "fp8", "--engine", "deepspeed"], ("engine deepspeed has no FP8 path",
+                                                        "--engine")),
+    # the bundled runtime's FP8 is its all-gather: tensorwise only
+    (["--precision", "fp8", "--fp8-recipe", "rowwise"], ("tensorwise",)),
     (["--precision", "fp8", "--engine", "torchtitan", "--cluster", "dgx-a100-hdr"],
      ("needs a hopper or blackwell GPU",)),
     (["--precision", "fp8", "--engine", "torchtitan", "--fp8-recipe", "rowwise",

@@ -115,11 +115,19 @@ def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
     q = _div(m.num_heads * m.head_dim, tp)
     shape = {"wk": (h, kv), "wo": (q, h), "w3": (h, f), "fc2": (f, h)}
     names = op_recomputed_matmuls(job)
-    if job.training.precision == "fp8":  # recomputed in FP8 like their forward (cost/fp8.py)
+    if fp8_linears(job):  # recomputed in FP8 like their forward (cost/fp8.py)
         from amsp_planner.cost.fp8 import named_matmuls_s
 
         return named_matmuls_s(job, t, tp, names, lambda k, n: _matmul(r, t, k, n))
     return sum(_matmul(r, t, *shape[n]) for n in names)
+
+
+def fp8_linears(job: Job) -> bool:
+    """Whether the blocks' linears run in FP8: precision fp8 on an engine with FP8 matmuls
+    (the bundled runtime's FP8 is its all-gather only: ``cost/fp8.py: GATHER_ONLY``)."""
+    from amsp_planner.cost.fp8 import GATHER_ONLY
+
+    return job.training.precision == "fp8" and job.engine not in GATHER_ONLY
 
 
 def _elementwise_block(job: Job) -> float:
@@ -139,7 +147,7 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
     r = _rates(job)
     m, s = job.model, job.training.seq_len
     t = micro_batch * s
-    if job.training.precision == "fp8":  # the blocks' linears in FP8 (cost/fp8.py)
+    if fp8_linears(job):  # the blocks' linears in FP8 (cost/fp8.py)
         from amsp_planner.cost.fp8 import block_matmul_s
 
         mm = block_matmul_s(job, t, tp, lambda k, n: _matmul(r, t, k, n))

@@ -10,8 +10,9 @@ Engine, torchtitan, Megatron-LM at pinned commits). Two engine families run FP8:
     ``linear_fc1``, ``linear_fc2``); the LM head and embedding stay bf16; optionally the first
     and last layers (``--first-last-layers-bf16``).
 
-The bundled runtime (amsp), DeepSpeed and InternEvo have no FP8 path here: asking them for FP8
-is a user error.
+The bundled runtime (amsp) runs FP8 in its parameter all-gathers only (tensorwise, ``GATHER_ONLY``;
+its matmuls stay in its own precision); DeepSpeed and InternEvo have no FP8 path here: asking
+them for FP8 is a user error.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
 RECIPES: tuple[str, ...] = ("tensorwise", "rowwise", "blockwise", "mxfp8", "delayed")
 FAMILY = {"torchtitan": "torchao", "fsdp2": "torchao", "megatron": "te"}
 """Engine -> the FP8 implementation it runs (engines not listed have none)."""
+GATHER_ONLY = {"amsp": "torchao"}
+"""Engines whose FP8 is the tensorwise weight all-gather only (runtime/fp8.py), torchao's
+scheme; their matmuls stay in the engine's precision, on any GPU or CPU."""
 
 FP8_PEAK_RATIO = {"hopper": 2.0, "blackwell": 2.0}
 """Dense FP8 / dense bf16 tensor-core peak. Data sheets: H100 SXM 1,979 / 989 TFLOP/s, H200
@@ -81,6 +85,8 @@ RECIPE = {
 
 def family_of(engine: str) -> str:
     """The engine's FP8 implementation ('torchao' or 'te'); a user error if it has none."""
+    if engine in GATHER_ONLY:
+        return GATHER_ONLY[engine]
     if engine not in FAMILY:
         raise AmspUserError(f"--precision fp8: engine {engine} has no FP8 path in the planner; "
                             f"use --engine {', '.join(sorted(FAMILY))}, or --precision bf16")
@@ -96,7 +102,10 @@ def recipe_for(name: str, engine: str, arch: str | None = None) -> Fp8Recipe:
         ok = [n for n in RECIPES if fam in RECIPE[n].families]
         raise AmspUserError(f"--fp8-recipe {name}: engine {engine} does not run it; use "
                             f"{', '.join(ok)}")
-    if arch is not None and arch not in r.archs:
+    if engine in GATHER_ONLY and name != "tensorwise":
+        raise AmspUserError(f"--fp8-recipe {name}: engine {engine} gathers FP8 weights with the "
+                            "tensorwise recipe only; use --fp8-recipe tensorwise")
+    if arch is not None and arch not in r.archs and engine not in GATHER_ONLY:
         raise AmspUserError(f"--fp8-recipe {name} needs a {' or '.join(r.archs)} GPU (this "
                             f"cluster's is {arch}); pick another recipe or --precision bf16")
     return r
@@ -108,7 +117,7 @@ b5bcd76) and Megatron's (TransformerConfig.fp8_recipe = "delayed" at d98e8a6).""
 
 
 def default_recipe(engine: str) -> str:
-    return DEFAULT_RECIPE[family_of(engine)]
+    return "tensorwise" if engine in GATHER_ONLY else DEFAULT_RECIPE[family_of(engine)]
 
 
 def check_training(training, engine: str, arch: str) -> str:
@@ -399,8 +408,9 @@ def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     return family_of(engine) == "te" or recipe == "tensorwise"
 
 
-PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts and the "
-               "FP8 tensor-parallel all-gathers (docs/fp8.md); the FSDP/ZeRO collectives and "
-               "the memory still priced as bf16")
+PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts, the "
+               "FP8 tensor-parallel all-gathers, and the FSDP/ZeRO all-gathers in FP8 where a "
+               "strategy has fp8ag or --fp8-all-gather is on; Transformer Engine's FP8 "
+               "copies in memory still priced as bf16")
 """What an FP8 figure covers today (amsp compare prints it beside FP8 rows): keep it true as
 the schedule (FP8 all-gather) and memory wiring land."""

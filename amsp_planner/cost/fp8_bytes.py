@@ -6,9 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amsp_planner.cost.fp8 import (
+    GATHER_ONLY,
     RECIPE,
+    check_training,
     family_of,
     fp8_all_gather_supported,
+    fp8_matmuls,
     recipe_for,
     scale_count,
 )
@@ -55,6 +58,24 @@ def fp8_all_gather(recipe: str, engine: str, fp8_params: int, other_params: int,
     amax = 4 * fp8_linears if r.amax_pass else 0
     count = 0 if precompute or not r.amax_pass else fp8_linears
     return Fp8Gather(True, per * fp8_params + 2.0 * other_params, amax, count)
+
+
+def unit_gathers(job, units: tuple[int, ...], tp: int = 1) -> tuple[Fp8Gather, ...]:
+    """The FP8 all-gather of one unit of each class (``units``: the padded elements of the
+    embedding, a block, the head, one TP rank's shards), with the job's recipe.
+
+    torchao engines: a block's FP8 linears' weights in FP8 (one amax each), everything else
+    (norms, biases, the padding; the embedding and head units whole) in bf16. The bundled
+    runtime (``GATHER_ONLY``, runtime/fp8.py): every element of every unit in FP8 under one
+    tensorwise scale per unit, its amax all-reduced once per step."""
+    recipe = check_training(job.training, job.engine, job.cluster.gpu.arch)
+    if job.engine in GATHER_ONLY:
+        return tuple(fp8_all_gather(recipe, job.engine, u, 0, 1) for u in units)
+    lin = [x for x in fp8_matmuls(job.model, recipe, job.engine, tp).block if x.fp8]
+    w = min(sum(x.k * x.n for x in lin), units[1])
+    return (fp8_all_gather(recipe, job.engine, 0, units[0], 0),
+            fp8_all_gather(recipe, job.engine, w, units[1] - w, len(lin)),
+            fp8_all_gather(recipe, job.engine, 0, units[-1], 0))
 
 
 # ----- memory --------------------------------------------------------------------------------
@@ -112,6 +133,6 @@ def fp8_tp_wire(recipe: str, engine: str) -> Fp8TpWire:
     Every other recipe and engine here: bf16 both ways (Transformer Engine's FP8
     sequence-parallel all-gather is not modelled: docs/fp8.md)."""
     recipe_for(recipe, engine)
-    if family_of(engine) == "torchao" and recipe == "tensorwise":
+    if family_of(engine) == "torchao" and recipe == "tensorwise" and engine not in GATHER_ONLY:
         return Fp8TpWire(1, 2, 1)
     return Fp8TpWire(2, 2, 0)

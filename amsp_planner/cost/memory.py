@@ -9,7 +9,10 @@ Model states (ZeRO, arXiv 1910.02054, with K = 12 for mixed-precision Adam):
 
 Buffers (U = largest padded unit, in elements), exactly what the runtime allocates:
   gather      2 * U * p_b when s_P > 1 (the unit in use + the prefetched one);
-              qwZ adds 2 quantized receive buffers of U*(1 + 4/block) bytes;
+              qwZ adds 2 quantized receive buffers of U*(1 + 4/block) bytes; the FP8
+              all-gather (fp8ag) 2 receive buffers of the unit's FP8 bytes in the bundled
+              runtime, and FP8 units in place of the 2 gathered ones under torchao
+              (cost/fp8_bytes.py: unit_gathers);
   grad        2 * U * g_b when s_G > 1 (the unit's full gradient + the next one, overlapping
               the reduce-scatter); qgZ adds 2 buffers of U*(1/2 + 4/block) bytes;
   staging     U * g_b when the gradient needs a permuted copy before its reduction
@@ -69,7 +72,7 @@ from amsp_planner.cost.activations import loss_peak_bytes, phase_bytes, saved_by
 from amsp_planner.cost.communicators import communicator_bytes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.module_fetch import gathered_elements, grad_bucket_elements
-from amsp_planner.cost.schedule import quantized_bytes
+from amsp_planner.cost.schedule import fp8_gathers, gathers_fp8, quantized_bytes
 from amsp_planner.strategy import Strategy
 
 OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v per parameter
@@ -199,6 +202,11 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
         gather = (gathered_elements(job) if per_module else 2 * u + e) * pb
         if s.qwz:
             gather += 2 * quantized_bytes(u, 8, s.quant_block)
+        if gathers_fp8(job, s):  # FP8 receive buffers (the bundled runtime), or FP8 units
+            from amsp_planner.cost.fp8 import GATHER_ONLY
+
+            fb = 2 * max(g.gather_bytes for g in fp8_gathers(job, s.tp))
+            gather += fb if job.engine in GATHER_ONLY else fb - 2 * u * pb
     grad = 0.0
     if s.s_g > 1:
         grad = (grad_bucket_elements(job) if per_module else 2 * u + e) * gb

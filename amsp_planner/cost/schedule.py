@@ -14,6 +14,7 @@ backward   all_to_all  G_inter         s1_G, R           qgZ hop 2 (INT4, on the
 grad_sync  red._scat.  OS_shard        s_OS/s_G, s_G     G shard -> OS shard, once per step
 grad_sync  all_reduce  OS_replica      N/s_OS, s_OS      across OS replicas, once per step
 update     all_gather  P_update        s_OS/s_P, s_P     updated OS shards -> P shard (bf16)
+update     all_reduce  P               s_P, 1            FP8 all-gather (fp8ag): the weights' amax
 update     all_reduce  world           N, 1              [loss, grad-norm^2] in fp32, one call
 =========  ==========  ==============  ================  =========================================
 
@@ -36,6 +37,18 @@ buffer (all-to-all). Quantized payloads are one uint8 buffer per call: INT8 (qwZ
 the members' chunks back to back, each chunk its own values then scales (the sizes add up to
 ``quantized_bytes`` of the whole, since every chunk is whole blocks).
 
+FP8 all-gather (``fp8ag``, or every gather with ``--fp8-all-gather on``: ``gathers_fp8``;
+docs/fp8.md): the P gathers (forward, and
+backward without hpZ) move each unit class's ``cost/fp8_bytes.py: unit_gathers`` bytes (1 per
+FP8 element, 2 per bf16 one; scales travel as metadata), dtype ``fp8``; the weights' fp32
+amaxes are all-reduced (MAX) over P once per step after the update (torchao's
+``precompute_float8_dynamic_scale_for_fsdp``), a class without FP8 weights issuing none. hpZ's
+backward gather stays in the parameter dtype (its copy holds the gathered, dequantized values,
+as with qwZ). The bundled runtime dequantizes the gathered unit (kernels as qwZ's); torchao's
+engines feed the FP8 unit to the matmuls (the cast of the shard before the gather is not
+priced apart: it replaces the matmul's cast of the gathered weight, inside its speed-up).
+Gradients stay in the gradient dtype: FP8 never reaches the reductions.
+
 Ring-convention bytes per rank: (m-1)/m * full (all-gather, reduce-scatter, all-to-all),
 2(m-1)/m * full (all-reduce); split into intra- and inter-node parts by ``topology.split_bytes``.
 ``time_s`` is the collectives' own time: each call priced at its unit's real size (NCCL's
@@ -54,6 +67,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from amsp_planner.cost.fp8 import GATHER_ONLY
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule_entry import (
     CLASSES,  # noqa: F401 - also this module's API
@@ -200,7 +214,7 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
            per_unit: int, n_micro: int, full: Callable[[int], int],
            kernel_elements: Callable[[int], int] | None = None,
            copies: bool = False, tp: int = 1, role: str = "gather",
-           exposed: bool = False) -> ScheduleEntry:
+           exposed: bool = False, by_class: tuple[float, ...] | None = None) -> ScheduleEntry:
     """One entry: `per_unit` calls per unit and micro-batch (``n_micro`` of them), each call
     moving ``full(unit elements)`` bytes; ``kernel_elements(unit elements)``: the 16-bit
     elements the (de)quantization kernels read or write per call, at the GPU's
@@ -213,23 +227,33 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     the compute stream (``unit_kernel_s``: the unit's compute waits for it) and counted in
     ``time_s``, not in ``unit_time_s`` (what overlaps the previous unit's compute). `exposed`: the engine runs these collectives after backward, before the
     step; their seconds are charged to the embedding, the last unit of backward, whose
-    reduction the step model exposes whole (cost/step_time.py)."""
+    reduction the step model exposes whole (cost/step_time.py). `by_class`: bytes per call of
+    each unit class, in place of ``full`` (the FP8 all-gather; a class of 0 bytes issues no
+    call)."""
     topo, gpu = job.topology, job.cluster.gpu
     rate = gpu.quant_gbyte_per_s * 1e9
     lay = topo.layout(size, stride)
     sizes = unit_elements(job, tp)
     counts = (1, job.model.num_layers, 1)
     launch = job.profile.execution.launch_us * 1e-6 if size > 1 else 0.0
+    if by_class is not None:
+        def full(u: int, c: int = 0) -> float:  # noqa: F811  the class's bytes
+            return by_class[c]
+    else:
+        plain = full
+
+        def full(u: int, c: int = 0) -> float:  # noqa: F811
+            return plain(u)
 
     def seconds(c: int, u: int) -> tuple[float, float]:
         """(overlapped, on demand) seconds of one unit's calls."""
-        if not u:
+        if not u or not full(u, c):
             return 0.0, 0.0
         groups = call_groups(job, role, c, u, tp)
         late = on_demand(job, c, u, tp) if role == "gather" and size > 1 else ()
         out = [0.0, 0.0]
         for i, (k, f) in enumerate(groups):
-            t = k * (topo.collective_time(op, size, stride, full(u) * f) + launch)
+            t = k * (topo.collective_time(op, size, stride, full(u, c) * f) + launch)
             out[i < len(late) and late[i]] += per_unit * t
         return out[0], out[1]
 
@@ -240,7 +264,7 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
         # one broadcast per member of its shard of the whole model; each unit its share
         whole = sum(c * full(u) for c, u in zip(counts, sizes, strict=True))
         per = size * (topo.collective_time("broadcast", size, stride, whole / size) + launch)
-        unit_t = tuple(per * full(u) / whole for u in sizes)
+        unit_t = tuple(per * full(u) / whole for u in sizes)  # never by_class (an update)
 
     host = job.profile.execution.reduce_host_us * 1e-6 * size
     tensors = unit_tensor_counts(job.model)
@@ -249,24 +273,27 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
         if kernel_elements:
             return kernel_elements(u) * 2 / rate
         if host and op == "reduce_scatter" and copies:  # the engine's per-rank interleave
-            return host * tensors[c] + (2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)
+            return host * tensors[c] + (2 * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)
                                         if gpu.hbm_gbyte_per_s else 0.0)
         if copies and gpu.hbm_gbyte_per_s and op in ("all_gather", "reduce_scatter"):
-            return 2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in of the buffer
+            return 2 * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in
         if copies and gpu.hbm_gbyte_per_s and op == "all_reduce":  # flatten in, copy back out
-            return 4 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)
+            return 4 * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)
         return 0.0
 
     unit_k = tuple(kernel(u, c) * per_unit + d for c, (u, d) in enumerate(zip(sizes, demand,
                                                                             strict=True)))
-    total = n_micro * sum(c * full(u) for c, u in zip(counts, sizes, strict=True)) * per_unit
+    total = n_micro * sum(n * full(u, c) for c, (n, u) in enumerate(zip(counts, sizes,
+                                                                         strict=True))) * per_unit
     intra, inter = split_bytes(op, total, lay)
     time = n_micro * sum(c * (t + d) for c, t, d in zip(counts, unit_t, demand, strict=True))
     kern = n_micro * sum(c * k for c, k in zip(counts, unit_k, strict=True))
     if exposed:
         unit_t = (sum(c * t for c, t in zip(counts, unit_t, strict=True)), 0.0, 0.0)
-    algo = algorithm_name(job, op, size, stride, full(max(sizes)))
-    calls = per_unit * n_micro * job.num_units
+    big = max(range(len(sizes)), key=lambda c: full(sizes[c], c))
+    algo = algorithm_name(job, op, size, stride, full(sizes[big], big))
+    calls = per_unit * n_micro * (job.num_units if by_class is None else sum(
+        n for n, b in zip(counts, by_class, strict=True) if b))
     return ScheduleEntry(phase, op, group, size, stride, lay.members_per_node, dtype, calls,
                          int(total), intra, inter, time, kern, unit_t, unit_k, algo,
                          unit_demand_s=demand)
@@ -294,24 +321,30 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
 
     ex = job.profile.execution
 
-    def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True):
+    def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True, by=None):
         role = {"forward": "gather", "backward": "gather" if op == "all_gather" else "reduce",
                 "grad_sync": "reduce", "update": "update"}[phase]
         out.append(_entry(job, phase, op, group, size, stride * tp, dtype, 1,
                           n_micro if per_mb else 1, full, kernel, copies=per_mb, tp=tp,
-                          role=role, exposed=phase == "grad_sync" and not ex.sync_overlap))
+                          role="amax" if by and not per_mb else role,
+                          exposed=phase == "grad_sync" and not ex.sync_overlap, by_class=by))
 
+    fp8 = fp8_gathers(job, tp) if gathers_fp8(job, s) else None
     if s.s_p > 1 and per_micro_batch:
-        if s.qwz:
+        if fp8:
+            fwd_full, fwd_dt = None, "fp8"
+            qe = (lambda u: u // s.s_p + u) if job.engine in GATHER_ONLY else None  # noqa: E731
+        elif s.qwz:
             fwd_full, fwd_dt = (lambda u: quantized_bytes(u, 8, blk)), "int8+scales"
             qe = lambda u: u // s.s_p + u  # noqa: E731  own shard in, whole out
         else:
             fwd_full, fwd_dt, qe = (lambda u: u * pb), pdt, None
-        add("forward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe)
+        by = tuple(g.gather_bytes for g in fp8) if fp8 else None
+        add("forward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe, by=by)
         if s.hpz > 1:
             add("backward", "all_gather", "hpZ", s.hpz, 1, pdt, lambda u: u * pb)
         else:
-            add("backward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe)
+            add("backward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe, by=by)
     if s.s_g > 1 and per_micro_batch:
         if s.qgz:
             s0, s1 = s.mesh("g", job.gpus_per_node)
@@ -336,6 +369,9 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     if q > 1:
         add("update", "all_gather", "P_update", q, s.s_p, pdt, lambda u: u // s.s_p * pb,
             per_mb=False)
+    if fp8:  # the amax all-reduce (MAX) of the FP8 weights, once per step after the update
+        add("update", "all_reduce", "P", s.s_p, 1, "fp32", None, per_mb=False,
+            by=tuple(g.amax_allreduce_bytes for g in fp8))
     if tp > 1 and tensor_parallel:
         out.extend(tp_entries(job, tp, s.micro_batch, s.ckpt_value, n_micro))
     if job.num_gpus > 1:
@@ -343,6 +379,31 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     return tuple(out)
 
 
+
+
+def gathers_fp8(job: Job, s: Strategy) -> bool:
+    """Whether `s` gathers its parameters in FP8: s_P > 1 and ``fp8ag``, or ``--fp8-all-gather
+    on`` (every gather in FP8: a strategy written without ``fp8ag``, a named baseline)."""
+    t = job.training
+    return s.s_p > 1 and (s.fp8ag or t.precision == "fp8" and t.fp8_all_gather == "on"
+                          and not job.model.is_moe)
+
+
+def fp8_gathers(job: Job, tp: int = 1):
+    """The FP8 all-gather of one unit of each class (``cost/fp8_bytes.py: unit_gathers``);
+    a user error without ``--precision fp8``."""
+    from amsp_planner.cost.fp8_bytes import unit_gathers
+    from amsp_planner.errors import AmspUserError
+
+    if job.training.precision != "fp8" or job.model.is_moe:
+        raise AmspUserError("--strategy fp8ag: the FP8 all-gather needs --precision fp8 (and a "
+                            "dense model): give --precision fp8, or drop fp8ag")
+    out = unit_gathers(job, unit_elements(job, tp), tp)
+    if job.training.fp8_all_gather == "off" or not out[1].fp8:
+        raise AmspUserError("--strategy fp8ag: this job does not gather FP8 weights "
+                            "(--fp8-all-gather off, or a recipe other than tensorwise): drop "
+                            "fp8ag, or give --fp8-recipe tensorwise --fp8-all-gather auto")
+    return out
 
 
 def _world_entry(job: Job) -> ScheduleEntry:  # every GPU: the TP ranks' grad-norm parts too

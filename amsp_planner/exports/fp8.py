@@ -103,13 +103,14 @@ def pin_recipe(job):
         update={"fp8_recipe": recipe(job)}))
 
 
-def gathers_fp8(job) -> bool:
-    """Whether the plan's weights are gathered in FP8: --fp8-all-gather on where the recipe
-    allows it (auto: the search does not choose it yet, docs/fp8.md)."""
+def gathers_fp8(job, s=None) -> bool:
+    """Whether the plan's weights are gathered in FP8: its strategy's ``fp8ag`` (the search's
+    choice, docs/fp8.md), or --fp8-all-gather on where the recipe allows it."""
     from amsp_planner.cost.fp8 import fp8_all_gather_supported
 
-    return (job.training.fp8_all_gather == "on"
-            and fp8_all_gather_supported(recipe(job), job.engine))
+    return bool(s is not None and s.fp8ag) or (
+        job.training.fp8_all_gather == "on"
+        and fp8_all_gather_supported(recipe(job), job.engine))
 
 
 # ----- torchtitan ----------------------------------------------------------------------------
@@ -209,8 +210,8 @@ def check_torchtitan_converter(found: dict) -> None:
 
 
 # ----- FSDP2 ---------------------------------------------------------------------------------
-def fsdp2_settings(job) -> dict:
-    return {"FP8_RECIPE": recipe(job), "FP8_ALL_GATHER": gathers_fp8(job),
+def fsdp2_settings(job, s=None) -> dict:
+    return {"FP8_RECIPE": recipe(job), "FP8_ALL_GATHER": gathers_fp8(job, s),
             "FP8_BF16_MODULES": ("output", "lm_head")}
 
 

@@ -375,7 +375,7 @@ def render(job: Job, s: Strategy) -> str:
     if job.training.precision == "fp8":  # torchao's conversion (exports/fp8.py)
         from amsp_planner.exports.fp8 import FSDP2_BODY, fsdp2_settings
 
-        consts += [f"{k} = {v!r}" for k, v in fsdp2_settings(job).items()]
+        consts += [f"{k} = {v!r}" for k, v in fsdp2_settings(job, s).items()]
         fp8 = FSDP2_BODY
     return ("\n".join(head + consts) + "\n" + _BODY + (_TP_BODY if s.tp > 1 else "")
             + (fsdp2_moe.BODY if s.has_experts else "") + fp8)

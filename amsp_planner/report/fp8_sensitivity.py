@@ -71,9 +71,11 @@ def recipe_of(job) -> str:
 
 def applicable(job) -> str | None:
     """Why FP8 cannot be priced for this job (None when it can)."""
-    from amsp_planner.cost.fp8 import FAMILY, recipe_for
+    from amsp_planner.cost.fp8 import FAMILY, GATHER_ONLY, recipe_for
     from amsp_planner.errors import AmspUserError
 
+    if job.engine in GATHER_ONLY:
+        return f"engine {job.engine} runs FP8 in its all-gathers only, no FP8 matmuls"
     if job.engine not in FAMILY:
         return f"engine {job.engine} has no FP8 path here"
     if getattr(job.model, "num_experts", 0):
@@ -131,7 +133,9 @@ def fp8_crossover(job, strategy) -> dict:
         else:
             both[p] = Job.create(job.model, job.cluster, t.model_copy(update=upd), job.num_gpus,
                                  job.engine)
-    steps = {p: evaluate(j, strategy).step_s for p, j in both.items()}
+    # bf16 gathers in bf16 (a plan's FP8 all-gather, fp8ag, is an FP8 option)
+    steps = {p: evaluate(j, strategy.with_(fp8ag=strategy.fp8ag and p == "fp8")).step_s
+             for p, j in both.items()}
     ratio = _gain_fn(both["fp8"], strategy.tp)
     m = strategy.micro_batch * t.seq_len
     batch = _scan(lambda v: ratio(v) < 1.0, *M_RANGE)

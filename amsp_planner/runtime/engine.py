@@ -43,12 +43,14 @@ from __future__ import annotations
 
 import torch
 
+from amsp_planner.cost.schedule import gathers_fp8
 from amsp_planner.runtime import faults
 from amsp_planner.runtime import model as M
 from amsp_planner.runtime import moe as MOE
 from amsp_planner.runtime import tp as TP
 from amsp_planner.runtime.collectives import Comm, Group
 from amsp_planner.runtime.experts import ExpertClass, fetch_unit
+from amsp_planner.runtime.fp8 import Fp8Scales
 from amsp_planner.runtime.gather import Gathers, _alias
 from amsp_planner.runtime.layout import UnitLayout
 from amsp_planner.runtime.optim import DTYPES, OptimConfig, StepBoundary, adamw_  # noqa: F401
@@ -57,7 +59,7 @@ from amsp_planner.runtime.state import ShardState
 from amsp_planner.runtime.support import check_tp
 
 
-class ShardedEngine(ShardState, Gathers, GradReduce, StepBoundary, ExpertClass):
+class ShardedEngine(ShardState, Gathers, GradReduce, StepBoundary, ExpertClass, Fp8Scales):
     """Model states of one rank under one strategy, and the training step over them."""
 
     def __init__(self, job, strategy, comm: Comm, groups: dict[str, Group], rank: int,
@@ -98,6 +100,8 @@ class ShardedEngine(ShardState, Gathers, GradReduce, StepBoundary, ExpertClass):
         self.ckpt_modes = [None] + M.block_modes(s.ckpt_value, job.model.num_layers) + [None]
         """Per unit: None, 'full' or 'op' checkpointing (blocks only)."""
         self.step_count = 0
+        self.fp8ag = gathers_fp8(job, s)
+        """FP8 parameter all-gathers (runtime/fp8.py), as the plan's schedule has them."""
         self._alloc()
 
     # ----- initial values ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The parameter gathers of the sharded engine, and the saved tensors that live in them.
 
-Forward: all-gather unit i's P shards into a gather buffer (qwZ: INT8 + scales, dequantized
-on arrival), started while the previous unit computes; hpZ keeps this rank's slice of the
+Forward: all-gather unit i's P shards into a gather buffer (qwZ: INT8 + scales; fp8ag: FP8
+bytes under the unit's scale, runtime/fp8.py; dequantized on arrival), started while the previous unit computes; hpZ keeps this rank's slice of the
 gathered unit as the secondary copy. Backward: the same over P, or over hpZ from the
 secondary copy. With the tied embedding the embedding unit has a gather buffer of its own.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from amsp_planner.runtime import fp8 as F8
 from amsp_planner.runtime import model as M
 from amsp_planner.runtime.collectives import Work
 from amsp_planner.runtime.quant import dequantize_chunks, qbytes, quantize_chunks
@@ -66,6 +67,8 @@ class Gathers:
             def keep():
                 h0 = self.i_h * lay.hpz_len
                 self.hpz[i].copy_(dst[h0:h0 + lay.hpz_len])
+        if self.fp8ag:
+            return self._fetch_fp8(i, dst, keep)
         if not s.qwz:
             work = self.comm.all_gather(dst, self.p_shard[i], self.groups["P"], True)
             return _Fetch(work, dst, keep)
@@ -79,6 +82,21 @@ class Gathers:
         def finish(send=send):  # keeps the send buffer alive until the gather is done
             parts = dequantize_chunks(recv, lay.size, s.s_p, 8, s.quant_block)
             torch.cat(parts, out=dst) if dst.dtype == torch.float32 else dst.copy_(torch.cat(parts))
+            if keep is not None:
+                keep()
+        return _Fetch(work, dst, finish)
+
+    def _fetch_fp8(self, i: int, dst: torch.Tensor, keep) -> _Fetch:
+        """The FP8 all-gather of unit i (runtime/fp8.py): this rank's shard cast under the
+        unit's scale, the bytes gathered as uint8, the unit dequantized into `dst`."""
+        scale = self._fp8_scale(i)
+        recv = self.qrecv[self._qslot][:dst.numel()]
+        self._qslot ^= 1
+        send = F8.quantize(self.p_shard[i], scale)
+        work = self.comm.all_gather(recv, send, self.groups["P"], True)
+
+        def finish(send=send):  # keeps the send buffer alive until the gather is done
+            dst.copy_(F8.dequantize(recv, scale))
             if keep is not None:
                 keep()
         return _Fetch(work, dst, finish)

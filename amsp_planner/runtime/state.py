@@ -35,7 +35,10 @@ class ShardState:
         self.gather = [self._new(u_max, self.pdt) for _ in range(2)] if s.s_p > 1 else []
         self.gather_emb = self._new(e, self.pdt) if s.s_p > 1 and self.tied else None
         qb8 = qbytes(u_max, 8, s.quant_block)
-        self.qrecv = [self._new(qb8, torch.uint8) for _ in range(2)] if s.qwz else []
+        self.fp8ag = getattr(self, "fp8ag", False)  # the engine's (a MoE expert class: none)
+        if self.fp8ag:  # FP8 receive buffers: 1 byte per element (runtime/fp8.py)
+            qb8 = u_max
+        self.qrecv = [self._new(qb8, torch.uint8) for _ in range(2)] if s.qwz or self.fp8ag else []
         self.gradbuf = [self._new(u_max, self.gdt) for _ in range(2)] if s.s_g > 1 else []
         self.grad_emb = self._new(e, self.gdt) if s.s_g > 1 and self.tied else None
         qb4 = qbytes(u_max, 4, s.quant_block)

@@ -53,7 +53,7 @@ class Configs:
     tables), the once-per-step terms, the model-state GiB and the process groups."""
 
     def __init__(self, job: Job, space: SearchSpace, T: Tables):
-        self.tp = space.tp
+        self.tp, self.fp8ag = space.tp, space.fp8ag
         F = space.factors
         triples = space.triples
         if triples is None:
@@ -63,6 +63,8 @@ class Configs:
         for p, g, o in triples:
             for q, h, qg in itertools.product(space.qwz, space.hpz, space.qgz):
                 if q and p == 1 or qg and g == 1 or qg and space.qgz_needs_p and p == 1:
+                    continue
+                if p == 1 and space.fp8ag and not space.fp8_alone:  # the bf16 space's
                     continue
                 if h > 1 and (p <= h or p % h):
                     continue
@@ -153,7 +155,7 @@ class Configs:
         ex = self.ex.fields(c) if self.ex is not None else {}
         return Strategy(s_p=int(self.p[c]), s_g=int(self.g[c]), s_os=int(self.o[c]),
                         qwz=bool(self.q[c]), hpz=int(self.h[c]), qgz=bool(self.qg[c]),
-                        tp=self.tp, micro_batch=mb, **ckpt_fields(ck, num_layers), **ex)
+                        fp8ag=bool(self.fp8ag and self.p[c] > 1), tp=self.tp, micro_batch=mb, **ckpt_fields(ck, num_layers), **ex)
 
 
 def prunes_blocks(pref: Preference, T: Tables) -> bool:

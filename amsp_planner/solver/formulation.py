@@ -27,6 +27,8 @@ Variables (binaries unless noted; times in seconds, memory in GiB):
            sum_f (vPn_f + vPq_f) = 1 - H (H = sum_z h_z; at binary x, h: v_f = x_f (1 - H));
            h_z <= sum_{f in F: f > z, z | f} (xP_f - vPn_f - vPq_f)
   [qwz]    xPq_1 = 0;  [qgz] xGq_1 = 0
+  [fp8ag]  a space of FP8 all-gathers (SearchSpace.fp8ag) beside the bf16 one: xPn_1 = 0
+           (p = 1 gathers nothing: that strategy is the bf16 space's)
   [engine] with the engine's triples T (SearchSpace.triples): w_t binary, sum_t w_t = 1,
            xP_f = sum_{t in T: t_P = f} w_t (likewise G, OS); with qgz_needs_p,
            sum_g xGq_g <= sum_{f > 1} xP_f
@@ -244,6 +246,8 @@ class Formulation(StepRows, ExpertRows):
                 x = self.x[c.key]
                 for f in sp.factors:
                     prob += x(f) == lin(v for t, v in w.items() if t[i] == f), f"engine_{c.key}_{f}"
+        if sp.fp8ag and not sp.fp8_alone and 1 in self.xPn:  # p = 1: the bf16 space's
+            prob += self.xPn[1] == 0, "fp8ag_needs_p"
         if sp.qgz_needs_p and self.xGq:
             prob += (lin(self.xGq.values()) <= lin(xP(f) for f in sp.factors if f > 1),
                      "engine_qgz_needs_p")
@@ -331,7 +335,7 @@ class Formulation(StepRows, ExpertRows):
             ex = dict(ep=sp.ep, ep_span=sp.ep_span, ep_p=pick(self.x["PE"].plain),
                       ep_g=pick(self.x["GE"].plain), ep_os=pick(self.x["OE"].plain))
         return Strategy(s_p=p, s_g=g, s_os=o, qwz=pick(self.xPq) is not None,
-                        hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None, tp=self.space.tp,
+                        fp8ag=self.space.fp8ag and p > 1, hpz=pick(self.h) or 1, qgz=pick(self.xGq) is not None, tp=self.space.tp,
                         micro_batch=mb, **ckpt_fields(ck, self.job.model.num_layers), **ex)
 
     def _objective(self) -> float:

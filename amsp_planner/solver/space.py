@@ -179,6 +179,11 @@ class SearchSpace:
     expert_pairs: tuple | None = None
     """The (dense triple, expert triple) pairs the engine runs at this degree and placement
     (``engine_experts.expert_pairs``, its profile's ``expert_rule``); None: every pair."""
+    fp8ag: bool = False
+    """Its parameter all-gathers in FP8 (``--precision fp8``; ``fp8_spaces``): no qwZ."""
+    fp8_alone: bool = False
+    """With ``fp8ag``: no bf16 space beside it (``--fp8-all-gather on``), so its s_P = 1
+    strategies are its own."""
 
     def by_tp(self) -> tuple[SearchSpace, ...]:
         """One space per tensor-parallel degree searched, this one's first."""
@@ -207,6 +212,7 @@ class SearchSpace:
         spaces = [sp for sp in spaces if sp.micro_batches] or spaces[:1]
         if job.model.is_moe:
             spaces = expert_spaces(job, spaces, ep)
+        spaces = fp8_spaces(job, spaces)
         return replace(spaces[0], also=tuple(spaces[1:]))
 
     @classmethod
@@ -251,6 +257,8 @@ class SearchSpace:
         for p, g, o in itertools.product(fs, fs, fs):
             if g % p or o % g or self.triples is not None and (p, g, o) not in self.triples:
                 continue
+            if p == 1 and self.fp8ag and not self.fp8_alone:  # the bf16 space's
+                continue
             for q, h, qg in itertools.product(self.qwz, self.hpz, self.qgz):
                 if q and p == 1 or qg and g == 1 or qg and self.qgz_needs_p and p == 1:
                     continue
@@ -258,7 +266,7 @@ class SearchSpace:
                     continue
                 for mb, ck in itertools.product(self.micro_batches, self.ckpt):
                     yield Strategy(s_p=p, s_g=g, s_os=o, qwz=q, hpz=h, qgz=qg, micro_batch=mb,
-                                   tp=self.tp, **ckpt_fields(ck, job.model.num_layers))
+                                   tp=self.tp, fp8ag=self.fp8ag and p > 1, **ckpt_fields(ck, job.model.num_layers))
 
     def _expert_candidates(self, job: Job):
         """The dense candidates (no ZeRO++ in a mixture-of-experts space) x the nested expert
@@ -329,6 +337,25 @@ def _engine_part(job: Job, sp: SearchSpace, e: int, span: bool):
         return fe, None
     pairs = tuple(pr for pr in pairs if set(pr[1]) <= set(fe) and set(pr[0]) <= set(sp.factors))
     return (fe, pairs) if pairs else None
+
+
+def fp8_spaces(job: Job, spaces: list[SearchSpace]) -> list[SearchSpace]:
+    """With ``--precision fp8`` and an FP8 all-gather the engine and recipe run
+    (``cost/fp8.py: fp8_all_gather_supported``): each space again with FP8 parameter
+    all-gathers in place of qwZ (``fp8ag``); ``--fp8-all-gather auto`` searches both,
+    ``on`` the FP8 ones alone, ``off`` (and every bf16 or fp32 job) the bf16 ones."""
+    t = job.training
+    if t.precision != "fp8" or t.fp8_all_gather == "off" or job.model.is_moe:
+        return spaces
+    from amsp_planner.cost.fp8 import check_training, fp8_all_gather_supported
+
+    if not fp8_all_gather_supported(check_training(t, job.engine, job.cluster.gpu.arch),
+                                    job.engine):
+        return spaces
+    alone = t.fp8_all_gather == "on"
+    fp8 = [replace(sp, fp8ag=True, fp8_alone=alone, qwz=(False,)) for sp in spaces
+           if any(tr[0] > 1 for tr in (sp.triples or [(f,) for f in sp.factors]))]
+    return (fp8 or spaces) if alone else spaces + fp8
 
 
 def tp_choices(job: Job, pinned: int | None, auto: bool = True) -> tuple[int, ...]:

@@ -148,7 +148,8 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     """Coefficient tables, each read off the cost model with a probe strategy."""
     F = sp.factors
     tp = sp.tp
-    Strategy = functools.partial(_Strategy, tp=tp)  # noqa: N806  every probe at the space's tp
+    # every probe at the space's tp and gather format (fp8ag: no effect at s_P = 1)
+    Strategy = functools.partial(_Strategy, tp=tp, fp8ag=sp.fp8ag)  # noqa: N806
     n = job.num_gpus // tp
     t = job.training
     pb, gb = t.param_bytes, t.grad_bytes
@@ -197,7 +198,8 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
             e = _entries(job, s, per_micro_batch=False)
             osrs[g, o] = _unit(e.get(("grad_sync", "OS_shard")))
             u = e.get(("update", "P_update"))  # (p, o) with p = g here
-            upd[g, o] = u.time_s if u else 0.0
+            a = e.get(("update", "P"))  # fp8ag: the amax all-reduce over P, once per step
+            upd[g, o] = (u.time_s if u else 0.0) + (a.time_s if a else 0.0)
             step_buf[g, o] = buffer_bytes(job, s)["step_buffer"] / GIB
     perm = job.tp_max_unit(tp) * gb / GIB
     fwd, bwd, nn, act = {}, {}, {}, {}
