@@ -150,7 +150,7 @@ def test_the_bench_reports_a_missed_target_without_failing(capsys):
     assert "rows in scope / collected" in out
 
 
-def test_a_key_given_twice_in_a_row_is_refused(tmp_path, monkeypatch):
+def test_a_key_given_twice_in_a_row_is_refused(tmp_path):
     # two `value:` keys in one row: YAML's safe_load keeps the last silently; the rows are read
     # as every input is, so the duplicate is named
     import amsp_planner.validation as v
@@ -159,9 +159,8 @@ def test_a_key_given_twice_in_a_row_is_refused(tmp_path, monkeypatch):
     bad = tmp_path / "rows.yaml"
     bad.write_text("rows:\n  - {id: a, source: s, engine: fsdp, gpus: 8, metric: tps_per_gpu,\n"
                    "     value: 1, value: 2, scope: in}\n")
-    monkeypatch.setattr(v, "ROWS_FILE", bad)
     with pytest.raises(AmspUserError, match="value"):
-        v.load_rows()
+        v.load_rows(bad)
 
 
 def test_every_row_is_priced_with_its_own_engines_profile(results):
