@@ -5,7 +5,9 @@ The rule is applied across the models as the brute force (solver/brute.py) appli
 union of their spaces:
 
 1. the fastest over all (each model's fastest: one round of solves), under
-   ``Preference.ceiling`` when one is set;
+   ``Preference.ceiling`` when one is set; with a mixture of experts' many parts, in the
+   order of each model's LP-relaxation bound, a model whose bound is beyond the band above
+   the fastest found left unsolved (``_first_round``: it cannot matter to steps 1-4);
 2. with quantization "auto" and a quantized fastest: lossless unless the fastest quantized
    solution beats the fastest lossless of all by more than the band (then every model is
    restricted to lossless solutions); a model whose fastest is beyond the best lossless found
@@ -45,6 +47,16 @@ LOSSLESS_BATCH = 2
 not the thread count: which models are solved (and the solve count a plan file records) must
 not depend on the machine."""
 
+BOUND_BATCH = 2
+"""Models solved together in a bounded first round (``_first_round``), in the order of their
+bounds; fixed, as LOSSLESS_BATCH, so that which models are solved does not depend on the
+machine."""
+
+PRUNE_RTOL = 1e-5
+"""Relative margin of a bound over the band's edge before a model is left unsolved: above the
+rule's own slacks (TIME_RTOL, PHASE2_RTOLS, CEILING_RTOL: at most 1e-6) and the LP's
+tolerances (1e-9)."""
+
 Each = Callable[[Callable, list], dict]
 """`each(fn, models)`: {id(m): fn(m) for m in models}, one round of solves (rounds._mapper)."""
 
@@ -60,6 +72,47 @@ def _fastest(m: StrategyIlp, ceiling: float | None = None) -> IlpSolution | None
         m.build()
         m.cap.upBound = ceiling / m.T.time_unit * (1 + CEILING_RTOL)
     return m._fastest()
+
+
+def _bounded(models: list[StrategyIlp]) -> bool:
+    """Whether the first round bounds the models (``_first_round``): a mixture of experts'
+    parts (one per expert-parallel degree and placement, up to about 20). A dense job's parts
+    (one per TP degree, at most a few) are all solved, as before, so its plan files (their
+    solve counts) stand."""
+    return len(models) > 1 and all(m.space.expert_factors for m in models)
+
+
+def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
+                 bound: bool = True) -> tuple[dict, dict]:
+    """Each model's fastest ({id: solution or None}) where it may matter to the rule, and the
+    models left unsolved ({id: (model, lower bound)}).
+
+    Bounded (``_bounded``): every model's LP relaxation first (``StrategyIlp.lower_bound``:
+    None, infeasible, the model has no solution), then the fastest solved in the order of
+    the bounds, BOUND_BATCH at a time; a model whose bound is beyond the band above the
+    fastest found (times 1 + PRUNE_RTOL) is not solved: its fastest is beyond the band's edge
+    of every later step of the rule (the fastest of all is at most the fastest found), so it
+    is neither the fastest, nor the best lossless admitted by the band, nor in the band's
+    race; it only enters the runners-up (``_runners_up`` solves it there when its bound is
+    below what is left). Unbounded (or `bound` False): one round, every model."""
+    def fast(m):
+        return _fastest(m, preference.ceiling)
+
+    if not (bound and _bounded(models)):
+        return each(fast, models), {}
+    low = each(lambda m: m.lower_bound(), models)
+    fastest = {id(m): None for m in models if low[id(m)] is None}
+    todo = sorted((m for m in models if low[id(m)] is not None), key=lambda m: low[id(m)])
+    unsolved: dict = {}
+    while todo:
+        found = [v.objective for v in fastest.values() if v is not None]
+        if found:
+            edge = min(found) * (1 + preference.band) * (1 + PRUNE_RTOL)
+            unsolved.update({id(m): (m, low[id(m)]) for m in todo if low[id(m)] > edge})
+            todo = [m for m in todo if id(m) not in unsolved]
+        batch, todo = todo[:BOUND_BATCH], todo[BOUND_BATCH:]
+        fastest.update(each(fast, batch))
+    return fastest, unsolved
 
 
 def _lossless_fastest(m: StrategyIlp) -> IlpSolution | None:
@@ -91,15 +144,32 @@ def _lossless(alive: list[StrategyIlp], fastest: dict, each: Each) -> tuple[dict
 
 
 def _runners_up(models: list[StrategyIlp], owner: StrategyIlp, chosen: IlpSolution,
-                fastest: dict, runners_up: int) -> list[IlpSolution]:
+                fastest: dict, runners_up: int, unsolved: dict, ceiling: float | None
+                ) -> list[IlpSolution]:
     """Up to `runners_up` solutions after `chosen` by objective alone: the owner's next from
     no-good cuts; another model's best by objective alone is its fastest (the same problem as
-    the first solve: caps released, quantization allowed, no cut in it)."""
+    the first solve: caps released, quantization allowed, no cut in it). A model the first
+    round left unsolved (`unsolved`: {id: (model, lower bound)}) is solved when its bound is
+    not beyond the best left, so the runners-up are those of every model solved."""
     out: list[IlpSolution] = []
     pool = {id(m): (m, m._next_runner_up(chosen) if m is owner else fastest.get(id(m)))
             for m in models}
+    unsolved = dict(unsolved)
+
+    def solve_unsolved(best: float) -> None:
+        for key, (m, low) in sorted(unsolved.items(), key=lambda kv: kv[1][1]):
+            if low > best * (1 + PRUNE_RTOL):
+                break
+            del unsolved[key]
+            pool[key] = (m, _fastest(m, ceiling))
+            m._release()
+            best = min(best, pool[key][1].objective if pool[key][1] else best)
+
     for k in range(runners_up):
-        left = [(m, sol) for m, sol in pool.values() if sol is not None]
+        solve_unsolved(min((sol.objective for key, (_, sol) in pool.items()
+                            if sol is not None and key not in unsolved), default=float("inf")))
+        left = [(m, sol) for key, (m, sol) in pool.items()
+                if sol is not None and key not in unsolved]
         if not left:
             break
         m, sol = min(left, key=lambda ms: ms[1].objective)
@@ -108,17 +178,18 @@ def _runners_up(models: list[StrategyIlp], owner: StrategyIlp, chosen: IlpSoluti
     return out
 
 
-def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, each: Each
-           ) -> tuple[list[IlpSolution], IlpStats, dict]:
+def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, each: Each,
+           bound: bool = True) -> tuple[list[IlpSolution], IlpStats, dict]:
     """The preferred solution over `models` and up to `runners_up` more by objective, their
     merged statistics, and the points the choice was made against ({'fastest': ...,
     'fastest_lossless': ...} where they differ): the rule of the module docstring, each round
-    of independent solves (one per model) through `each`."""
+    of independent solves (one per model) through `each`; `bound` False: every model's
+    fastest solved (``_first_round``; the same choice, more solves)."""
     refs: dict = {}
     for m in models:
         m.snapshot, m.cuts = None, 0
-    fastest = each(lambda m: _fastest(m, preference.ceiling), models)
-    alive = [m for m in models if fastest[id(m)] is not None]
+    fastest, unsolved = _first_round(models, preference, each, bound)
+    alive = [m for m in models if fastest.get(id(m)) is not None]
     if not alive:
         return [], _stats(models), refs
 
@@ -213,5 +284,6 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
         m._release()
     out = [chosen]
     if runners_up:
-        out += _runners_up(models, owner, chosen, fastest, runners_up)
+        out += _runners_up(models, owner, chosen, fastest, runners_up, unsolved,
+                           preference.ceiling)
     return out, _stats(models, owner), refs

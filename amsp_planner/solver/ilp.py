@@ -163,6 +163,18 @@ class StrategyIlp(Formulation):
             return None
         return self._solution()
 
+    def lower_bound(self) -> float | None:
+        """A lower bound (seconds) of this model's objective, fastest, from its LP relaxation
+        (``Session.relaxation``; -inf where the solver gives none); None when the relaxation
+        is infeasible, and so the model. Timed with the solves, not counted as one."""
+        self.build()
+        self.prob.setObjective(self.step_expr)
+        t0 = _time.perf_counter()
+        with quiet_stdout():
+            value = self._session.relaxation(self.prob, self._solver)
+        self.stats.solve_time_s += _time.perf_counter() - t0
+        return None if value is None else value * self.T.time_unit
+
     def _fix_lossless(self, on: bool) -> None:
         for v in self._quant_vars():
             v.upBound = 0 if on else None
