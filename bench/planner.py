@@ -64,8 +64,9 @@ def plan_once(args: list[str], out: Path, root: Path | None = None) -> tuple[flo
     env = None if root is None else {**os.environ, "PYTHONPATH": str(root)}
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
+    # run from the checkout: `python -m` puts the working directory first on sys.path
     run = subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", "plan", *args,
-                          "-o", str(out)], capture_output=True, env=env)
+                          "-o", str(out)], capture_output=True, env=env, cwd=root)
     wall = time.perf_counter() - t0
     if run.returncode == 2 and not out.exists():  # refused (one line, exit 2): no solve
         return wall, 0.0

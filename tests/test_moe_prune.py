@@ -95,3 +95,19 @@ def test_qwen3_shapes_on_eight_nodes_skip_parts_and_choose_the_same():
     got = searched(job, job.cluster.memory_bytes, "time", pref, bound=True)
     assert got[:2] == full[:2] and got[3] == full[3] == 12
     assert got[2] < full[2]
+
+
+def test_bounds_are_below_each_parts_fastest():
+    # every part: the compute bound (no model built) <= the LP relaxation's <= its fastest
+    # (the rule's objective in seconds), and an infeasible relaxation only where the part has
+    # no solution; Qwen3-30B-A3B's shapes (8 layers) on 8 nodes of 8, a limit that binds
+    job = moe_job(qwen3_like(8), "dgx-h100-ndr", 64, 8, seqs_per_gpu=2, seq_len=4096)
+    for frac in (1.0, 0.3):
+        limit = job.cluster.memory_bytes * frac
+        for sp in SearchSpace.for_job(job).by_tp():
+            m = StrategyIlp(job, sp, limit, "time", "highs", defer=True)
+            pre, lp = m.compute_bound(), m.lower_bound()
+            best = m._fastest()
+            assert (lp is None) == (best is None)
+            if best is not None:
+                assert pre <= lp * (1 + 1e-9) and lp <= best.objective * (1 + 1e-9)

@@ -62,7 +62,8 @@ Each = Callable[[Callable, list], dict]
 
 
 def _stats(models: list[StrategyIlp], owner: StrategyIlp | None = None) -> IlpStats:
-    return merged_stats([m.stats for m in models], owner.stats if owner else None)
+    """The statistics of the models built (a bounded first round may leave some unbuilt)."""
+    return merged_stats([m.stats for m in models if m.built], owner.stats if owner else None)
 
 
 def _fastest(m: StrategyIlp, ceiling: float | None = None) -> IlpSolution | None:
@@ -87,10 +88,12 @@ def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
     """Each model's fastest ({id: solution or None}) where it may matter to the rule, and the
     models left unsolved ({id: (model, lower bound)}).
 
-    Bounded (``_bounded``): every model's LP relaxation first (``StrategyIlp.lower_bound``:
-    None, infeasible, the model has no solution), then the fastest solved in the order of
-    the bounds, BOUND_BATCH at a time; a model whose bound is beyond the band above the
-    fastest found (times 1 + PRUNE_RTOL) is not solved: its fastest is beyond the band's edge
+    Bounded (``_bounded``), best first: each model starts with a bound of its fastest that
+    needs no model built (``StrategyIlp.compute_bound``: the least compute per step), then
+    its LP relaxation's (``StrategyIlp.lower_bound``, which builds it; None: infeasible, no
+    solution), then its fastest; each round takes the BOUND_BATCH models of the least
+    current bound one step further. A model whose bound is beyond the band above the fastest
+    found (times 1 + PRUNE_RTOL) is not taken further: its fastest is beyond the band's edge
     of every later step of the rule (the fastest of all is at most the fastest found), so it
     is neither the fastest, nor the best lossless admitted by the band, nor in the band's
     race; it only enters the runners-up (``_runners_up`` solves it there when its bound is
@@ -100,18 +103,32 @@ def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
 
     if not (bound and _bounded(models)):
         return each(fast, models), {}
-    low = each(lambda m: m.lower_bound(), models)
-    fastest = {id(m): None for m in models if low[id(m)] is None}
-    todo = sorted((m for m in models if low[id(m)] is not None), key=lambda m: low[id(m)])
-    unsolved: dict = {}
-    while todo:
+    low = {id(m): m.compute_bound() for m in models}
+    stage = {id(m): 0 for m in models}  # 0: compute bound, 1: LP bound, 2: solved
+    fastest: dict = {}
+    pos = {id(m): i for i, m in enumerate(models)}
+    while True:
+        todo = sorted((m for m in models if stage[id(m)] < 2),
+                      key=lambda m: (low[id(m)], pos[id(m)]))
         found = [v.objective for v in fastest.values() if v is not None]
         if found:
             edge = min(found) * (1 + preference.band) * (1 + PRUNE_RTOL)
-            unsolved.update({id(m): (m, low[id(m)]) for m in todo if low[id(m)] > edge})
-            todo = [m for m in todo if id(m) not in unsolved]
-        batch, todo = todo[:BOUND_BATCH], todo[BOUND_BATCH:]
-        fastest.update(each(fast, batch))
+            todo = [m for m in todo if low[id(m)] <= edge]
+        if not todo:
+            break
+        batch = todo[:BOUND_BATCH]
+        lp = {id(m) for m in batch if stage[id(m)] == 0}
+        got = each(lambda m: m.lower_bound() if stage[id(m)] == 0 else fast(m), batch)
+        for m in batch:
+            stage[id(m)] += 1
+            if id(m) in lp:
+                if got[id(m)] is None:  # the relaxation is infeasible: so is the model
+                    stage[id(m)], fastest[id(m)] = 2, None
+                else:
+                    low[id(m)] = max(low[id(m)], got[id(m)])
+            else:
+                fastest[id(m)] = got[id(m)]
+    unsolved = {id(m): (m, low[id(m)]) for m in models if stage[id(m)] < 2}
     return fastest, unsolved
 
 
@@ -281,7 +298,8 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
                                                    str(ms[1].strategy)))
     # runners-up: exclude each found decision, back to the objective alone
     for m in models:
-        m._release()
+        if m.built:  # (a model left unsolved may be unbuilt)
+            m._release()
     out = [chosen]
     if runners_up:
         out += _runners_up(models, owner, chosen, fastest, runners_up, unsolved,

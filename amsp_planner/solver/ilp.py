@@ -29,7 +29,7 @@ from amsp_planner.solver.rounds import solve_models
 from amsp_planner.solver.session import open_session, pulp_solver, quiet_stdout
 from amsp_planner.solver.solution import IlpSolution, IlpStats, SolverError
 from amsp_planner.solver.space import FASTEST, GROUPS, MEMORY, RECOMPUTE, Preference, SearchSpace
-from amsp_planner.solver.tables import GIB, tables_for
+from amsp_planner.solver.tables import GIB, compute_bound, tables_for
 
 __all__ = ["GIB", "PHASE2_RTOLS", "IlpSolution", "IlpStats", "SolverError", "StrategyIlp",
            "solve_models"]
@@ -162,6 +162,14 @@ class StrategyIlp(Formulation):
         if self._run() == self.pulp.LpStatusInfeasible:
             return None
         return self._solution()
+
+    def compute_bound(self) -> float:
+        """A lower bound (seconds) of this model's objective without building it: with the
+        time objective the least compute per step of its activation options
+        (``tables.compute_bound``), else -inf (none)."""
+        if self.objective != "time":
+            return float("-inf")
+        return compute_bound(self.job, self.space)
 
     def lower_bound(self) -> float | None:
         """A lower bound (seconds) of this model's objective, fastest, from its LP relaxation
