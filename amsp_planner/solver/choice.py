@@ -47,6 +47,10 @@ LOSSLESS_BATCH = 2
 not the thread count: which models are solved (and the solve count a plan file records) must
 not depend on the machine."""
 
+CUT = 3
+"""A model's stage in a bounded first round once its fastest is known to be beyond the band's
+edge (solved with that edge as HiGHS's objective bound: none at or below it)."""
+
 BOUND_BATCH = 2
 """Models solved together in a bounded first round (``_first_round``), in the order of their
 bounds; fixed, as LOSSLESS_BATCH, so that which models are solved does not depend on the
@@ -66,13 +70,15 @@ def _stats(models: list[StrategyIlp], owner: StrategyIlp | None = None) -> IlpSt
     return merged_stats([m.stats for m in models if m.built], owner.stats if owner else None)
 
 
-def _fastest(m: StrategyIlp, ceiling: float | None = None) -> IlpSolution | None:
+def _fastest(m: StrategyIlp, ceiling: float | None = None, below: float | None = None
+             ) -> IlpSolution | None:
     """The model's fastest, under `ceiling` (seconds) when one is set (``Preference.ceiling``:
-    the objective capped through the tie-breaks' cap variable until the rule sets it)."""
+    the objective capped through the tie-breaks' cap variable until the rule sets it); with
+    `below` (seconds), None when it is above that (``StrategyIlp.fastest_below``)."""
     if ceiling is not None:
         m.build()
         m.cap.upBound = ceiling / m.T.time_unit * (1 + CEILING_RTOL)
-    return m._fastest()
+    return m._fastest() if below is None else m.fastest_below(below)
 
 
 def _bounded(models: list[StrategyIlp]) -> bool:
@@ -91,8 +97,9 @@ def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
     Bounded (``_bounded``), best first: each model starts with a bound of its fastest that
     needs no model built (``StrategyIlp.compute_bound``: the least compute per step), then
     its LP relaxation's (``StrategyIlp.lower_bound``, which builds it; None: infeasible, no
-    solution), then its fastest; each round takes the BOUND_BATCH models of the least
-    current bound one step further. A model whose bound is beyond the band above the fastest
+    solution), then its fastest, once one is found only at or below the band's edge
+    (``StrategyIlp.fastest_below``: none there, and the model is beyond it); each round takes
+    the BOUND_BATCH models of the least current bound one step further. A model whose bound is beyond the band above the fastest
     found (times 1 + PRUNE_RTOL) is not taken further: its fastest is beyond the band's edge
     of every later step of the rule (the fastest of all is at most the fastest found), so it
     is neither the fastest, nor the best lossless admitted by the band, nor in the band's
@@ -104,9 +111,10 @@ def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
     if not (bound and _bounded(models)):
         return each(fast, models), {}
     low = {id(m): m.compute_bound() for m in models}
-    stage = {id(m): 0 for m in models}  # 0: compute bound, 1: LP bound, 2: solved
+    stage = {id(m): 0 for m in models}  # 0: compute bound, 1: LP bound, 2: solved, CUT
     fastest: dict = {}
     pos = {id(m): i for i, m in enumerate(models)}
+    edge = None
     while True:
         todo = sorted((m for m in models if stage[id(m)] < 2),
                       key=lambda m: (low[id(m)], pos[id(m)]))
@@ -118,7 +126,13 @@ def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
             break
         batch = todo[:BOUND_BATCH]
         lp = {id(m) for m in batch if stage[id(m)] == 0}
-        got = each(lambda m: m.lower_bound() if stage[id(m)] == 0 else fast(m), batch)
+
+        def step(m, edge=edge):
+            if stage[id(m)] == 0:
+                return m.lower_bound()
+            return _fastest(m, preference.ceiling, edge)
+
+        got = each(step, batch)
         for m in batch:
             stage[id(m)] += 1
             if id(m) in lp:
@@ -126,9 +140,11 @@ def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
                     stage[id(m)], fastest[id(m)] = 2, None
                 else:
                     low[id(m)] = max(low[id(m)], got[id(m)])
+            elif got[id(m)] is None and edge is not None:  # none at or below the edge
+                stage[id(m)], low[id(m)] = CUT, max(low[id(m)], edge)
             else:
                 fastest[id(m)] = got[id(m)]
-    unsolved = {id(m): (m, low[id(m)]) for m in models if stage[id(m)] < 2}
+    unsolved = {id(m): (m, low[id(m)]) for m in models if stage[id(m)] in (0, 1, CUT)}
     return fastest, unsolved
 
 

@@ -183,6 +183,21 @@ class StrategyIlp(Formulation):
         self.stats.solve_time_s += _time.perf_counter() - t0
         return None if value is None else value * self.T.time_unit
 
+    def fastest_below(self, limit_s: float) -> IlpSolution | None:
+        """The fastest (``_fastest``) if its objective is at most `limit_s` seconds, else
+        None (as when there is none): HiGHS cuts the branches above the limit, much faster
+        than proving an optimum beyond it. Without a kept HiGHS instance (CBC), the fastest
+        itself."""
+        self.build()
+        session = self._session
+        if not hasattr(session, "cutoff"):
+            return self._fastest()
+        session.cutoff = limit_s / self.T.time_unit
+        try:
+            return self._fastest()
+        finally:
+            session.cutoff = None
+
     def _fix_lossless(self, on: bool) -> None:
         for v in self._quant_vars():
             v.upBound = 0 if on else None

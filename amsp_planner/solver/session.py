@@ -124,6 +124,10 @@ class HighsSession:
     def __init__(self, pulp):
         self.pulp = pulp
         self.api = None
+        self.cutoff: float | None = None
+        """An upper bound on the objective for the next solves (HiGHS's ``objective_bound``:
+        branches whose bound is above it are cut); None: none. A problem whose optimum is
+        above it is answered infeasible."""
 
     def _ready(self, prob, make_solver: Callable[[], object]):
         """The HiGHS instance with `prob` as it is now (built at the first call, else the
@@ -179,7 +183,14 @@ class HighsSession:
     def solve(self, prob, make_solver: Callable[[], object]) -> int:
         api = self._ready(prob, make_solver)
         h = prob.solverModel
-        api.callSolver(prob)
+        inf = float("inf")
+        if self.cutoff is not None:  # in HiGHS's terms: the objective's constant left out
+            h.setOptionValue("objective_bound", self.cutoff - (prob.objective.constant or 0.0))
+        try:
+            api.callSolver(prob)
+        finally:
+            if self.cutoff is not None:
+                h.setOptionValue("objective_bound", inf)
         if h.getModelStatus() == self._optimal:  # the values by column index, as PuLP reads
             for v, x in zip(self._cols, h.getSolution().col_value, strict=True):  # them back
                 v.varValue = x  # (without listing the problem's variables at every solve)
