@@ -111,3 +111,35 @@ def test_bounds_are_below_each_parts_fastest():
             assert (lp is None) == (best is None)
             if best is not None:
                 assert pre <= lp * (1 + 1e-9) and lp <= best.objective * (1 + 1e-9)
+
+
+def test_fastest_below_a_limit_is_the_fastest_or_none():
+    # HiGHS with the limit as its objective bound: the fastest itself when it is at or below
+    # the limit, None above it (the bounded round's cut; what HiGHS may still return above
+    # the limit is dropped), on every part of a small job; CBC likewise
+    job = moe_job(tiny_moe(2, 8, 2, 256, (), 1024), "eth-100g", 16, 4, 2)
+    for sp in SearchSpace.for_job(job).by_tp():
+        best = StrategyIlp(job, sp, job.cluster.memory_bytes).solve()[0]
+        if not best:
+            continue
+        t = best[0].objective
+        for solver in ("highs", "cbc"):
+            for limit, want in ((t * 1.001, best[0].strategy), (t * 0.999, None)):
+                m = StrategyIlp(job, sp, job.cluster.memory_bytes, "time", solver)
+                got = m.fastest_below(limit)
+                assert (got and got.strategy) == want
+
+
+def test_bounded_search_with_cbc_chooses_as_every_part_solved():
+    # CBC keeps no solver instance: no LP bound, no objective bound; only the compute bound
+    # orders and prunes, with the same choice
+    job = moe_job(tiny_moe(2, 4, 2, 0, (), 1024), "eth-100g", 8, 4, 2)
+    pref = Preference.default(job=job)
+    space = SearchSpace.for_job(job)
+    runs = []
+    for bound in (False, True):
+        models = [StrategyIlp(job, sp, pref.usable(job.cluster.memory_bytes), "time", "cbc",
+                              defer=True) for sp in space.by_tp()]
+        sols, _, refs = solve_models(models, 2, pref, bound=bound)
+        runs.append(([s.strategy for s in sols], {k: v.strategy for k, v in refs.items()}))
+    assert runs[0] == runs[1]

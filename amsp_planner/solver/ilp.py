@@ -185,18 +185,21 @@ class StrategyIlp(Formulation):
 
     def fastest_below(self, limit_s: float) -> IlpSolution | None:
         """The fastest (``_fastest``) if its objective is at most `limit_s` seconds, else
-        None (as when there is none): HiGHS cuts the branches above the limit, much faster
-        than proving an optimum beyond it. Without a kept HiGHS instance (CBC), the fastest
-        itself."""
+        None (as when there is none): HiGHS cuts the branches whose bound is above the limit,
+        much faster than proving an optimum beyond it. What it returns above the limit (an
+        incumbent found before the cut) need not be the optimum, only proof that none is at
+        or below the limit: it is dropped. Without a kept HiGHS instance (CBC), the fastest
+        solved in full, the same test."""
         self.build()
         session = self._session
-        if not hasattr(session, "cutoff"):
-            return self._fastest()
-        session.cutoff = limit_s / self.T.time_unit
+        if hasattr(session, "cutoff"):
+            session.cutoff = limit_s / self.T.time_unit
         try:
-            return self._fastest()
+            sol = self._fastest()
         finally:
-            session.cutoff = None
+            if hasattr(session, "cutoff"):
+                session.cutoff = None
+        return sol if sol is not None and sol.objective <= limit_s else None
 
     def _fix_lossless(self, on: bool) -> None:
         for v in self._quant_vars():
