@@ -99,12 +99,12 @@ def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
     its LP relaxation's (``StrategyIlp.lower_bound``, which builds it; None: infeasible, no
     solution), then its fastest, once one is found only at or below the band's edge
     (``StrategyIlp.fastest_below``: none there, and the model is beyond it); each round takes
-    the BOUND_BATCH models of the least current bound one step further. A model whose bound is beyond the band above the fastest
-    found (times 1 + PRUNE_RTOL) is not taken further: its fastest is beyond the band's edge
-    of every later step of the rule (the fastest of all is at most the fastest found), so it
-    is neither the fastest, nor the best lossless admitted by the band, nor in the band's
-    race; it only enters the runners-up (``_runners_up`` solves it there when its bound is
-    below what is left). Unbounded (or `bound` False): one round, every model."""
+    the BOUND_BATCH models of the least current bound one step further. A model whose bound
+    is beyond the band above the fastest found (times 1 + PRUNE_RTOL) is not taken further:
+    its fastest is beyond the band's edge of every later step of the rule (the fastest of
+    all is at most the fastest found), so it is neither the fastest, nor the best lossless
+    admitted by the band, nor in the band's race; it only enters the runners-up
+    (``_runners_up`` solves it there when its bound is below what is left). Unbounded (or `bound` False): one round, every model."""
     def fast(m):
         return _fastest(m, preference.ceiling)
 
