@@ -280,9 +280,11 @@ def best(op: str, f: Fabric, nbytes: float) -> Choice:
 
 def _all_to_all(f: Fabric, nbytes: float) -> Choice:
     """Pairwise sends, all peers at once: each rank sends (m-1)/m of its buffer, (g-1)/g of it
-    out of the node over its NIC share and (k-1)/m inside at the in-node bandwidth."""
+    out of the node over its NIC share and (k-1)/m inside at the in-node bandwidth. The k
+    members of a node send at once through the group's share of the node's NICs (``net_bw``,
+    k/R of them): each rank gets net_bw / k (a ring's one stream per node gets it whole)."""
     m, g, k = f.ranks, f.nodes, f.per_node
-    out = (g - 1) / g * nbytes / f.net_bw if g > 1 else 0.0
+    out = (g - 1) / g * nbytes * k / f.net_bw if g > 1 else 0.0
     inside = (k - 1) / m * nbytes / f.intra_bw
     hw = HW_LATENCY_US["net" if g > 1 else ("nvlink" if f.nvlink else "pci")]["ring"][2]
     lat = BASE_LATENCY_US["ring"][2] + hw

@@ -21,7 +21,9 @@ class Execution:
     """'unit': one all-gather per unit (a block, the embedding, the head); 'module': one fetch
     per parameter-holding module, the modules fetched together coalesced into calls of at most
     ``prefetch_bucket`` elements; tensors under ``persistence_threshold`` elements are kept
-    whole and never gathered."""
+    whole and never gathered; 'parameter': one call per parameter-holding module, never
+    coalesced, the calls of one prefetch batch (up to ``prefetch_bucket`` elements) serialised
+    (``cost/schedule.py`` ``on_demand``)."""
     persistence_threshold: int = 0
     """Parameters with fewer elements stay whole on every rank (not gathered)."""
     prefetch_bucket: int | None = None
@@ -43,6 +45,11 @@ class Execution:
     """How gradients that are not sharded during backward (s_G = 1: DDP, ZeRO-1) reach the
     optimizer shard: 'reduce_scatter', or 'all_reduce' (the whole buffer is all-reduced and each
     rank keeps its slice: twice the bytes)."""
+    sharded_reduce: str = "reduce_scatter"
+    """How each micro-batch's gradients reach their G shard where gradients are sharded
+    (s_G > 1): 'reduce_scatter', or 'all_reduce' (every rank receives the whole reduced
+    gradient and keeps its slice: twice the bytes; the bucket is flattened into one buffer and
+    copied back, two copies of it)."""
     sync_overlap: bool = True
     """The once-per-step gradient reduction runs during the last backward, overlapped with it
     (True), or after backward, before the step (False: exposed)."""

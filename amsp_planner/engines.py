@@ -17,6 +17,8 @@ tied      (s, s, s)                                  FSDP2 / HSDP mesh (N/s, s);
 zero1     (1, 1, s) or (s, s, s)                     InternEvo zero1.size = s, zero1.fsdp
 os        (1, 1, s)                                  Megatron-Core: DDP (s = 1) or the
                                                      distributed optimizer over N/s instances
+zero3     (N, N, N)                                  a past DeepSpeed release, stage 3 only
+                                                     (engine_versions.py)
 ========  =========================================  ==========================================
 
 Tensor (+ sequence) parallelism inside the node (``tp``): amsp (``amsp train``, runtime/tp.py;
@@ -28,11 +30,15 @@ plans this model prices: its profile keeps tp = 1 (``tp_note`` says why). Intern
 Megatron tensor parallelism with sequence parallelism as ``parallel.tensor = dict(size=T,
 mode="msp")``, and Megatron-Core as ``--tensor-model-parallel-size T --sequence-parallel``.
 
+Past releases (``engine_versions.py``, keys ``<engine>@<version>`` in ``PROFILES``, listed in
+``VERSIONED``) price published runs made with them; ``--engine`` offers ``ENGINES`` only.
+
 Nothing here imports torch, DeepSpeed or the cost model; ``cost/job.py`` reads the profiles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from amsp_planner.engine_execution import (  # noqa: F401 - also this module's API
@@ -90,6 +96,15 @@ class EngineProfile:
     op_policy: str = "matmuls"
     """Its op-level selective checkpointing: 'matmuls' keeps every matmul's output,
     'alternate' every second one (torchtitan's policy; cost/activations.py)."""
+    expert_rule: str = "any"
+    """Mixture of experts: the expert settings (e, placement, expert triple) it runs with a
+    dense triple, a rule of engine_experts.py ('any', 'tied', 'stages', 'titan', 'os',
+    'none'; the sources are there); the search keeps to it (``SearchSpace.expert_pairs``)."""
+
+    @property
+    def engine(self) -> str:
+        """The engine, without the release a versioned profile names (``deepspeed@0.3.14``)."""
+        return self.name.split("@")[0]
 
     # ----- the search space ------------------------------------------------------------------
     def runs_ckpt(self, value, num_layers: int) -> bool:
@@ -102,7 +117,7 @@ class EngineProfile:
 
     def stage0_allowed(self, training) -> bool:
         """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation."""
-        return not (self.name == "deepspeed" and training.precision == "bf16"
+        return not (self.engine == "deepspeed" and training.precision == "bf16"
                     and training.grad_accum_dtype == "fp32")
 
     def triples(self, num_gpus: int, gpus_per_node: int, training
@@ -120,6 +135,8 @@ class EngineProfile:
             return tuple((s, s, s) for s in fs)
         if self.shapes == "os":
             return tuple((1, 1, s) for s in fs)
+        if self.shapes == "zero3":
+            return ((n, n, n),)
         assert self.shapes == "zero1", self.shapes
         return tuple(dict.fromkeys(t for s in fs for t in ((1, 1, s), (s, s, s))))
 
@@ -159,7 +176,9 @@ class EngineProfile:
 
 
 REDUCE_HOST_US = 20.0
-"""DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted)."""
+"""DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted, to
+runs of a release without that function: docs/cost-model.md "Published runs of past
+releases")."""
 
 _FSDP2_SOURCES = (
     ("gather_grouping", "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: one "
@@ -183,7 +202,7 @@ PROFILES = {
     ),
     "deepspeed": EngineProfile(
         name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,
-        qgz_needs_p=True, reduce_dtype=None,
+        qgz_needs_p=True, reduce_dtype=None, expert_rule="stages",
         gathers="stage 3 fetches parameters per module and prefetches up to "
                 "stage3_prefetch_bucket_size elements within stage3_max_live_parameters; the "
                 "export writes DeepSpeed's defaults, which the memory model replays module by "
@@ -215,7 +234,9 @@ PROFILES = {
                  "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
                  "world_sz x tensors slices every tensor into per-rank chunks and interleaves "
                  "them (with padding) for one torch.cat; the time per (rank, tensor) is fitted "
-                 "to the published ZeRO-3 runs at 384-1,536 GPUs (docs/cost-model.md); the "
+                 "to the published ZeRO-3 runs at 384-1,536 GPUs (docs/cost-model.md), which "
+                 "ran DeepSpeed of spring 2021, before the function existed (v0.6.0; "
+                 "engine_versions.py): the fit stands in for a gap of another cause; the "
                  "function itself, run with 9 tensors and a stub for the collective, took "
                  "45 us more per (rank, tensor) from 256 to 1,024 ranks on a shared 2-core "
                  "development machine"),
@@ -258,7 +279,7 @@ PROFILES = {
                  "(parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel)"),
         tp=True, tp_note="parallelize_module on the 'tp' dimension of a 2-D mesh, then fully_shard "
                          "on the data-parallel dimension",
-        master_params=True,
+        master_params=True, expert_rule="tied",
         execution=Execution(sources=_FSDP2_SOURCES),
     ),
     "torchtitan": EngineProfile(
@@ -277,11 +298,12 @@ PROFILES = {
                  "SequenceParallel norms)"),
         tp=True, tp_note="parallelism.tensor_parallel_degree, enable_async_tensor_parallel off",
         activation_profile="torchtitan", op_policy="alternate", master_params=True,
+        expert_rule="titan",
         execution=Execution(sources=_FSDP2_SOURCES),
     ),
     "internevo": EngineProfile(
         name="internevo", title="InternEvo", shapes="zero1", hpz=False, qwz=False, qgz=False,
-        qgz_needs_p=False, reduce_dtype="param",
+        qgz_needs_p=False, reduce_dtype="param", expert_rule="none",
         gathers="hybrid ZeRO optimizer: gradients reduced in reduce_bucket_size buckets, updated "
                 "parameters broadcast/all-gathered after the step; priced per unit",
         checkpointing="model.checkpoint True/False or a fraction of the layers (K of L); no "
@@ -316,7 +338,7 @@ PROFILES = {
     ),
     "megatron": EngineProfile(
         name="megatron", title="Megatron-Core", shapes="os", hpz=False, qwz=False, qgz=False,
-        qgz_needs_p=False, reduce_dtype="fp32",
+        qgz_needs_p=False, reduce_dtype="fp32", expert_rule="os",
         gathers="parameters whole on every data-parallel rank (DDP, or the distributed optimizer: "
                 "optimizer states sharded over the data-parallel ranks, gradients "
                 "reduce-scattered and updated parameters all-gathered in buckets, once per step)",
@@ -350,6 +372,22 @@ PROFILES = {
         ),
     ),
 }
+
+
+def _versioned() -> dict[str, EngineProfile]:
+    """The past releases' profiles (engine_versions.py): the current one with their fields."""
+    from amsp_planner.engine_versions import VERSIONS
+
+    out = {}
+    for key, fields in VERSIONS.items():
+        fields = dict(fields)
+        out[key] = dataclasses.replace(PROFILES[fields.pop("base")], name=key, **fields)
+    return out
+
+
+PROFILES.update(_versioned())
+VERSIONED = tuple(k for k in PROFILES if "@" in k)
+"""Profiles of past releases, for pricing published runs (never a choice of --engine)."""
 
 
 def profile(engine: str) -> EngineProfile:

@@ -6,7 +6,8 @@ The rows (``presets/validation.yaml``; mixture-of-experts runs in ``validation_m
 with ``load_rows(MOE_ROWS_FILE)`` and summarised apart) are published measurements of LLM
 training, each with its source, the engine that ran it and the hardware. ``predict_rows``
 turns every row that is a job of this model into a Job and a Strategy, priced with the
-execution profile of the row's engine (``pricing_engine``; an engine without a profile of its
+execution profile of the row's engine (``pricing_engine``: the release the row ran where it names
+one with a profile of its own, engine_versions.py; an engine without a profile of its
 own is priced as the one that executes the same way, and a strategy the profile does not
 express falls back to the bundled runtime's profile, said in ``RowResult.priced_as``), and
 predicts the row's metric. Rows out of scope state why (pipeline or context parallelism, FP8
@@ -30,13 +31,16 @@ import json
 import statistics
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
-PRESETS = Path(__file__).resolve().parent / "presets"
-ROWS_FILE = PRESETS / "validation.yaml"
-MOE_ROWS_FILE = PRESETS / "validation_moe.yaml"
-"""Published mixture-of-experts runs: the same schema plus the MoE fields in its header, with
-their own statistics (bench/gpu_validation.py); the planner's bands come from ROWS_FILE only."""
+from amsp_planner.validation_rows import (  # noqa: F401 (re-exported)
+    MOE_ROWS_FILE,
+    PRESETS,
+    REQUIRED,
+    ROWS_FILE,
+    check_rows,
+    load_rows,
+)
+
 BANDS_FILE = PRESETS / "error_bands.json"
 
 
@@ -63,6 +67,10 @@ class RowResult:
     job: str | None = None
     memory_kind: str = "reserved"
     """The figure the published peak is: 'reserved', 'allocated' or 'device' (docs/memory.md)."""
+    precision: str = "bf16"
+    recipe: str = ""
+    bf16_row: str | None = None
+    """An FP8 row's bf16 counterpart: the same source's run of the same job in bf16."""
 
     @property
     def bucket(self) -> str:
@@ -95,45 +103,20 @@ def scale_bucket(gpus: int) -> str:
 PRICED_AS = {"fsdp": "fsdp2", "fairscale": "fsdp2"}
 
 
-def pricing_engine(engine: str) -> tuple[str, str]:
-    """The engine profile a row is priced with, and why when it is not the row's own."""
-    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES
+def pricing_engine(engine: str, version: str | None = None) -> tuple[str, str]:
+    """The engine profile a row is priced with, and why when it is not the row's own: the
+    profile of the release the row ran (`version`, its ``engine_version``) where
+    engine_versions.py has one, else the engine's current one."""
+    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES, VERSIONED
 
+    if version and f"{engine}@{version}" in VERSIONED:
+        return f"{engine}@{version}", ""
     if engine in ENGINES:
-        return engine, ""
+        return engine, (f"{engine} {version} has no profile: priced as the current release"
+                        if version else "")
     alt = PRICED_AS.get(engine, DEFAULT_ENGINE)
     alt = alt if alt in ENGINES else DEFAULT_ENGINE
     return alt, f"{engine} has no profile: priced as {alt}"
-
-
-REQUIRED = ("id", "source", "engine", "gpus", "metric", "value", "scope")
-
-
-def check_rows(doc: dict) -> dict:
-    """`doc` when every row has the fields a row needs, a known source and a scope; else
-    ValueError naming the row and the field."""
-    for i, row in enumerate(doc["rows"]):
-        name = row.get("id", f"#{i + 1}")
-        for field in REQUIRED:
-            if row.get(field) in (None, ""):
-                raise ValueError(f"validation.yaml: row {name}: field '{field}' is missing: "
-                                 "give it (scope: in, or the reason the row is out of scope)")
-        if row["source"] not in doc["sources"]:
-            raise ValueError(f"validation.yaml: row {name}: field 'source': "
-                             f"'{row['source']}' is not a key of sources: add it there")
-        if row["scope"] == "in" and not (row.get("strategy") and row.get("cluster")):
-            raise ValueError(f"validation.yaml: row {name}: a row in scope needs fields "
-                             "'strategy' and 'cluster'")
-    return doc
-
-
-def load_rows(path: Path | None = None) -> dict:
-    """The rows, read as every YAML input is (``textfile.load``: a key given twice in one row
-    is refused, not silently the last one); `path` MOE_ROWS_FILE for the MoE runs (default
-    ROWS_FILE)."""
-    from amsp_planner.textfile import load
-
-    return check_rows(load(path or ROWS_FILE))
 
 
 def _metric(ev, job, metric: str) -> float:
@@ -178,7 +161,7 @@ def row_job(row: dict, models: dict, engine: str | None = None):
     moe = {"expert_imbalance": row["expert_imbalance"]} if "expert_imbalance" in row else {}
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
                             **row.get("training", {}), **moe)
-    engine = engine or pricing_engine(row["engine"])[0]
+    engine = engine or pricing_engine(row["engine"], row.get("engine_version"))[0]
     job = Job.create(model, cluster, training, row["gpus"], engine=engine)
     s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
     job.check(s)
@@ -192,7 +175,7 @@ def priced_job(row: dict, models: dict):
     from amsp_planner.engines import DEFAULT_ENGINE
     from amsp_planner.errors import AmspUserError
 
-    engine, why = pricing_engine(row["engine"])
+    engine, why = pricing_engine(row["engine"], row.get("engine_version"))
     try:
         return (*row_job(row, models, engine), engine, why)
     except AmspUserError:
@@ -210,7 +193,9 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
     for row in doc["rows"]:
         r = RowResult(row["id"], row["source"], row["engine"], row["gpus"], row["metric"],
                       float(row["value"]), None, row.get("bound", "="), row["scope"],
-                      row.get("order"), row.get("strategy", ""), job=row.get("job"))
+                      row.get("order"), row.get("strategy", ""), job=row.get("job"),
+                      precision=row.get("training", {}).get("precision", "bf16"),
+                      bf16_row=row.get("bf16_row"))
         if "memory_gib" in row or row["metric"] == "memory":
             r.published_memory_gib = float(row.get("memory_gib", row["value"]))
         out.append(r)
@@ -219,6 +204,10 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
         job, s, engine, why = priced_job(row, doc.get("models", {}))
         r.priced_as = engine + (f" ({why})" if why else "")
         r.activation_profile = job.training.activation_profile
+        if r.precision == "fp8":
+            from amsp_planner.cost.fp8 import default_recipe
+
+            r.recipe = job.training.fp8_recipe or default_recipe(job.engine)
         ev = evaluate(job, s)
         r.predicted, r.step_s = _metric(ev, job, row["metric"]), ev.step_s
         # the published figure's kind (docs/memory.md): torch's max_memory_reserved unless
@@ -228,6 +217,38 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
                                                                          "reserved")
         r.memory_gib, r.memory_kind = ev.memory.peak(kind) / 2**30, kind
     return out
+
+
+@dataclass
+class Fp8Pair:
+    """An FP8 row and its bf16 row: the published and predicted FP8 speed-up (throughput
+    ratio FP8 / bf16) and their difference in points."""
+    fp8: RowResult
+    bf16: RowResult
+
+    @property
+    def published(self) -> float:
+        return self.fp8.published / self.bf16.published
+
+    @property
+    def predicted(self) -> float:
+        return self.fp8.predicted / self.bf16.predicted
+
+    @property
+    def points(self) -> float:
+        """Predicted minus published speed-up, in percentage points."""
+        return 100 * (self.predicted - self.published)
+
+
+FP8_SPEEDUP_POINTS = 5.0
+"""Target: each source's published bf16-vs-FP8 speed-up within 5 points (issue 27)."""
+
+
+def fp8_pairs(results: list[RowResult]) -> list[Fp8Pair]:
+    """Every in-scope FP8 row with an in-scope `bf16_row`, in file order."""
+    by_id = {r.id: r for r in results}
+    return [Fp8Pair(r, by_id[r.bf16_row]) for r in results
+            if r.bf16_row and r.scope == "in" and by_id[r.bf16_row].scope == "in"]
 
 
 def orderings(results: list[RowResult]) -> dict[str, bool]:

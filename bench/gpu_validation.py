@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,8 @@ from amsp_planner.validation import (  # noqa: E402
     BANDS_FILE,
     BUCKETS,
     MOE_ROWS_FILE,
+    FP8_SPEEDUP_POINTS,
+    fp8_pairs,
     load_rows,
     orderings,
     predict_rows,
@@ -203,6 +206,37 @@ def pair_table(pairs) -> list[str]:
     return lines
 
 
+def fp8_lines(results) -> list[str]:
+    """FP8 rows beside the bf16 rows of the same sources: each published speed-up against the
+    predicted one (target: within FP8_SPEEDUP_POINTS), and the FP8 rows' throughput error."""
+    pairs = fp8_pairs(results)
+    fp8 = [r for r in results if r.precision == "fp8" and r.scope == "in"
+           and r.metric != "memory"]
+    if not fp8:
+        return []
+    errs = sorted(abs(r.error) for r in fp8)
+    ok = sum(abs(p.points) <= FP8_SPEEDUP_POINTS for p in pairs)
+    out = ["## FP8 against bf16", "",
+           "Published FP8 rows (`training: {precision: fp8}`, docs/fp8.md) beside the bf16 row of "
+           "the same source and job (`bf16_row`): the published speed-up (FP8 throughput / bf16) "
+           "against the predicted one; target: within "
+           f"{FP8_SPEEDUP_POINTS:g} points. FP8 rows in scope: {len(fp8)}, median |throughput "
+           f"error| {100 * statistics.median(errs):.1f} %, "
+           f"worst {100 * errs[-1]:.1f} %; speed-ups within {FP8_SPEEDUP_POINTS:g} points: "
+           f"{ok} of {len(pairs)}.", "",
+           "| source | bf16 row | FP8 row | recipe | GPUs | published speed-up | predicted | "
+           "difference | bf16 error | FP8 error |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for p in pairs:
+        out.append(f"| {p.fp8.source} | {p.bf16.id} | {p.fp8.id} | {p.fp8.recipe} | "
+                   f"{p.fp8.gpus} | {p.published:.3f} | {p.predicted:.3f} | {p.points:+.1f} pts "
+                   f"| {pct(p.bf16.error)} | {pct(p.fp8.error)} |")
+    alone = [r for r in fp8 if not r.bf16_row]
+    if alone:
+        out += ["", "FP8 rows without a published bf16 row of the same job: "
+                + ", ".join(f"{r.id} ({pct(r.error)})" for r in alone) + "."]
+    return out + [""]
+
+
 def exclusions(results) -> list[str]:
     lines = ["| row | engine | GPUs | published | predicted | error | why outside |",
              "|---|---|---:|---:|---:|---:|---|"]
@@ -243,7 +277,9 @@ def write_doc(results, b, orders, pairs, met, doc) -> str:
            "## Throughput per scale bucket", ""]
     out += band_table("GPUs", b["step_time_by_scale"])
     out += ["", "## Throughput per engine", "", "The engine the source ran; `priced as` in the row "
-            "table names the execution profile that priced it.", ""]
+            "table names the execution profile that priced it (`engine@version` for a row "
+            "that names a past release with a profile of its own, amsp_planner/"
+            "engine_versions.py).", ""]
     out += band_table("engine", b["step_time_by_engine"])
     out += ["", "Per engine and scale bucket:", ""] + engine_scale_table(b)
     out += ["", "Published orderings (throughput, within one source): "
@@ -266,6 +302,7 @@ def write_doc(results, b, orders, pairs, met, doc) -> str:
                            f"{x['p90_abs_error'] * 100:.1f} % | {x['max_abs_error'] * 100:.1f} % | "
                            f"order kept in {x['order_kept']:.0%} |")
         out += ["", "The pairs:", ""] + pair_table(pairs)
+    out += [""] + fp8_lines(results)
     out += ["", "## Peak memory per GPU", "",
             "Rows with a published peak memory, with the activation profile the prediction used "
             "and the figure the source published (reserved: torch.cuda.max_memory_reserved; "
@@ -346,6 +383,7 @@ def main(argv=None) -> int:
         BANDS_FILE.write_text(json.dumps({**b, "targets": TARGETS, "targets_met": met,
                                           "moe": moe_bands,
                                           "source": "bench/gpu_validation.py"}, indent=2) + "\n")
+    print("\n".join(fp8_lines(results)))
     print(verdict(met))
     return 0
 

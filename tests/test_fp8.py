@@ -166,3 +166,61 @@ def test_tp_wire_bytes():
     assert fp8_bytes.fp8_tp_wire("tensorwise", "torchtitan") == fp8_bytes.Fp8TpWire(1, 2, 1)
     assert fp8_bytes.fp8_tp_wire("rowwise", "torchtitan") == fp8_bytes.Fp8TpWire(2, 2, 0)
     assert fp8_bytes.fp8_tp_wire("delayed", "megatron") == fp8_bytes.Fp8TpWire(2, 2, 0)
+
+
+def test_tensorwise_tp_casts_each_gathered_input_once_on_its_shard():
+    """torchao's Float8 TP classes (float8_tensor_parallel.py): the input of wq/wk/wv is cast
+    once, on its sequence shard, before the FP8 all-gather; wo's output gradient likewise."""
+    from amsp_planner.cost.fp8 import RECIPE, tp_cast_bytes
+
+    r = RECIPE["tensorwise"]
+    m, k, n, tp = 1024, 512, 256, 4
+    # by hand, bytes per element: amax read 2, cast read 2 + write 1, on m/tp rows; the
+    # transposed FP8 layout of the gathered tensor read 1 + write 1 on all m rows; an
+    # ordinary tensorwise operand: amax 2 + two casts of (2 + 1) = 8, plus 2 x 4 B of scales
+    x_shard = 5 * m * k // tp + 2 * m * k        # 655,360 + 1,048,576
+    dy = 8 * m * n + 8                           # 2,097,160
+    w = 8 * k * n + 8                            # 1,048,584
+    assert tp_cast_bytes(r, m, k, n, "wq", tp) == x_shard + dy + w
+    assert tp_cast_bytes(r, m, k, n, "wk", tp) == 2 * m * k + dy + w  # shares wq's cast
+    x = 8 * m * k + 8
+    assert tp_cast_bytes(r, m, k, n, "wo", tp) == x + 5 * m * n // tp + 2 * m * n + w
+
+
+def test_tensorwise_tp_all_gathers_move_one_byte_per_element():
+    """The blocks' sequence-parallel all-gathers carry FP8 under torchao's tensorwise TP (each
+    after a 4-byte amax all-reduce); the head's all-gather and every reduce-scatter stay bf16."""
+    from amsp_planner.cost.job import Job
+    from amsp_planner.cost.tp_schedule import tp_entries
+    from amsp_planner.specs import TrainingSpec, load_cluster, load_model
+
+    def entries(precision, recipe=None):
+        t = TrainingSpec(seq_len=4096, global_batch_seqs=8, precision=precision,
+                         fp8_recipe=recipe)
+        job = Job.create(load_model("llama3-8b"), load_cluster("dgx-h100-ndr"), t, 8,
+                         "torchtitan")
+        return {(e.phase, e.op): e for e in tp_entries(job, 2, 1, False, 4)}
+
+    bf16, fp8, row = entries("bf16"), entries("fp8", "tensorwise"), entries("fp8", "rowwise")
+    el, layers, n_micro = 4096 * 4096, 32, 4  # b*s*h elements per call; L; micro-batches
+    fwd = fp8[("forward", "all_gather")]
+    # forward: 2 per block at 1 B + the head's at 2 B, per micro-batch
+    assert fwd.full_bytes_per_step == n_micro * (2 * layers * el + 2 * el) and fwd.dtype == "fp8"
+    assert bf16[("forward", "all_gather")].full_bytes_per_step == n_micro * (2 * layers + 1) * 2 * el
+    # backward: 2 per block at 1 B, the embedding's transposed reduce-scatter at 2 B
+    assert fp8[("backward", "all_gather")].full_bytes_per_step == \
+        n_micro * (2 * layers * el + 2 * el)
+    for key in (("forward", "reduce_scatter"), ("backward", "reduce_scatter")):
+        assert fp8[key].full_bytes_per_step == bf16[key].full_bytes_per_step
+    # one 4-byte amax all-reduce per FP8 all-gather: 2 forward and 2 backward per block
+    def amax(es):
+        return {e.phase: e.calls_per_step for e in es if e.op == "all_reduce"
+                and e.full_bytes_per_step == 4 * e.calls_per_step}
+
+    t = TrainingSpec(seq_len=4096, global_batch_seqs=8, precision="fp8", fp8_recipe="tensorwise")
+    job = Job.create(load_model("llama3-8b"), load_cluster("dgx-h100-ndr"), t, 8, "torchtitan")
+    assert amax(tp_entries(job, 2, 1, False, 4)) == {"forward": n_micro * 2 * layers,
+                                                     "backward": n_micro * 2 * layers}
+    # rowwise gathers bf16 (torchtitan uses the bf16 TP classes for it)
+    assert row[("forward", "all_gather")].full_bytes_per_step == \
+        bf16[("forward", "all_gather")].full_bytes_per_step

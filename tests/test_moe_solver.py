@@ -100,16 +100,18 @@ def qwen3_like(layers=48) -> ModelSpec:
 
 def test_an_expert_triple_unlike_the_dense_one_is_the_optimum():
     # Qwen3-30B-A3B's shapes with 4 layers on 2 nodes of 8 H100s, one sequence of 4096 per
-    # GPU. The brute force's optimum puts 8 experts per layer on each rank (e = 16, every
-    # rank its own experts: the ranks holding the same experts are one, so the expert triple
-    # is (1, 1, 1)), while the dense class shards its optimizer state over all 16 ranks
-    # (once per step, nearly free) and keeps parameters and gradients whole.
+    # GPU. The brute force's optimum keeps the token all-to-alls inside each node (e = 8, 16
+    # experts per layer on each rank) and the experts whole on the two ranks that hold the
+    # same ones (one per node: expert triple (1, 1, 1), their gradients all-reduced across
+    # the nodes once per step), while the dense class shards its optimizer state over all 16
+    # ranks (once per step, nearly free) and keeps parameters and gradients whole. (e = 16
+    # would send half of every all-to-all over the NICs, each rank at 1/8 of its node's.)
     job = moe_job(qwen3_like(4), "dgx-h100-ndr", 16, 8, seq_len=4096)
     space = SearchSpace.for_job(job, micro_batch=1)
     best = brute_force(job, space, job.cluster.memory_bytes)[0].strategy
     got = solve(job, micro_batch=1).best.strategy
     assert got == best
-    assert (best.ep, best.s_p, best.s_g, best.s_os) == (16, 1, 1, 16)
+    assert (best.ep, best.ep_span, best.s_p, best.s_g, best.s_os) == (8, False, 1, 1, 16)
     assert (best.ep_p, best.ep_g, best.ep_os) == (1, 1, 1)
     assert (best.ep_p, best.ep_g, best.ep_os) != (best.s_p, best.s_g, best.s_os)
 

@@ -1,6 +1,9 @@
-"""amsp compare: the named baselines (and given strategies) side by side.
+"""amsp compare: the named baselines (and given strategies) side by side; with several
+precisions (--precision bf16,fp8) the same job in each, row by row.
 
     amsp compare --model llama-7b --gpus 1024
+    amsp compare --model llama3-8b --gpus 64 --cluster dgx-h100-ndr --engine torchtitan \\
+        --precision bf16,fp8
 """
 
 from __future__ import annotations
@@ -11,8 +14,76 @@ from amsp_planner.cli.options import build_job, job_options
 from amsp_planner.report.grid import format_option, pick_format
 
 
+def _jobs(precisions: tuple[str, ...], opts: dict) -> dict:
+    """{precision: (job, limit)}. FP8 built first, so that its one-line refusal (engine, GPU,
+    recipe) comes before any note; each note printed once though every job repeats it. The
+    FP8 options are passed to the FP8 job only when another precision is listed beside it."""
+    import contextlib
+    import io
+    import sys
+
+    order = sorted(precisions, key=lambda p: p != "fp8")
+    seen: set[str] = set()
+    jobs = {}
+    for p in order:
+        o = dict(opts, precision=p)
+        if p != "fp8" and "fp8" in precisions:
+            o.update(fp8_recipe="auto", fp8_all_gather="auto")
+        buf = io.StringIO()
+        with contextlib.redirect_stderr(buf):
+            jobs[p] = build_job(**o)
+        for line in buf.getvalue().splitlines():
+            if line not in seen:
+                seen.add(line)
+                print(line, file=sys.stderr)
+    return {p: jobs[p] for p in precisions}
+
+
+def _label(job) -> str:
+    """'fp8 (tensorwise)' for an FP8 job, else its precision."""
+    t = job.training
+    if t.precision != "fp8":
+        return t.precision
+    from amsp_planner.cost.fp8 import default_recipe
+
+    return f"fp8 ({t.fp8_recipe or default_recipe(job.engine)})"
+
+
+def _gain(a, b) -> float:
+    """Tokens/s of evaluation b over a, as a fraction."""
+    return a.step_s / b.step_s - 1
+
+
+def precision_lines(by_prec: dict) -> list[str]:
+    """Per precision after the first: its fastest fitting row against the first precision's,
+    and the range of the same strategy's gain; what FP8 is priced on."""
+    (job0, rows0), *rest = by_prec.values()
+    out = []
+    for job, rows in rest:  # the rows of every precision are the same strategies in order
+        same = [(n, _gain(e0, e)) for (n, e0), (_, e) in zip(rows0, rows, strict=True)]
+        fit0 = [(n, e) for n, e in rows0 if e.fits]
+        fit = [(n, e) for n, e in rows if e.fits]
+        line = f"{_label(job)} vs {_label(job0)} on {job.engine}: "
+        if fit0 and fit:
+            (na, a), (nb, b) = (min(x, key=lambda ne: ne[1].step_s) for x in (fit0, fit))
+            line += (f"fastest fitting {na} {a.step_s:.3f} s -> {nb} {b.step_s:.3f} s, "
+                     f"tokens/s {_gain(a, b) * 100:+.1f}%")
+        else:
+            line += "no fitting row in " + (_label(job0) if not fit0 else _label(job))
+        if same:
+            lo, hi = min(same, key=lambda x: x[1]), max(same, key=lambda x: x[1])
+            line += (f"; the same strategy: {lo[1] * 100:+.1f}% ({lo[0]}) to "
+                     f"{hi[1] * 100:+.1f}% ({hi[0]})")
+        out.append(line)
+    if any(j.training.precision == "fp8" for j, _ in by_prec.values()):
+        from amsp_planner.cost.fp8 import PRICED_NOTE
+
+        out.append(PRICED_NOTE)
+    return out
+
+
 @click.command()
-@job_options
+@job_options(precisions=True)
 @click.option("--strategy", "-s", "strategies", multiple=True,
               help="Also evaluate this strategy, e.g. 'p=1,g=1,os=8,mb=1' (repeatable).")
 @click.option("--strategy-from", "strategy_from", default=None, metavar="DS_CONFIG",
@@ -21,32 +92,44 @@ from amsp_planner.report.grid import format_option, pick_format
               help="Tensor-parallel degree inside the node of the baselines (their sharding is "
                    "over the GPUs / tp data-parallel ranks).")
 @format_option
-def compare(strategies, strategy_from, fmt, as_json, wide, tp, **opts):
+def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts):
     """Predict memory, bytes and step time of the named baselines for one job."""
     from amsp_planner.cost.evaluate import evaluate, evaluate_baselines
     from amsp_planner.solver.space import tp_choices
     from amsp_planner.strategy import parse_strategy_or_baseline
 
     fmt = pick_format(fmt, as_json)
-    job, limit = build_job(**opts)
+    jobs = _jobs(precision, opts)
+    job, limit = jobs[precision[0]]
     if tp > 1:
         tp_choices(job, tp, auto=False)  # one line naming --tp and the degrees that work
     t = job.training
     mb = t.micro_batch or 1
     ckpt = t.activation_checkpointing or False
-    rows = list(evaluate_baselines(job, limit, mb, ckpt, tp).items())
-    for text in strategies:
-        s = parse_strategy_or_baseline(text, job.num_gpus, job.gpus_per_node)
-        rows.append(("given", evaluate(job, s, limit)))
+    given = [parse_strategy_or_baseline(x, job.num_gpus, job.gpus_per_node) for x in strategies]
     if strategy_from is not None:
         from amsp_planner.exports.deepspeed import strategy_for_job
 
-        rows.append(("ds_config", evaluate(job, strategy_for_job(strategy_from, job), limit)))
+        ds = strategy_for_job(strategy_from, job)
+    by_prec = {}
+    for p, (j, lim) in jobs.items():
+        rows = list(evaluate_baselines(j, lim, mb, ckpt, tp).items())
+        rows += [("given", evaluate(j, s, lim)) for s in given]
+        if strategy_from is not None:
+            rows.append(("ds_config", evaluate(j, ds, lim)))
+        by_prec[p] = (j, rows)
+    multi = len(precision) > 1
+    if multi:  # the same strategy's rows together, one per precision
+        rows = [(f"{n} {p}", by_prec[p][1][i][1]) for i, (n, _) in enumerate(by_prec[precision[0]][1])
+                for p in precision]
+    else:
+        rows = by_prec[precision[0]][1]
     hint = None
     if not any(e.fits for _, e in rows):
         from amsp_planner.report.tables import fit_hint
 
         hint = fit_hint(job, limit, mb, ckpt, tp)
+    notes = precision_lines(by_prec) if multi else []
     if fmt == "json":
         import json
 
@@ -58,17 +141,23 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, **opts):
             "rows": [{"name": n, **e.to_dict()} for n, e in rows],
             "hint": hint,
         }
+        if multi:
+            doc["precisions"] = [_label(by_prec[p][0]) for p in precision]
+            doc["rows"] = [{"name": n.rsplit(" ", 1)[0], "precision": n.rsplit(" ", 1)[1],
+                            **e.to_dict()} for n, e in rows]
+            doc["precision_notes"] = notes
         click.echo(json.dumps(doc, indent=2))
         return
     from amsp_planner.report.grid import emit
     from amsp_planner.report.tables import compare_grid, inapplicable_line
 
+    prec = (", " + " vs ".join(_label(by_prec[p][0]) for p in precision)) if multi else ""
     title = (f"{job.model.name} ({job.model.num_params / 1e9:.2f}B) on {job.num_gpus} GPUs of "
-             f"{job.cluster.name}, {t.batch_tokens:,} tokens/step, seq {t.seq_len}"
+             f"{job.cluster.name}, {t.batch_tokens:,} tokens/step, seq {t.seq_len}{prec}"
              + (f", tp={tp} x {job.num_gpus // tp} data-parallel ranks" if tp > 1 else ""))
     fitting = [e for _, e in rows if e.fits]
     ref = min(fitting, key=lambda e: e.step_s) if fitting else None
-    out = [compare_grid(rows, title, ref=ref, job=job)]
+    out = [compare_grid(rows, title, ref=ref, job=job, by_identity=multi), *notes]
     skipped = inapplicable_line(job, tp)
     if skipped:
         out.append(skipped)

@@ -106,6 +106,8 @@ def run_check(target: str, result, job) -> str:
 
             if importlib.util.find_spec("torch") is None:
                 raise ImportError(name="torch")
+            if job.training.precision == "fp8" and importlib.util.find_spec("torchao") is None:
+                raise ImportError(name="torchao")  # convert_fp8 (exports/fp8.py)
             try:
                 got = check_in_child(result.text)
             except RuntimeError as e:
@@ -130,6 +132,9 @@ def run_check(target: str, result, job) -> str:
         check(result.text, job.num_gpus, job.training.batch_seqs)
         return "check: exec'd it; InternEvo's data/model/parallel fields are consistent"
     except ImportError as e:
+        if e.name == "torchao":
+            raise AmspUserError("--check needs torchao for an FP8 plan's conversion: pip install "
+                                "torchao") from None
         raise AmspUserError(f"--check needs {e.name}: pip install -e '.[interop]' (DeepSpeed, "
                             "torchtitan) or '.[runtime]' (torch)") from None
     except ValueError as e:  # the target's own parser refused what we wrote: a bug here

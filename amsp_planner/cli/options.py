@@ -126,8 +126,42 @@ def parse_tp(text) -> int | None:
     return t
 
 
-def job_options(f):
-    """--model, --gpus, --cluster, --set and the training options."""
+PRECISIONS = ("bf16", "fp32", "fp8")
+
+
+class PrecisionList(click.ParamType):
+    """--precision of amsp compare: one precision or several, comma-separated (bf16,fp8),
+    each once; returns them as a tuple in the order given."""
+
+    name = "precision[,precision]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        items = [x.strip().lower() for x in str(value).split(",")]
+        bad = [x for x in items if x not in PRECISIONS]
+        if bad or len(set(items)) != len(items):
+            why = f"{shown(bad[0])!r} is not a precision" if bad else "a precision is repeated"
+            self.fail(f"{why}: give {', '.join(PRECISIONS)} or several of them "
+                      "comma-separated, e.g. bf16,fp8", param, ctx)
+        return tuple(items)
+
+
+def job_options(f=None, *, precisions: bool = False):
+    """--model, --gpus, --cluster, --set and the training options; with `precisions`,
+    --precision takes a comma-separated list (PrecisionList: amsp compare side by side)."""
+    if f is None:
+        return lambda g: job_options(g, precisions=precisions)
+    prec_help = ("bf16 mixed precision, fp32 everywhere, or fp8: bf16 with the blocks' "
+                 "linears in FP8 (docs/fp8.md; never chosen by the planner)")
+    if precisions:
+        prec = click.option("--precision", type=PrecisionList(), default="bf16",
+                            show_default=True,
+                            help=prec_help + "; several, comma-separated (bf16,fp8), put the "
+                                 "same job side by side in each.")
+    else:
+        prec = click.option("--precision", type=click.Choice(list(PRECISIONS)), default="bf16",
+                            show_default=True, help=prec_help + ".")
     opts = [
         click.option("--model", "-m", required=True,
                      help="Model preset name or spec file (YAML, or a Hugging Face config.json)."),
@@ -156,10 +190,7 @@ def job_options(f):
                      help="What autograd saves (docs/memory.md): eager PyTorch, torchtitan's "
                           "Llama, torch.compile, fused kernels (Megatron/TE, Liger); auto: the "
                           "engine's default."),
-        click.option("--precision", type=click.Choice(["bf16", "fp32", "fp8"]), default="bf16",
-                     show_default=True,
-                     help="bf16 mixed precision, fp32 everywhere, or fp8: bf16 with the blocks' "
-                          "linears in FP8 (docs/fp8.md; never chosen by the planner)."),
+        prec,
         click.option("--fp8-recipe", type=click.Choice(
                          ["auto", "tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]),
                      default="auto", show_default=True,
@@ -177,6 +208,17 @@ def job_options(f):
                      help="Mixture of experts: the most tokens an expert gets over the mean "
                           "(1.0: balanced routing); scales the expert matmuls, the all-to-alls "
                           "and their buffers (docs/moe.md)."),
+        click.option("--expert-dispatch", type=click.Choice(["copies", "ranks"]),
+                     default="copies", show_default=True,
+                     help="Mixture of experts: the all-to-all sends a token once per routed "
+                          "expert (copies), or once per EP rank it reaches (ranks: DeepEP)."),
+        click.option("--expert-routing", type=click.Choice(["uniform", "round_robin"]),
+                     default="uniform", show_default=True,
+                     help="For --expert-dispatch ranks: experts drawn uniformly, or NeMo "
+                          "AutoModel's round-robin fake balanced gate (docs/moe.md)."),
+        click.option("--no-master-weights", is_flag=True,
+                     help="No fp32 master copy: parameters, gradient shards and Adam's moments "
+                          "in bf16 (NeMo AutoModel's MoE recipes; docs/moe.md)."),
         engine_option,
     ]
     for opt in reversed(opts):
@@ -254,7 +296,8 @@ def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
-              fp8_all_gather="auto", expert_imbalance=1.0, **_ignored):
+              fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
+              expert_routing="uniform", no_master_weights=False, **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -278,7 +321,9 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          activation_profile=None if activation_profile in (None, "auto")
                          else activation_profile,
                          fp8_recipe=None if fp8_recipe in (None, "auto") else fp8_recipe,
-                         fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance)
+                         fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance,
+                         expert_dispatch=expert_dispatch, expert_routing=expert_routing,
+                         master_weights=not no_master_weights)
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":

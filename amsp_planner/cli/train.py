@@ -27,6 +27,11 @@ import click
               show_default=True,
               help="A NaN/Inf loss or gradient norm: stop (the last checkpoint is kept) or skip "
                    "the step (no update; one more small all-reduce per step).")
+@click.option("--gate", type=click.Choice(["balanced", "topk"]), default="balanced",
+              show_default=True,
+              help="A mixture-of-experts model's routing: balanced (every expert gets the same "
+                   "tokens: exact all-to-all bytes) or topk (the router's top-k, a capacity of "
+                   "S k / E tokens per expert per sequence, the overflow dropped).")
 @click.option("--force", is_flag=True,
               help="Run even when the host checks (device type, ranks per core or GPU, memory) "
                    "say the plan does not suit this host.")
@@ -56,7 +61,7 @@ import click
 @click.option("--fail-mode", type=click.Choice(["step", "save", "nan", "oom"]), default="step",
               hidden=True)
 def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resume_from,
-          on_nonfinite, force, save_on_sigterm, report, lr, seed, local_nodes, node_rank, master_addr,
+          on_nonfinite, gate, force, save_on_sigterm, report, lr, seed, local_nodes, node_rank, master_addr,
           master_port, nproc_per_node, timeout_s, cpu, fail_at_step, fail_rank, fail_mode):
     """Train the plan's model under the plan's sharding (torchrun; gloo on CPU, NCCL on GPU)."""
     import importlib.util
@@ -78,7 +83,7 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
                                 "give the report a path of its own")
     opts = {"steps": steps, "data": data, "checkpoint_dir": checkpoint_dir,
             "checkpoint_every": checkpoint_every, "resume": resume, "resume_from": resume_from,
-            "on_nonfinite": on_nonfinite,
+            "on_nonfinite": on_nonfinite, "gate": gate,
             "report": os.path.abspath(report) if report else None, "seed": seed,
             "optim": {"lr": lr}, "timeout_s": timeout_s, "cpu": cpu,
             "fail_at_step": fail_at_step, "fail_rank": fail_rank, "fail_mode": fail_mode,

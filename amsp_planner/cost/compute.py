@@ -11,7 +11,8 @@ per-kernel overhead (in the spirit of Calculon's size-dependent matmul efficienc
 
 T = tokens of one micro-batch (micro-batch x sequence), peak = the GPU's peak in the job's
 dtype (fp32 jobs: the fp32 peak; PyTorch runs fp32 matmuls without TF32 by default), e_mm =
-``achievable_fraction``, e_attn = ``attention_fraction``, t0 = ``kernel_overhead_us``, hbm =
+``achievable_fraction``, e_attn = ``attention_fraction`` (or the rate of the job's
+``attention_kernel``: cost/attention_kernel.py), t0 = ``kernel_overhead_us``, hbm =
 ``hbm_gbyte_per_s``. Backward runs each matmul twice (input and weight gradients). Small
 micro-batches and small models therefore run below the large-matrix efficiency: t0 and the
 memory-bound kernels weigh more.
@@ -73,10 +74,11 @@ class _Rates:
 
 
 def _rates(job: Job) -> _Rates:
+    from amsp_planner.cost.attention_kernel import attention_fraction
+
     gpu, t = job.cluster.gpu, job.training
     peak = gpu.peak_flop_per_s(t.dtype_name)
-    return _Rates(flop=peak * gpu.achievable_fraction,
-                  attn=peak * (gpu.attention_fraction or gpu.achievable_fraction),
+    return _Rates(flop=peak * gpu.achievable_fraction, attn=peak * attention_fraction(job),
                   hbm=gpu.hbm_gbyte_per_s * 1e9 if gpu.hbm_gbyte_per_s else None,
                   t0=gpu.kernel_overhead_us * 1e-6, act_bytes=t.param_bytes)
 
@@ -112,7 +114,12 @@ def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
     h, f, kv = m.hidden_size, _div(m.ffn_hidden_size, tp), _div(m.kv_dim, tp)
     q = _div(m.num_heads * m.head_dim, tp)
     shape = {"wk": (h, kv), "wo": (q, h), "w3": (h, f), "fc2": (f, h)}
-    return sum(_matmul(r, t, *shape[n]) for n in op_recomputed_matmuls(job))
+    names = op_recomputed_matmuls(job)
+    if job.training.precision == "fp8":  # recomputed in FP8 like their forward (cost/fp8.py)
+        from amsp_planner.cost.fp8 import named_matmuls_s
+
+        return named_matmuls_s(job, t, tp, names, lambda k, n: _matmul(r, t, k, n))
+    return sum(_matmul(r, t, *shape[n]) for n in names)
 
 
 def _elementwise_block(job: Job) -> float:
@@ -140,12 +147,14 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
         mm = sum(_matmul(r, t, k, n) for k, n in _block_matmuls(job, tp))
     elems = _elementwise_block(job)
     if m.is_moe:  # the MLP part: the mean over the blocks (cost/moe_compute.py)
+        from amsp_planner.cost.activations import KORTHIKANTI, profile_of
         from amsp_planner.cost.moe_compute import mean_mlp
 
         mats = _block_matmuls(job)[-m.ffn_matrices:]
         dense_mlp = sum(_matmul(r, t, k, n) for k, n in mats)
         dense_el = (5 if m.ffn_matrices == 3 else 2) * m.ffn_hidden_size
-        mlp_s, mlp_el = mean_mlp(job, r, t, ep, dense_mlp, dense_el)
+        mlp_s, mlp_el = mean_mlp(job, r, t, ep, dense_mlp, dense_el,
+                                  profile_of(job) in KORTHIKANTI)
         mm += mlp_s - dense_mlp
         elems += (mlp_el - dense_el) * job.training.param_bytes
     attn = _div(2.0 * t * s * m.num_heads * m.head_dim, tp) / r.attn

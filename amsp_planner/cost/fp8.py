@@ -290,11 +290,12 @@ def grid_speedup(g: dict, m: int, k: int, n: int) -> tuple[float, bool]:
 
 
 def roofline_linear_s(gpu, m: int, k: int, n: int, fp8: Fp8Recipe | None,
-                      family: str = "torchao") -> float:
+                      family: str = "torchao", casts: float | None = None) -> float:
     """Seconds of one linear's forward + backward (3 GEMMs of 2mkn FLOPs each) on `gpu`:
     per GEMM max(FLOPs / (peak x achievable_fraction), bytes / hbm) + kernel overhead, the
     same roofline as cost/compute.py; FP8 at FP8_PEAK_RATIO x gemm_fraction x the bf16 rate,
-    1-byte inputs and a bf16 output, plus the casts at the HBM rate."""
+    1-byte inputs and a bf16 output, plus the casts at the HBM rate (`casts`: their bytes,
+    default linear_cast_bytes)."""
     ratio = 1.0 if fp8 is None else FP8_PEAK_RATIO[gpu.arch] * fp8.gemm_fraction
     peak = gpu.peak_bf16_tflop_per_s * 1e12 * ratio * gpu.achievable_fraction
     hbm = (gpu.hbm_gbyte_per_s or math.inf) * 1e9
@@ -304,8 +305,34 @@ def roofline_linear_s(gpu, m: int, k: int, n: int, fp8: Fp8Recipe | None,
         t += max(2.0 * a * b * c / peak, (ib * (a * b + b * c) + 2 * a * c) / hbm)
         t += gpu.kernel_overhead_us * 1e-6
     if fp8 is not None:
-        t += linear_cast_bytes(fp8, m, k, n, family) / hbm
+        t += (linear_cast_bytes(fp8, m, k, n, family) if casts is None else casts) / hbm
     return t
+
+
+ROW_PARALLEL = ("wo", "w2", "fc2")
+"""Row-parallel linears under TP: their output is reduce-scattered (sequence parallel)."""
+SHARES_INPUT = {"wk": "wq", "wv": "wq", "w3": "w1"}
+"""Linears that take the same gathered input as an earlier one of the block."""
+
+
+def tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int) -> float:
+    """Cast bytes of one linear under torchao's tensorwise tensor parallelism
+    (torchao/float8/float8_tensor_parallel.py at 36027d8, applied by torchtitan for
+    tensorwise): PrepareFloat8ModuleInput / Float8ColwiseParallel cast the sequence-sharded
+    input once per module, before the all-gather ("if there are multiple float8 users of the
+    input activation, we perform fp8 allgather only once"), so wq/wk/wv and w1/w3 share one
+    amax + cast of m/tp rows; Float8RowwiseParallel's NoopFwToFloat8BwDynamic casts the output
+    gradient of wo/w2 on its sequence shard before the backward all-gather. Each user still
+    lays the gathered FP8 tensor out for its weight-gradient GEMM (a transposed copy: read 1,
+    write 1 byte per element). The other operands as ``cast_bytes``."""
+    def sharded(rows: int, cols: int) -> float:
+        return (2 + 2 + 1) * rows * cols / tp + 2 * rows * cols
+
+    w = cast_bytes(recipe, k, n, "torchao", weight=True)
+    if name in ROW_PARALLEL:
+        return cast_bytes(recipe, m, k, "torchao") + sharded(m, n) + w
+    x = 2 * m * k if name in SHARES_INPUT else sharded(m, k)
+    return x + cast_bytes(recipe, m, n, "torchao") + w
 
 
 def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
@@ -338,10 +365,31 @@ def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
     recipe = check_training(job.training, engine, gpu.arch)
     f = fp8_matmuls(job.model, recipe, engine, tp)
     bf16 = sum(bf16_s(x.k, x.n) for x in f.block)
-    low = sum(bf16_s(x.k, x.n) / linear_speedup(gpu, recipe, tokens, x.k, x.n, engine).value
-              if x.fp8 else bf16_s(x.k, x.n) for x in f.block)
+    low = sum(bf16_s(x.k, x.n) / block_linear_speedup(job, recipe, tokens, x, tp) if x.fp8
+              else bf16_s(x.k, x.n) for x in f.block)
     share = f.bf16_layers / job.model.num_layers
     return share * bf16 + (1 - share) * low
+
+
+def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> float:
+    """linear_speedup, or under torchao tensorwise TP the roofline with tp_cast_bytes."""
+    gpu = job.cluster.gpu
+    if tp > 1 and recipe == "tensorwise" and family_of(job.engine) == "torchao":
+        casts = tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp)
+        return (roofline_linear_s(gpu, tokens, x.k, x.n, None)
+                / roofline_linear_s(gpu, tokens, x.k, x.n, RECIPE[recipe], casts=casts))
+    return linear_speedup(gpu, recipe, tokens, x.k, x.n, job.engine).value
+
+
+def named_matmuls_s(job, tokens: int, tp: int, names, bf16_s) -> float:
+    """Forward seconds of the block's linears named `names` (those op-level checkpointing
+    recomputes: torchtitan's wk, wo and w3), each at its FP8 speed-up where it runs FP8, as
+    block_matmul_s prices the block's."""
+    engine, gpu = job.engine, job.cluster.gpu
+    recipe = check_training(job.training, engine, gpu.arch)
+    lin = {x.name: x for x in fp8_matmuls(job.model, recipe, engine, tp).block}
+    return sum(bf16_s(lin[n].k, lin[n].n) / (block_linear_speedup(job, recipe, tokens, lin[n], tp)
+                                             if lin[n].fp8 else 1.0) for n in names)
 
 
 def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
@@ -349,3 +397,10 @@ def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     param dtype: MXFP8TrainingWeightWrapper's fsdp_pre_all_gather casts to bf16). Megatron:
     --fp8-param-gather for every FP8 recipe."""
     return family_of(engine) == "te" or recipe == "tensorwise"
+
+
+PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts and the "
+               "FP8 tensor-parallel all-gathers (docs/fp8.md); the FSDP/ZeRO collectives and "
+               "the memory still priced as bf16")
+"""What an FP8 figure covers today (amsp compare prints it beside FP8 rows): keep it true as
+the schedule (FP8 all-gather) and memory wiring land."""

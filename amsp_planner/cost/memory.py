@@ -40,7 +40,9 @@ process group the strategy uses: ``cost/communicators.py``.
 Mixture of experts (docs/moe.md): the terms above are the dense class's (``Job.units``); the
 expert class's states and buffers are the same formulas over the E/e experts a rank holds with
 the expert triple (``expert_bytes``), and expert parallelism adds the all-to-all's send and
-receive buffers (2 x b s k h x imbalance elements, ``moe_compute.dispatch_buffer_bytes``).
+receive buffers (2 x b s h x copies x imbalance elements,
+``moe_compute.dispatch_buffer_bytes``). ``TrainingSpec.master_weights`` off puts every state
+in the parameters' dtype (``model_state_bytes``, `pure`).
 
 Totals: (states + buffers + activations + loss peak) * (1 + fragmentation) + communicators
 + context reserve. Three figures of the peak (docs/memory.md, "Allocated, reserved, device"):
@@ -154,11 +156,17 @@ class MemoryBreakdown:
 
 
 def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes: int = 2,
-                      master: bool = False) -> dict[str, float]:
+                      master: bool = False, pure: bool = False) -> dict[str, float]:
     """Model-state bytes per GPU for Phi parameters (the ZeRO paper's table). With `master`
     (``EngineProfile.master_params``: FSDP keeps its sharded parameters in fp32 and casts
     them in the all-gather), the parameter shard is the fp32 master (4 bytes) and the
-    optimizer holds Adam's two moments only (8)."""
+    optimizer holds Adam's two moments only (8). With `pure` (``TrainingSpec.master_weights``
+    off: no fp32 copy anywhere), parameters, gradient shards and both moments are in the
+    parameters' dtype: p_b + p_b + 2 p_b (bf16: 2 + 2 + 4 bytes)."""
+    if pure:
+        return {"params": phi / s.s_p * param_bytes, "grads": phi / s.s_g * param_bytes,
+                "optimizer": phi / s.s_os * 2 * param_bytes,
+                "hpz": phi / s.hpz * param_bytes if s.hpz > 1 else 0.0}
     return {
         "params": phi / s.s_p * (MASTER_BYTES if master else param_bytes),
         "grads": phi / s.s_g * grad_bytes,
@@ -166,6 +174,14 @@ def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes:
                                      else OPTIMIZER_BYTES),
         "hpz": phi / s.hpz * param_bytes if s.hpz > 1 else 0.0,
     }
+
+
+def job_state_bytes(job: Job, phi: float, s: Strategy) -> dict[str, float]:
+    """``model_state_bytes`` with the job's dtypes, its engine's master rule and its
+    ``master_weights`` setting."""
+    t = job.training
+    return model_state_bytes(phi, s, t.param_bytes, t.grad_bytes, job.profile.master_params,
+                             pure=not t.master_weights)
 
 
 def activation_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1) -> float:
@@ -204,13 +220,13 @@ def expert_bytes(job: Job, s: Strategy) -> dict[str, float]:
     units = job.expert_units(s.ep)
     p, g, o = (s.expert_factor(c) for c in ("p", "g", "os"))
     ex = Strategy(s_p=p, s_g=g, s_os=o)
-    st = model_state_bytes(sum(units), ex, t.param_bytes, t.grad_bytes, job.profile.master_params)
+    st = job_state_bytes(job, sum(units), ex)
     u, pb, gb = max(units), t.param_bytes, t.grad_bytes
     buf = (2 * u * pb if p > 1 else 0) + (2 * u * gb if g > 1 else 0)
     buf += (u * gb if 1 < p < g else 0) + (u // o * gb if o > g else 0)
     from amsp_planner.cost.moe_compute import dispatch_buffer_bytes
 
-    a2a = dispatch_buffer_bytes(job, s.micro_batch) if s.ep > 1 else 0.0
+    a2a = dispatch_buffer_bytes(job, s.micro_batch, s.ep) if s.ep > 1 else 0.0
     return {"expert_params": st["params"], "expert_grads": st["grads"],
             "expert_optimizer": st["optimizer"], "expert_buffers": float(buf),
             "dispatch_buffers": a2a}
@@ -221,9 +237,7 @@ EXPERT_FIELDS = ("expert_params", "expert_grads", "expert_optimizer", "expert_bu
 
 
 def memory(job: Job, s: Strategy) -> MemoryBreakdown:
-    t = job.training
-    states = model_state_bytes(job.tp_phi(s.tp), s, t.param_bytes, t.grad_bytes,
-                               job.profile.master_params)
+    states = job_state_bytes(job, job.tp_phi(s.tp), s)
     bufs = buffer_bytes(job, s)
     experts = expert_bytes(job, s)
     act = saved_bytes(job, s.micro_batch, s.ckpt_value, s.tp)

@@ -16,8 +16,9 @@ parallelism e and imbalance u (``TrainingSpec.expert_imbalance``, max/mean token
                 table is used; none is published for the GPUs of presets/gpus.yaml).
   elementwise   per routed copy the expert's SwiGLU (5 f_e elements; GELU 2 f_e) and the
                 permutation copies (the tokens into expert order and back: read and write
-                of k x h elements each way, 4 k h), the shared expert's 5 f_s, all x u for the
-                routed part.
+                of k x h elements each way, 4 k h; 2 (c + k) h with a per-rank dispatch of c
+                copies: ``moe_layer_elementwise``), the shared expert's 5 f_s, all x u for
+                the routed part.
 
 Saved activations per token of a MoE layer (eager count of docs/memory.md, per routed copy
 x u): the permuted expert input h and the expert MLP's 4 f_e (GELU 2 f_e) and output h (the
@@ -62,24 +63,44 @@ def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
     return t
 
 
-def moe_layer_elementwise(job: Job) -> float:
-    """Forward elementwise elements per token of one MoE layer's MLP part (module docstring)."""
+def moe_layer_elementwise(job: Job, fused: bool = False, ep: int = 1) -> float:
+    """Forward elementwise elements per token of one MoE layer's MLP part (module docstring).
+    In the fused activation profiles (Transformer Engine, compiled blocks) the SwiGLU is one
+    kernel that reads the gate and up outputs and writes their product: 3 f per copy, not
+    eager's 5 (Megatron-Core's weighted_bias_swiglu_impl, which NeMo AutoModel's
+    GroupedExpertsDeepEP calls between its two grouped GEMMs; Inductor fuses it likewise):
+    `fused`, the job's profile is one of ``activations.KORTHIKANTI``.
+
+    The permutation copies per token: 4 k h (the k routed copies gathered into expert order and
+    scattered back, read and write each way), or, with a per-rank dispatch
+    (``TrainingSpec.expert_dispatch`` 'ranks', c copies a token reaches, ``dispatch_copies``),
+    2 (c + k) h: the c received copies expanded into k expert rows and summed back into c
+    before the combine (Megatron-Core's MoEFlexTokenDispatcher, which NeMo AutoModel's
+    GroupedExpertsDeepEP uses: ``permute`` of the dispatched tokens to
+    ``tokens_per_expert.sum()`` rows, ``unpermute`` back to the dispatched shape)."""
+    from amsp_planner.cost.moe_schedule import dispatch_copies
+
     m = job.model
     fe = m.expert_ffn_hidden_size or m.ffn_hidden_size
-    per = 5 if m.ffn_matrices == 3 else 2
-    routed = m.experts_per_token * (per * fe + 4 * m.hidden_size) * job.training.expert_imbalance
+    per = (3 if fused else 5) if m.ffn_matrices == 3 else 2
+    k, h = m.experts_per_token, m.hidden_size
+    perm = 4 * k * h
+    if job.training.expert_dispatch == "ranks" and ep > 1:
+        perm = 2 * (dispatch_copies(job, ep) + k) * h
+    routed = (k * per * fe + perm) * job.training.expert_imbalance
     return routed + per * m.shared_expert_ffn_hidden_size
 
 
 def mean_mlp(job: Job, r: _Rates, tokens: int, ep: int, dense_mlp_s: float,
-             dense_elem: float) -> tuple[float, float]:
+             dense_elem: float, fused: bool = False) -> tuple[float, float]:
     """(forward matmul seconds, elementwise elements per token) of a block's MLP part, the mean
-    over the L blocks; `dense_mlp_s`, `dense_elem`: a dense layer's."""
+    over the L blocks; `dense_mlp_s`, `dense_elem`: a dense layer's; `fused`: a fused
+    activation profile (``moe_layer_elementwise``)."""
     m = job.model
     n_moe = m.num_moe_layers
     n_dense = m.num_layers - n_moe
     mm = (n_moe * moe_layer_mlp_s(job, r, tokens, ep) + n_dense * dense_mlp_s) / m.num_layers
-    el = (n_moe * moe_layer_elementwise(job) + n_dense * dense_elem) / m.num_layers
+    el = (n_moe * moe_layer_elementwise(job, fused, ep) + n_dense * dense_elem) / m.num_layers
     return mm, el
 
 
@@ -100,10 +121,11 @@ def mean_mlp_saved(job: Job, fused: bool, dense_mlp: float) -> float:
     return (n_moe * moe + (m.num_layers - n_moe) * dense_mlp) / m.num_layers
 
 
-def dispatch_buffer_bytes(job: Job, micro_batch: int) -> float:
+def dispatch_buffer_bytes(job: Job, micro_batch: int, ep: int) -> float:
     """The transient buffers of one all-to-all: the permuted send buffer and the receive
-    buffer, b x s x k x h elements x imbalance each (none without expert parallelism: the
-    tokens stay on the rank, and the permuted copy is the saved expert input)."""
+    buffer, b x s x h elements x the copies per token x imbalance each
+    (``moe_schedule.a2a_bytes_per_call``; none without expert parallelism: the tokens stay on
+    the rank, and the permuted copy is the saved expert input)."""
     from amsp_planner.cost.moe_schedule import a2a_bytes_per_call
 
-    return 2.0 * a2a_bytes_per_call(job, micro_batch)
+    return 2.0 * a2a_bytes_per_call(job, micro_batch, ep)

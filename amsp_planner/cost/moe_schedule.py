@@ -24,8 +24,8 @@ The token all-to-alls, group ``EP`` (size e, the EP group's stride: 1 in the nod
 spanning), per MoE layer and micro-batch of b sequences of s tokens: the dispatch and the
 combine, 2 calls in ``forward``, their transposes, 2 calls in ``backward``, and 2 per
 checkpointed MoE layer in ``recompute`` (the recomputed forward; op-level checkpointing
-repeats none). Each call's buffer is b x s x k x h elements in the parameter dtype (each
-token goes to k experts) times the imbalance (``TrainingSpec.expert_imbalance``, max/mean
+repeats none). Each call's buffer is b x s x h x c elements in the parameter dtype (c the
+copies of a token the dispatch sends, ``dispatch_copies``: k by default) times the imbalance (``TrainingSpec.expert_imbalance``, max/mean
 tokens per expert: the busiest rank's buffer); (e-1)/e of it leaves the rank, split into
 NVLink and NIC bytes by ``topology.split_bytes`` over the EP group's layout, and priced by
 NCCL's all-to-all model (``collectives._all_to_all``: pairwise sends).
@@ -112,10 +112,40 @@ def class_entries(job: Job, units: Sequence[int], factors: tuple[int, int, int],
     return [e for e in out if e is not None]
 
 
-def a2a_bytes_per_call(job: Job, micro_batch: int) -> int:
-    """Bytes of one dispatch or combine buffer: b x s x k x h elements x imbalance."""
+def dispatch_copies(job: Job, ep: int) -> float:
+    """Copies of a token the dispatch sends (and the combine returns) at expert-parallel
+    degree `ep` (``TrainingSpec.expert_dispatch``, ``expert_routing``; docs/moe.md):
+
+    - 'copies': k, one per routed expert;
+    - 'ranks', 'uniform' routing: the expected number of distinct EP ranks among k distinct
+      experts drawn uniformly from E, each rank holding E/ep consecutive ones:
+      ep x (1 - C(E - E/ep, k) / C(E, k)) (a rank is missed when all k fall elsewhere);
+    - 'ranks', 'round_robin' routing (slot j of token t on expert (t k + j) mod E): the mean
+      over one period of E / gcd(k, E) tokens of the distinct ranks expert // (E/ep) of the
+      token's k experts: exact.
+    """
     m, t = job.model, job.training
-    elems = micro_batch * t.seq_len * m.experts_per_token * m.hidden_size
+    E, k = m.num_experts, m.experts_per_token
+    if t.expert_dispatch == "copies" or ep <= 1:
+        return float(k)
+    local = E // ep
+    if t.expert_routing == "uniform":
+        from math import comb
+
+        return ep * (1.0 - comb(E - local, k) / comb(E, k))
+    from math import gcd
+
+    period = E // gcd(k, E)
+    ranks = sum(len({(i * k + j) % E // local for j in range(k)}) for i in range(period))
+    return ranks / period
+
+
+def a2a_bytes_per_call(job: Job, micro_batch: int, ep: int) -> int:
+    """Bytes of one dispatch or combine buffer: b x s x h elements x the copies per token
+    (``dispatch_copies``: k, one per routed expert, unless the dispatch sends one per rank)
+    x imbalance."""
+    m, t = job.model, job.training
+    elems = micro_batch * t.seq_len * m.hidden_size * dispatch_copies(job, ep)
     return round(elems * t.param_bytes * t.expert_imbalance)
 
 
@@ -134,7 +164,7 @@ def a2a_entries(job: Job, s: Strategy, n_micro: int) -> list[ScheduleEntry]:
     lay_e = s.expert_layout(job.num_gpus, job.gpus_per_node)
     size, stride = lay_e.ep_size, lay_e.ep_stride
     lay = topo.layout(size, stride)
-    per_call = a2a_bytes_per_call(job, s.micro_batch)
+    per_call = a2a_bytes_per_call(job, s.micro_batch, s.ep)
     one = topo.collective_time("all_to_all", size, stride, per_call)
     algo = algorithm_name(job, "all_to_all", size, stride, per_call)
     layers = {"forward": m.num_moe_layers, "backward": m.num_moe_layers,

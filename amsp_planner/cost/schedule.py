@@ -129,7 +129,7 @@ def _module_calls(job: Job, cls: int, unit: int) -> list[tuple[float, int]]:
     for x in mods:
         if x < ex.persistence_threshold:
             continue
-        if calls and calls[-1][0] + x * scale <= cap:
+        if calls and ex.gather_grouping == "module" and calls[-1][0] + x * scale <= cap:
             calls[-1] = (calls[-1][0] + x * scale, calls[-1][1] + x)
         else:
             calls.append((x * scale, x))
@@ -149,16 +149,34 @@ def on_demand(job: Job, cls: int, unit: int, tp: int = 1) -> tuple[bool, ...]:
     block's last call (the head's: the last block's); before the embedding's first, nothing
     (the step's first gather, exposed anyway). The backward runs its units in reverse; the
     step model prices it with the same calls (one gather price per unit, as the ILP's
-    tables hold it)."""
-    cap = job.profile.execution.max_live_params
-    if cap is None or job.profile.execution.gather_grouping != "module":
+    tables hold it).
+
+    'parameter' grouping (DeepSpeed 0.3.14, engine_versions.py): one all-gather per parameter,
+    each after a ``torch.cuda.synchronize()`` (partition_parameters.py ``_allgather_param``),
+    and a prefetch takes the next parameters until they reach ``prefetch_bucket`` elements
+    (stage3.py ``get_params_to_prefetch``), issued before the current module's compute is
+    launched: every call of such a batch but its last waits for the one before it with
+    nothing computing. Batches are counted from each unit's first call; a call is on demand
+    when it is not the last of its batch, or by the ``max_live_params`` rule above."""
+    ex = job.profile.execution
+    cap = ex.max_live_params
+    if ex.gather_grouping not in ("module", "parameter"):
         return ()  # nothing fetched on demand
     calls = _module_calls(job, cls, unit)
     if not calls:
         return ()
     before = _module_calls(job, 1, unit_elements(job, tp)[1]) if cls else None
     prev = [before[-1][1] if before else 0] + [own for _, own in calls[:-1]]
-    return tuple(p >= cap for p in prev)
+    late = [cap is not None and p >= cap for p in prev]
+    if ex.gather_grouping == "parameter":  # one call per parameter, batches serialised
+        batch = 0
+        for i, (_, own) in enumerate(calls):
+            batch += own
+            if batch >= (ex.prefetch_bucket or 0) or i == len(calls) - 1:
+                batch = 0  # the batch's last call: prefetched, overlapping compute
+            else:
+                late[i] = True  # the next call's synchronize waits for it, nothing computing
+    return tuple(late)
 
 
 def call_groups(job: Job, role: str, cls: int, unit: int, tp: int = 1
@@ -169,7 +187,7 @@ def call_groups(job: Job, role: str, cls: int, unit: int, tp: int = 1
     elements. The fractions sum to the share of the unit the engine moves (tensors it keeps
     whole are not gathered)."""
     ex = job.profile.execution
-    if role == "gather" and ex.gather_grouping == "module":
+    if role == "gather" and ex.gather_grouping in ("module", "parameter"):
         return tuple((1, x / unit) for x, _ in _module_calls(job, cls, unit))
     bucket = {"reduce": ex.reduce_elements(job.num_gpus // tp),
               "update": ex.update_bucket}.get(role)
@@ -235,6 +253,8 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
                                         if gpu.hbm_gbyte_per_s else 0.0)
         if copies and gpu.hbm_gbyte_per_s and op in ("all_gather", "reduce_scatter"):
             return 2 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in of the buffer
+        if copies and gpu.hbm_gbyte_per_s and op == "all_reduce":  # flatten in, copy back out
+            return 4 * full(u) / (gpu.hbm_gbyte_per_s * 1e9)
         return 0.0
 
     unit_k = tuple(kernel(u, c) * per_unit + d for c, (u, d) in enumerate(zip(sizes, demand,
@@ -248,7 +268,8 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     algo = algorithm_name(job, op, size, stride, full(max(sizes)))
     calls = per_unit * n_micro * job.num_units
     return ScheduleEntry(phase, op, group, size, stride, lay.members_per_node, dtype, calls,
-                         int(total), intra, inter, time, kern, unit_t, unit_k, algo)
+                         int(total), intra, inter, time, kern, unit_t, unit_k, algo,
+                         unit_demand_s=demand)
 
 
 def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
@@ -301,7 +322,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
                 add("backward", "all_to_all", "G_inter", s1, R, "int4+scales",
                     lambda u: quantized_bytes(u // s0, 4, blk), lambda u: 2 * u // s0)
         else:
-            add("backward", "reduce_scatter", "G", s.s_g, 1, gdt, lambda u: u * gb)
+            add("backward", ex.sharded_reduce, "G", s.s_g, 1, gdt, lambda u: u * gb)
     k = s.s_os // s.s_g
     if k > 1:  # unsharded gradients: the engine's replicated_reduce (engines.Execution)
         add("grad_sync", ex.replicated_reduce if s.s_g == 1 else "reduce_scatter", "OS_shard",

@@ -40,6 +40,9 @@ class ScheduleEntry:
     """Kernel seconds of one call for a unit of each class."""
     algorithm: str = ""
     """What NCCL runs for a block's call (e.g. 'ring/LL128'); empty off NCCL."""
+    unit_demand_s: tuple[float, ...] = field(default=(0.0, 0.0, 0.0), compare=False)
+    """Of ``unit_kernel_s``, the seconds of the gathers the engine fetches on demand (collective
+    time on the compute stream: ``cost/schedule.py`` ``on_demand``); counted in ``time_s``."""
 
     @property
     def bytes_per_rank_per_step(self) -> float:
@@ -47,7 +50,7 @@ class ScheduleEntry:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        del d["unit_time_s"], d["unit_kernel_s"]
+        del d["unit_time_s"], d["unit_kernel_s"], d["unit_demand_s"]
         return d
 
 

@@ -24,6 +24,11 @@ forward    all_reduce  TP     3 head (the vocabulary-parallel cross-entropy: the
 
 They run on the compute stream, between the matmuls that need them: the step model
 (cost/step_time.py) adds them to their unit's compute, none of it hidden.
+
+FP8 (``--precision fp8``, ``cost/fp8_bytes.py: fp8_tp_wire``): with torchao's tensorwise
+recipe the blocks' all-gathers (forward, recomputed forward, and backward) move 1 byte per
+element, dtype ``fp8``, each after a 4-byte fp32 amax all-reduce over the TP group (an
+``all_reduce`` entry of its phase); the reduce-scatters, the head's all-gather and the embedding's stay bf16.
 """
 
 from __future__ import annotations
@@ -64,24 +69,49 @@ def _tp_entry(job: Job, phase: str, op: str, tp: int, dtype: str, calls: tuple,
                          total, intra, inter, time, 0.0, unit_t, (0.0, 0.0, 0.0), algo)
 
 
+def _block_gather_bytes(job: Job) -> tuple[int, int]:
+    """(bytes per element of a block's TP all-gathers, amax all-reduces per all-gather):
+    the parameter dtype's, or FP8's where the recipe gathers FP8 (module docstring)."""
+    t = job.training
+    if t.precision != "fp8":
+        return t.param_bytes, 0
+    from amsp_planner.cost.fp8 import check_training
+    from amsp_planner.cost.fp8_bytes import fp8_tp_wire
+
+    w = fp8_tp_wire(check_training(t, job.engine, job.cluster.gpu.arch), job.engine)
+    return min(w.all_gather, t.param_bytes), w.amax_allreduces_per_all_gather
+
+
 def tp_entries(job: Job, tp: int, micro_batch: int, ckpt, n_micro: int) -> list[ScheduleEntry]:
     """The TP collectives of one step (module docstring)."""
     from amsp_planner.strategy import checkpointed_blocks
 
     t, m = job.training, job.model
-    act = micro_batch * t.seq_len * m.hidden_size * t.param_bytes
+    elems = micro_batch * t.seq_len * m.hidden_size
+    act = elems * t.param_bytes
     acts = (act, act, act)
-    out = [_tp_entry(job, phase, op, tp, t.dtype_name, calls, acts, n_micro)
+    gb, amax = _block_gather_bytes(job)
+    gathers = (act, elems * gb, act)
+    gdtype = "fp8" if gb < t.param_bytes else t.dtype_name
+    out = [_tp_entry(job, phase, op, tp, gdtype if op == "all_gather" else t.dtype_name, calls,
+                     gathers if op == "all_gather" else acts, n_micro)
            for (phase, op), calls in TP_CALLS.items()]
     # the vocabulary-parallel cross-entropy: max, target logit, sum of exponentials per token
     ce = 4 * micro_batch * t.seq_len
     out.append(_tp_entry(job, "forward", "all_reduce", tp, "fp32", (0, 0, LOSS_CALLS),
                          (0, 0, ce), n_micro))
     k, op_level = checkpointed_blocks(ckpt, m.num_layers)
+    frac = (0, 2 * k / m.num_layers, 0) if k and not op_level else (0, 0, 0)
     if k and not op_level:
-        frac = (0, 2 * k / m.num_layers, 0)
-        out += [_tp_entry(job, "recompute", o, tp, t.dtype_name, frac, acts, n_micro)
+        out += [_tp_entry(job, "recompute", o, tp, gdtype if o == "all_gather" else t.dtype_name,
+                          frac, gathers if o == "all_gather" else acts, n_micro)
                 for o in ("all_gather", "reduce_scatter")]
+    if amax:  # one fp32 amax all-reduce before each FP8 all-gather of a block
+        for phase, per in (("forward", TP_CALLS[("forward", "all_gather")][1]),
+                           ("backward", TP_CALLS[("backward", "all_gather")][1]),
+                           ("recompute", frac[1])):
+            out.append(_tp_entry(job, phase, "all_reduce", tp, "fp32", (0, amax * per, 0),
+                                 (0, 4, 0), n_micro))
     rep = m.tp_replicated_params()
     reps = (rep[0] * t.grad_bytes, rep[1] * t.grad_bytes, rep[-1] * t.grad_bytes)
     out.append(_tp_entry(job, "backward", "all_reduce", tp, t.grad_dtype_name,
@@ -93,10 +123,12 @@ def tp_block_forward_s(job: Job, micro_batch: int, tp: int) -> float:
     """Seconds of one block's forward TP collectives for one micro-batch (2 all-gathers and 2
     reduce-scatters of b*s*h elements)."""
     t, m = job.training, job.model
-    act = micro_batch * t.seq_len * m.hidden_size * t.param_bytes
+    elems = micro_batch * t.seq_len * m.hidden_size
+    gb, amax = _block_gather_bytes(job)
     topo = job.topology
-    return 2 * (topo.collective_time("all_gather", tp, 1, act)
-                + topo.collective_time("reduce_scatter", tp, 1, act))
+    return 2 * (topo.collective_time("all_gather", tp, 1, elems * gb)
+                + topo.collective_time("reduce_scatter", tp, 1, elems * t.param_bytes)
+                + amax * topo.collective_time("all_reduce", tp, 1, 4))
 
 
 def tp_recompute_s(job: Job, micro_batch: int, ckpt, tp: int) -> float:

@@ -26,11 +26,10 @@ def target_module(name: str):
 
 def export(target: str, job, strategy, memory_limit: float | None = None) -> ExportResult:
     """Export `strategy` for `job` to `target`."""
-    if job.training.precision == "fp8":  # the exporters write bf16/fp32 only (docs/fp8.md)
-        from amsp_planner.errors import AmspUserError
+    from amsp_planner.exports.fp8 import pin_recipe, refuse
 
-        raise AmspUserError(f"amsp export --to {target}: FP8 plans are not exported yet "
-                            "(docs/fp8.md); plan with --precision bf16 to export")
+    refuse(target_module(target).TARGET, job)  # FP8 plans: one line where the target has none
+    job = pin_recipe(job)
     return target_module(target).export(job, strategy, memory_limit)
 
 

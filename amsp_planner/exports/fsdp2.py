@@ -89,7 +89,7 @@ def settings(job: Job, s: Strategy) -> dict:
     assert s.s_p == s.s_g == s.s_os and not (s.qwz or s.qgz), f"{s} is not an FSDP2 strategy"
     t = job.training
     n = job.num_gpus
-    param = "bfloat16" if t.precision == "bf16" else "float32"
+    param = "float32" if t.precision == "fp32" else "bfloat16"
     reduce = "bfloat16" if t.grad_dtype_name == "bf16" else "float32"
     dp = n // s.tp
     return {
@@ -371,8 +371,14 @@ def render(job: Job, s: Strategy) -> str:
         "",
     ]
     consts = [f"{k} = {v!r}" for k, v in settings(job, s).items()]
+    fp8 = ""
+    if job.training.precision == "fp8":  # torchao's conversion (exports/fp8.py)
+        from amsp_planner.exports.fp8 import FSDP2_BODY, fsdp2_settings
+
+        consts += [f"{k} = {v!r}" for k, v in fsdp2_settings(job).items()]
+        fp8 = FSDP2_BODY
     return ("\n".join(head + consts) + "\n" + _BODY + (_TP_BODY if s.tp > 1 else "")
-            + (fsdp2_moe.BODY if s.has_experts else ""))
+            + (fsdp2_moe.BODY if s.has_experts else "") + fp8)
 
 
 def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:

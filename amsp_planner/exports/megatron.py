@@ -81,8 +81,12 @@ def arguments(job: Job, s: Strategy) -> list[str]:
         out += ["--expert-model-parallel-size", str(s.ep), "--expert-tensor-parallel-size", "1"]
     out += ["--micro-batch-size", str(s.micro_batch), "--global-batch-size", str(t.batch_seqs),
             "--seq-length", str(t.seq_len)]
-    if t.precision == "bf16":
+    if t.precision in ("bf16", "fp8"):
         out.append("--bf16")
+    if t.precision == "fp8":  # Transformer Engine's FP8 (exports/fp8.py)
+        from amsp_planner.exports.fp8 import megatron_arguments
+
+        out += megatron_arguments(job, s)
     if s.s_os > 1:
         out.append("--use-distributed-optimizer")
         if dp // s.s_os > 1:
@@ -159,6 +163,25 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
         raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {dp} "
                          "data-parallel ranks")
     experts = {"ep": ep, "edp": dp // ep} if "--expert-model-parallel-size" in flags else {}
-    return {**experts, "tp": tp, "micro_batch": mb, "dp": dp,
-            "os": dp // inst if "--use-distributed-optimizer" in flags else 1,
-            "recompute_layers": layers}
+    out = {**experts, "tp": tp, "micro_batch": mb, "dp": dp,
+           "os": dp // inst if "--use-distributed-optimizer" in flags else 1,
+           "recompute_layers": layers}
+    if "--fp8-format" in flags:
+        out["fp8"] = _check_fp8(flags)
+    return out
+
+
+def _check_fp8(flags: dict) -> dict:
+    """The FP8 arguments against Megatron's choices at d98e8a6 (exports/fp8.py)."""
+    from amsp_planner.exports.fp8 import MEGATRON_FORMATS, MEGATRON_RECIPES
+
+    fmt, recipe = flags.get("--fp8-format"), flags.get("--fp8-recipe", "delayed")
+    if fmt not in MEGATRON_FORMATS:
+        raise ValueError(f"--fp8-format: {fmt!r} not in {MEGATRON_FORMATS}")
+    if recipe not in MEGATRON_RECIPES:
+        raise ValueError(f"--fp8-recipe: {recipe!r} not in {MEGATRON_RECIPES}")
+    if "--bf16" not in flags:
+        raise ValueError("--fp8-format: needs --bf16 (FP8 runs inside bf16 mixed precision)")
+    if "--fp8-param-gather" in flags and "--use-distributed-optimizer" not in flags:
+        raise ValueError("--fp8-param-gather: needs --use-distributed-optimizer")
+    return {"format": fmt, "recipe": recipe, "param_gather": "--fp8-param-gather" in flags}

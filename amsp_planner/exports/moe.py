@@ -4,7 +4,8 @@ A plan for an MoE model may carry an expert strategy (docs/moe.md): the expert-p
 e (``ep=``), its placement (``ep.span``) and the expert class's own triple (``ep.p``, ``ep.g``,
 ``ep.os``) over the N/e ranks that hold the same experts (the EDP group). Each engine ties the
 expert triple to its dense setting in its own way; ``RULES`` lists, per target, the expert
-setting it runs for one dense candidate and one (e, placement), read from the engine's code:
+setting it runs for one dense candidate and one (e, placement), read from the engine's code
+(the rules themselves are engine_experts.py's, which the search uses too):
 
 - DeepSpeed 0.19.8 (AutoEP, ``"expert_parallel": {"enabled": true, "autoep_size": e}``): one
   ZeRO stage for both classes, the expert class partitioned over the expert-data-parallel group
@@ -38,50 +39,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from amsp_planner import engine_experts
 from amsp_planner.strategy import Strategy
-from amsp_planner.strategy_experts import ep_options, expert_factor_options
+from amsp_planner.strategy_experts import ep_options
 
 Triple = tuple[int, int, int]
 
 
 def deepspeed_stage(s: Strategy, n: int) -> int | None:
     """The ZeRO stage of a dense triple on N GPUs, None when it is not one."""
-    table = {(1, 1, 1): 0, (1, 1, n): 1, (1, n, n): 2, (n, n, n): 3}
-    return table.get((s.s_p, s.s_g, s.s_os))
+    return engine_experts.deepspeed_stage((s.s_p, s.s_g, s.s_os), n)
 
 
-def _deepspeed(c: Strategy, e: int, span: bool, n: int, r: int) -> list[Triple]:
-    stage = deepspeed_stage(c, n)
-    if stage is None or (e > 1 and stage == 3 and (c.hpz > 1 or c.qgz)):
-        return []
-    f = n // e
-    return [((1, 1, 1), (1, 1, f), (1, f, f), (f, f, f))[stage]]
+def _rule(name: str, zeropp_ok: bool = True):
+    """The engine rule `name` of engine_experts.py over a dense candidate; without
+    `zeropp_ok`, none for a candidate with hpZ or qgZ (DeepSpeed AutoEP with ZeRO-3)."""
+    fn = engine_experts.RULES[name]
 
+    def rule(c: Strategy, e: int, span: bool, n: int, r: int) -> list[Triple]:
+        if not zeropp_ok and e > 1 and deepspeed_stage(c, n) == 3 and (c.hpz > 1 or c.qgz):
+            return []
+        return fn((c.s_p, c.s_g, c.s_os), e, span, n, r)
 
-def _torchtitan(c: Strategy, e: int, span: bool, n: int, r: int) -> list[Triple]:
-    s = c.s_p
-    if span or not c.s_p == c.s_g == c.s_os or s % e:
-        return []
-    return [(s // e,) * 3]
-
-
-def _fsdp2(c: Strategy, e: int, span: bool, n: int, r: int) -> list[Triple]:
-    if not c.s_p == c.s_g == c.s_os:
-        return []
-    return [(f, f, f) for f in expert_factor_options(e, span, n, r)]
-
-
-def _megatron(c: Strategy, e: int, span: bool, n: int, r: int) -> list[Triple]:
-    if span or c.s_p != 1 or c.s_g != 1 or c.s_os not in (1, n):
-        return []
-    return [(1, 1, 1 if c.s_os == 1 else n // e)]
+    return rule
 
 
 RULES: dict[str, Callable[[Strategy, int, bool, int, int], list[Triple]]] = {
-    "deepspeed": _deepspeed, "torchtitan": _torchtitan, "fsdp2": _fsdp2, "amsp": _fsdp2,
-    "megatron": _megatron,
+    "deepspeed": _rule("stages", zeropp_ok=False), "torchtitan": _rule("titan"),
+    "fsdp2": _rule("tied"), "amsp": _rule("tied"), "megatron": _rule("os"),
 }
-"""Target -> (dense candidate, e, span, N, R) -> the expert triples it runs with them."""
+"""Target -> (dense candidate, e, span, N, R) -> the expert triples it runs with them (the
+engine rules of engine_experts.py)."""
 
 
 def with_experts(engine: str, num_experts: int, num_gpus: int, gpus_per_node: int,

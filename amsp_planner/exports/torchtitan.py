@@ -86,6 +86,9 @@ CHECK_BASE = ("--module", "llama3", "--config", "llama3_debugmodel")
 TP_FLAGS = {"--parallelism.enable-sequence-parallel": ("enable_sequence_parallel", True),
             "--compile.no-enable-async-tensor-parallel": ("enable_async_tensor_parallel", False)}
 """The flags a tensor-parallel export writes: (the torchtitan field, the value it sets)."""
+FP8_FLAGS = {"--compile.enable": ("enable", True)}
+"""The flag an FP8 export writes: torch.compile on (torchao's casts fused; the published FP8
+speed-ups the plan prices are measured compiled; model_compile_enabled in the converter)."""
 """A config function the overrides are parsed onto (theirs is the user's own)."""
 
 
@@ -108,7 +111,7 @@ def sections(job: Job, s: Strategy) -> dict[str, dict]:
             "local_batch_size": s.micro_batch,
             "global_batch_size": t.batch_seqs,
             "seq_len": t.seq_len,
-            "mixed_precision_param": "bfloat16" if t.precision == "bf16" else "float32",
+            "mixed_precision_param": "float32" if t.precision == "fp32" else "bfloat16",
             "mixed_precision_reduce": "float32",
         },
         "parallelism": {
@@ -138,6 +141,11 @@ def render(job: Job, s: Strategy) -> str:
         lines += [f"--{name}.{k}={v}" for k, v in fields.items()]
     if s.tp > 1:
         lines += list(TP_FLAGS)
+    if job.training.precision == "fp8":
+        from amsp_planner.exports.fp8 import torchtitan_lines
+
+        lines += list(FP8_FLAGS)
+        lines[4:4] = torchtitan_lines(job)  # after the header
     lines.append(f"{AC}:{AC_MODES[s.ckpt_value]}")
     return "\n".join(lines) + "\n"
 
@@ -177,6 +185,9 @@ def check(text: str, num_gpus: int) -> dict:
             field, value = TP_FLAGS[arg]
             doc.setdefault("tp_flags", {})[field] = value
             continue
+        if arg in FP8_FLAGS:
+            doc["compile_enable"] = FP8_FLAGS[arg][1]
+            continue
         key, eq, value = arg.removeprefix("--").partition("=")
         section, _, name = key.partition(".")
         kind = SCHEMA.get(section, {}).get(name) or OPTIONAL.get((section, name))
@@ -211,6 +222,13 @@ def check(text: str, num_gpus: int) -> dict:
         raise ValueError(f"--parallelism.expert_parallel_degree {ep} does not divide "
                          f"data_parallel_shard_degree x cp x tp = {fsdp}")
     doc["efsdp"] = fsdp // ep  # torchtitan ParallelDims.build_mesh: efsdp = fsdp * tp // ep
+    from amsp_planner.exports.fp8 import check_torchtitan_code
+
+    fp8 = check_torchtitan_code(text)
+    if fp8 is not None:
+        if not doc.get("compile_enable"):
+            raise ValueError(f"an FP8 export needs {' '.join(FP8_FLAGS)}")
+        doc["fp8"] = fp8
     return doc
 
 
@@ -250,6 +268,14 @@ def check_with_torchtitan(text: str) -> dict:
         doc["tp_flags"] = {"enable_sequence_parallel": cfg.parallelism.enable_sequence_parallel,
                            "enable_async_tensor_parallel":
                                cfg.compile.enable_async_tensor_parallel}
+    if cfg.compile.enable:
+        doc["compile_enable"] = True
+    from amsp_planner.exports.fp8 import check_torchtitan_code, check_torchtitan_converter
+
+    fp8 = check_torchtitan_code(text)
+    if fp8 is not None:  # its names and choices against torchtitan's own converter Config
+        check_torchtitan_converter(fp8)
+        doc["fp8"] = fp8
     ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "none"
     names = {"FullAC": "full", "SelectiveAC": "selective"}
     doc["activation_checkpoint"] = names.get(ac.split(".")[0], ac)

@@ -39,6 +39,23 @@ def step_differences(chosen, other, threshold: float = 0.002) -> list[tuple[str,
     return sorted(out, key=lambda kv: -abs(kv[1]))
 
 
+def a2a_differences(chosen, other, threshold: float = 0.002) -> list[tuple[str, float, float]]:
+    """The token all-to-alls that separate two evaluations (mixture of experts): per phase
+    (forward, backward, recompute), other minus chosen seconds and NIC GiB per rank and step,
+    each phase whose seconds change by at least `threshold` of the chosen step."""
+    def by_phase(ev):
+        return {e.phase: (e.time_s, e.inter_bytes_per_rank_per_step / GIB)
+                for e in ev.schedule if e.op == "all_to_all"}
+
+    a, b = by_phase(chosen), by_phase(other)
+    out = []
+    for phase in ("forward", "backward", "recompute"):
+        (sa, na), (sb, nb) = a.get(phase, (0.0, 0.0)), b.get(phase, (0.0, 0.0))
+        if abs(sb - sa) >= threshold * chosen.step_s:
+            out.append((phase, sb - sa, nb - na))
+    return out
+
+
 EQUIVALENT_RUNNERS_UP = 5
 """Runners-up re-solved for the list of equivalent candidates."""
 
@@ -143,15 +160,26 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
         d_step = r["step_s"] / e.step_s - 1
         d_mem = (r["memory_bytes"] - e.memory.total) / GIB
         fit = "" if r["fits"] else " (does not fit)"
-        parts = step_differences(e, evaluate(job, other, limit))
+        ev_other = evaluate(job, other, limit)
+        parts = step_differences(e, ev_other)
         lines.append(f"  {name:10s} {r['strategy']}: {d_step * 100:+.2f}% step time, "
                      f"{d_mem:+.2f} GiB{fit}; differs by {_diff(e.strategy, other)}")
         if parts:
             lines.append("             " + ", ".join(
                 f"{k} {v * 1e3:+.1f} ms" for k, v in parts))
+        a2a = a2a_differences(e, ev_other)
+        if a2a:
+            lines.append("             all-to-alls: " + ", ".join(
+                f"{ph} {v * 1e3:+.1f} ms ({nic:+.2f} GiB over the NIC)" for ph, v, nic in a2a))
         facts["alternatives"].append({"name": name, "strategy": r["strategy"],
                                       "step_rel": d_step, "memory_gib_delta": d_mem,
-                                      "step_parts_s": dict(parts)})
+                                      "step_parts_s": dict(parts),
+                                      "all_to_all_s": {ph: v for ph, v, _ in a2a}})
+    if job.cluster.gpu.arch in ("hopper", "blackwell"):  # GPUs with FP8 tensor cores
+        from amsp_planner.report.fp8_sensitivity import fp8_crossover, fp8_lines
+
+        facts["fp8"] = fp8_crossover(job, e.strategy)
+        lines += fp8_lines(facts["fp8"], job)
     if sensitivity:
         _add_sensitivity(p, opts, facts, lines, progress, workers)
     facts["lines"] = lines

@@ -35,6 +35,15 @@ def _diff(a, b) -> str:
         out.append(f"hpZ {a.hpz}->{b.hpz}")
     if a.micro_batch != b.micro_batch:
         out.append(f"micro-batch {a.micro_batch}->{b.micro_batch}")
+    if a.has_experts or b.has_experts:  # a mixture of experts: e, its placement, the triple
+        if a.ep != b.ep:
+            out.append(f"ep {a.ep}->{b.ep}")
+        if a.ep_span != b.ep_span:
+            where = {False: "in the node", True: "spanning nodes"}
+            out.append(f"EP placement {where[a.ep_span]}->{where[b.ep_span]}")
+        for c, name in (("p", "P"), ("g", "G"), ("os", "OS")):
+            if a.expert_factor(c) != b.expert_factor(c):
+                out.append(f"expert {name} {a.expert_factor(c)}->{b.expert_factor(c)}")
     return ", ".join(out) or "same sharding"
 
 

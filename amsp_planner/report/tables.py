@@ -65,10 +65,11 @@ def _with_engine(g: Grid, job) -> Grid:
 
 
 def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation | None = None,
-                 band: float | None = None, job=None) -> Grid:
+                 band: float | None = None, job=None, by_identity: bool = False) -> Grid:
     """The rows side by side; with `ref`, a column of tokens/s margins marked 'tie' within
     `band` (default: the validated step-time band): the chosen row's over each row when a row
-    is named 'chosen', else each row's against `ref` (the fastest)."""
+    is named 'chosen', else each row's against `ref` (the fastest). A row with `ref`'s strategy
+    counts as `ref` (no margin) unless `by_identity` (the same strategy in another precision)."""
     cols = list(COMPARE_COLS)
     if ref is not None:
         if band is None:
@@ -85,7 +86,7 @@ def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation
                e.time.optimizer_s, e.time.exposed_comm_s, e.step_s, e.tokens_per_s, e.mfu]
         if ref is not None:
             gain = (e.step_s / ref.step_s if "chosen" in dict(rows) else ref.step_s / e.step_s) - 1
-            same = e is ref or str(e.strategy) == str(ref.strategy)
+            same = e is ref or (not by_identity and str(e.strategy) == str(ref.strategy))
             row.append(None if same or not e.fits else (gain, abs(gain) <= band))
         g.rows.append(row)
     if ref is not None:

@@ -148,7 +148,14 @@ def _tp_runs(engine, i: int, off: int, n: int, saving: bool) -> list[tuple[int, 
 
 def _state_dict(engine, saving: bool = False) -> dict:
     """FlatShards over the engine's own master/moment tensors (no copies): each rank's OS
-    shard, less its padding, in the logical (t = 1) unit's element order."""
+    shard, less its padding, in the logical (t = 1) unit's element order.
+
+    [Note: MoE checkpoints] A MoE block whose experts are a class of their own (experts.py)
+    is still one logical tensor per state: its dense part is the logical unit's first
+    elements (the routed experts are its last parameter), and the rank's OS shard of its
+    expert unit (E/e experts) is one more piece at those experts' logical offset. So a
+    checkpoint saved at one EP degree and expert triple loads at any other, as across dense
+    factors."""
     sd = {}
     for i, lay in enumerate(engine.layouts):
         real = engine.real[i]
@@ -156,9 +163,13 @@ def _state_dict(engine, saving: bool = False) -> dict:
         n = max(0, min(lay.os_len, real - off))
         logical = engine.job.model.unit_params()[i]
         runs = [(0, min(off, real), n)] if engine.tp == 1 else _tp_runs(engine, i, off, n, saving)
+        k_x = engine.x_of.get(i) if engine.tp == 1 else None
         for name in STATES:
             t = getattr(engine, name)[i]
-            sd[f"unit{i}.{name}"] = FlatShard([(t[a:a + k], g) for a, g, k in runs], logical)
+            pieces = [(t[a:a + k], g) for a, g, k in runs]
+            if k_x is not None:  # [Note: MoE checkpoints]
+                pieces += engine.xp.os_pieces(k_x, name)
+            sd[f"unit{i}.{name}"] = FlatShard(pieces, logical)
     return sd
 
 
@@ -275,13 +286,14 @@ def load(engine, directory: str | os.PathLike, step: int | None = None,
     check_model(meta, engine.job, directory)
     sd = _state_dict(engine)
     dcp.load(sd, checkpoint_id=str(path), planner=_LoadPlanner())
-    engine.step_count = int(meta["step"])
     engine.comm.phase = "checkpoint"
-    for i, lay in enumerate(engine.layouts):
-        engine.g_shard[i].zero_()
-        work = engine._update_params(i, lay)
-        if work is not None:
-            work.wait()
+    for c in engine.classes():
+        c.step_count = int(meta["step"])
+        for i, lay in enumerate(c.layouts):
+            c.g_shard[i].zero_()
+            work = c._update_params(i, lay)
+            if work is not None:
+                work.wait()
     return engine.step_count
 
 

@@ -45,21 +45,24 @@ import torch
 
 from amsp_planner.runtime import faults
 from amsp_planner.runtime import model as M
+from amsp_planner.runtime import moe as MOE
 from amsp_planner.runtime import tp as TP
-from amsp_planner.runtime.collectives import Comm, Group, Work
+from amsp_planner.runtime.collectives import Comm, Group
+from amsp_planner.runtime.experts import ExpertClass, fetch_unit
 from amsp_planner.runtime.gather import Gathers, _alias
 from amsp_planner.runtime.layout import UnitLayout
 from amsp_planner.runtime.optim import DTYPES, OptimConfig, StepBoundary, adamw_  # noqa: F401
-from amsp_planner.runtime.quant import qbytes
 from amsp_planner.runtime.reduce import GradReduce
+from amsp_planner.runtime.state import ShardState
 from amsp_planner.runtime.support import check_tp
 
 
-class ShardedEngine(Gathers, GradReduce, StepBoundary):
+class ShardedEngine(ShardState, Gathers, GradReduce, StepBoundary, ExpertClass):
     """Model states of one rank under one strategy, and the training step over them."""
 
     def __init__(self, job, strategy, comm: Comm, groups: dict[str, Group], rank: int,
-                 optim: OptimConfig | None = None, device: str | torch.device = "cpu"):
+                 optim: OptimConfig | None = None, device: str | torch.device = "cpu",
+                 gate: str = "balanced"):
         M.check_supported(job.model)
         check_tp(strategy, job)
         self.job, self.s, self.comm, self.groups = job, strategy, comm, groups
@@ -74,8 +77,10 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
         self.tied = job.model.tied_embeddings
         s = strategy
         self.units = job.tp_units(tp)
-        """Padded elements of each unit this rank's buffers hold (its TP shard at tp > 1)."""
+        """Padded elements of each unit this rank's buffers hold (its TP shard at tp > 1; a
+        MoE block's dense part when the experts are a class of their own, experts.py)."""
         self.max_unit = max(self.units)
+        self._split_experts(gate)
         self.layouts = [UnitLayout(u, s.s_p, s.s_g, s.s_os, s.hpz) for u in self.units]
         self.dp_rank, self.tp_rank = rank // tp, rank % tp
         """[Note: TP layout] Global rank r is TP rank r mod t of data-parallel rank r div t;
@@ -95,82 +100,7 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
         self.step_count = 0
         self._alloc()
 
-    # ----- allocation -------------------------------------------------------------------------
-    def _new(self, n: int, dtype) -> torch.Tensor:
-        return torch.zeros(n, dtype=dtype, device=self.device)
-
-    def _alloc(self) -> None:
-        s, u_max = self.s, self.max_unit
-        L = self.layouts
-        self.p_shard = [self._new(x.p_len, self.pdt) for x in L]
-        self.g_shard = [self._new(x.g_len, self.gdt) for x in L]
-        self.master = [self._new(x.os_len, torch.float32) for x in L]
-        self._moments: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        self.hpz = [self._new(x.hpz_len, self.pdt) for x in L] if s.hpz > 1 else []
-        e = self.units[0]
-        self.gather = [self._new(u_max, self.pdt) for _ in range(2)] if s.s_p > 1 else []
-        self.gather_emb = self._new(e, self.pdt) if s.s_p > 1 and self.tied else None
-        qb8 = qbytes(u_max, 8, s.quant_block)
-        self.qrecv = [self._new(qb8, torch.uint8) for _ in range(2)] if s.qwz else []
-        self.gradbuf = [self._new(u_max, self.gdt) for _ in range(2)] if s.s_g > 1 else []
-        self.grad_emb = self._new(e, self.gdt) if s.s_g > 1 and self.tied else None
-        qb4 = qbytes(u_max, 4, s.quant_block)
-        self.qg = [self._new(qb4, torch.uint8) for _ in range(2)] if s.qgz else []
-        need_staging = s.s_g > 1 and (1 < s.s_p < s.s_g or s.qgz)
-        self.staging = self._new(u_max, self.gdt) if need_staging else None
-        self.step_buf = self._new(u_max // s.s_os, self.gdt) if s.s_os > s.s_g else None
-        self._gslot = 0
-        self._qslot = 0
-        self._rslot = 0
-        self._pending: list[tuple[Work, object, object]] = []
-
-    def _adam_moments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The Adam moments, zero until the first step: allocated at first use (the first
-        step, a checkpoint save or load), as torch's AdamW and DeepSpeed do, so they are not
-        in the start-up peak."""
-        if self._moments is None:
-            L = self.layouts
-            self._moments = ([self._new(x.os_len, torch.float32) for x in L],
-                             [self._new(x.os_len, torch.float32) for x in L])
-        return self._moments
-
-    @property
-    def exp_avg(self) -> list[torch.Tensor]:
-        return self._adam_moments()[0]
-
-    @property
-    def exp_avg_sq(self) -> list[torch.Tensor]:
-        return self._adam_moments()[1]
-
-    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        """The runtime's own model-state tensors and buffers, by the memory model's terms."""
-        opt = self.master + self.exp_avg + self.exp_avg_sq
-        extra = [t for t in (self.gather_emb,) if t is not None]
-        gextra = [t for t in (self.grad_emb,) if t is not None]
-        return {
-            "params": list(self.p_shard),
-            "grads": list(self.g_shard),
-            "optimizer": opt,
-            "hpz": list(self.hpz),
-            "gather_buffers": self.gather + extra + self.qrecv,
-            "grad_buffers": self.gradbuf + gextra + self.qg,
-            "staging": [self.staging] if self.staging is not None else [],
-            "step_buffer": [self.step_buf] if self.step_buf is not None else [],
-        }
-
-    def state_bytes(self) -> dict[str, int]:
-        return {k: sum(t.nbytes for t in v) for k, v in self.state_tensors().items()}
-
     # ----- initial values ---------------------------------------------------------------------
-    def _load_unit(self, i: int, flat: torch.Tensor) -> None:
-        """This rank's shards of unit i from its padded full fp32 values (the Adam moments of
-        a new engine are zero)."""
-        lay = self.layouts[i]
-        po = lay.p_off(self.i_p)
-        self.p_shard[i].copy_(flat[po:po + lay.p_len])
-        oo = lay.os_off(self.i_os)
-        self.master[i].copy_(flat[oo:oo + lay.os_len])
-
     def init_params(self, seed: int) -> None:
         """The initial values, unit by unit: each unit is drawn in full (deterministic from
         the seed, the same on every rank and plan), this rank keeps its shards, and the unit
@@ -178,7 +108,12 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
         moments, allocated at the first step) plus one unit."""
         for i, lay in enumerate(self.layouts):
             flat = torch.zeros(lay.size, dtype=torch.float32)
-            if self.tp == 1:
+            if i in self.x_of:  # the dense part here, this rank's experts in the expert unit
+                full = M.init_unit(self.job.model, i, seed)
+                flat[:self.real[i]] = full[:self.real[i]]
+                self._init_experts(i, full)
+                del full
+            elif self.tp == 1:
                 M.init_unit(self.job.model, i, seed, out=flat)
             else:  # the logical unit, then this TP rank's shard of it
                 full = M.init_unit(self.job.model, i, seed)
@@ -192,25 +127,29 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
     def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor, micro: int,
                          loss_scale: float) -> float:
         """Forward and backward of one micro-batch; returns its (unscaled) mean loss."""
-        U, model, tpc = self.num_units, self.job.model, self.tpc
+        U, model, tpc, epc = self.num_units, self.job.model, self.tpc, self.epc
         self._cur: dict[int, torch.Tensor] = {}
         self._live: dict[int, int] = {}
         acts: list = [None] * U
         leaves: list = [None] * U
         tp_kept: list = [None] * U
-        """Per op-level checkpointed block at tp > 1: its TP collectives' forward outputs."""
+        """Per op-level checkpointed block at tp > 1: its TP collectives' forward outputs
+        (and a MoE block's all-to-all outputs)."""
         emb_head_leaf = None
-        fetch = self._fetch(0, "forward")
+        fetch = fetch_unit(self, 0, "forward")
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             x = None
             for i in range(U):
                 faults.at(doing=f"running the forward of unit {i}")
                 buf = fetch.wait()
+                xbuf = fetch.xbuf
                 if i + 1 < U:
-                    fetch = self._fetch(i + 1, "forward")
+                    fetch = fetch_unit(self, i + 1, "forward")
                 self._cur[i] = buf
                 self._live = {buf.untyped_storage().data_ptr(): i}
                 leaves[i] = self._leaves(i, buf)
+                if xbuf is not None:
+                    self._expert_leaf(i, xbuf, leaves[i])
                 kind = M.unit_kind(i, U)
                 if kind == "embedding":
                     if tpc is None:
@@ -221,7 +160,13 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
                 elif kind == "block":
                     xin = x.detach().requires_grad_(True)
                     if tpc is None:
-                        y = M.run_block(xin, leaves[i], model, self.ckpt_modes[i])
+                        ep = epc if i in self.x_of else None
+                        if ep is not None:
+                            ep.record = [] if self.ckpt_modes[i] == "op" else None
+                        y = M.run_block(xin, leaves[i], model, self.ckpt_modes[i], ep,
+                                        self.routing)
+                        if ep is not None:
+                            tp_kept[i], ep.record = ep.record, None
                     else:
                         op = self.ckpt_modes[i] == "op"
                         tpc.record = [] if op else None
@@ -247,22 +192,27 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
         loss = acts[U - 1][1]
         # backward, unit by unit in reverse
         head = U - 1
-        fetch = self._fetch(head, "backward")
+        fetch = fetch_unit(self, head, "backward")
         emb_fetch = self._fetch(0, "backward") if self.tied else None
         grad_y = None
         emb_target = None
-        if tpc is not None:
-            tpc.backward = True  # a forward TP collective from now on is a recomputation
+        for c in (tpc, epc):  # a forward collective from now on is a recomputation
+            if c is not None:
+                c.backward = True
         for j in range(head, -1, -1):
             faults.at(doing=f"running the backward of unit {j}")
+            xbuf = None
             if j == 0 and self.tied:
                 buf = emb_fetch.wait()
             else:
                 buf = fetch.wait()
+                xbuf = fetch.xbuf
                 nxt = j - 1
                 if nxt >= 0 and not (nxt == 0 and self.tied):
-                    fetch = self._fetch(nxt, "backward")
+                    fetch = fetch_unit(self, nxt, "backward")
             self._cur[j] = buf
+            if xbuf is not None:
+                self._cur[U + j] = xbuf
             if j == head and self.tied:
                 self._cur[0] = emb_fetch.wait()
             if self.ckpt_modes[j]:
@@ -270,23 +220,29 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
                 # them at this backward gather (the forward's buffer holds another unit now)
                 for name, view in M.views(buf, self.specs[j]).items():
                     leaves[j][name].data = view
+                if xbuf is not None:
+                    xv = M.views(xbuf, self.xp.specs[self.x_of[j]])
+                    leaves[j][MOE.EXPERTS].data = xv[MOE.EXPERTS]
             xin, y = acts[j]
             names = list(leaves[j])
             inputs = ([xin] if xin is not None else []) + [leaves[j][k] for k in names]
-            if tpc is not None:
-                tpc.replay = tp_kept[j]
+            ctx = tpc if tpc is not None else epc if j in self.x_of else None
+            if ctx is not None:
+                ctx.replay = tp_kept[j]
             if j == head:
                 if self.tied:
                     inputs.append(emb_head_leaf)
                 grads = torch.autograd.grad(y * loss_scale, inputs)
             else:
                 grads = torch.autograd.grad(y, inputs, grad_y)
-            if tpc is not None:  # (the recomputation stops early: the last may be unused)
-                tpc.replay = tp_kept[j] = None
+            if ctx is not None:  # (the recomputation stops early: the last may be unused)
+                ctx.replay = tp_kept[j] = None
             if xin is not None:
                 grad_y, grads = grads[0], grads[1:]
             acts[j] = None
             pgrads = dict(zip(names, grads[:len(names)], strict=True))
+            if xbuf is not None:
+                self._reduce_experts(j, pgrads.pop(MOE.EXPERTS), micro)
             if self.rep_slices[j]:
                 self._sum_replicated(j, pgrads)
             if j == head and self.tied:
@@ -299,9 +255,11 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
             self._deposit(j, target, pgrads, first)
             if self.s.s_g > 1:
                 self._reduce(j, target, micro)
-        self._wait_pending()
-        if tpc is not None:
-            tpc.backward = False
+        for c in self.classes():
+            c._wait_pending()
+        for c in (tpc, epc):
+            if c is not None:
+                c.backward = False
         self._cur, self._live = {}, {}
         return float(loss.detach())
 
@@ -329,4 +287,8 @@ class ShardedEngine(Gathers, GradReduce, StepBoundary):
                 idx = TP.shard_index(self.job.model, i, t, j).to(self.device)
                 logical[idx] = full[j, :self.real[i]]
             out.append(logical)
+        if self.xp is not None:  # each MoE block: its dense part, then all E experts
+            for k, part in enumerate(self.xp.full_parts(what)):
+                i = self.xp.moe_units[k]
+                out[i] = torch.cat([out[i], part])
         return out

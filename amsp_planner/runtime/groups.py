@@ -18,6 +18,11 @@ OS_replica  N/s_OS           s_OS
 P_update    s_OS/s_P         s_P
 world       N                1
 =========== ================ ==========
+
+A MoE model adds the EP group (the token all-to-alls) and the expert class's kinds ``EP_P``,
+``EP_G``, ``EP_OS_shard``, ``EP_OS_replica``, ``EP_P_update``: the rules above over the N/e
+expert-data-parallel ranks, strided by the EDP group's stride (``cost/communicators.py``;
+``Strategy.expert_layout``, docs/moe.md).
 """
 
 from __future__ import annotations
@@ -64,11 +69,20 @@ def _process_group(ranks: tuple[int, ...], world: int):
     return _PG_CACHE[ranks]
 
 
+EXPERT_KINDS = ("P", "G", "OS_shard", "OS_replica", "P_update")
+"""The kinds a MoE model's expert class uses, named ``EP_`` + kind."""
+
+
 def build_groups(strategy, rank: int, world: int, gpus_per_node: int,
-                 node_of: list[int]) -> dict[str, Group]:
-    """This rank's Group of every kind; `node_of[r]` is the node rank r runs on (measured)."""
+                 node_of: list[int], moe: bool = False) -> dict[str, Group]:
+    """This rank's Group of every kind; `node_of[r]` is the node rank r runs on (measured).
+    `moe`: the model has routed experts; without expert tokens the expert class runs on the
+    dense triple at e = 1, so its kinds are the dense ones (cost/moe_schedule.py)."""
     out = {}
-    for name, (size, stride) in group_kinds(strategy, world, gpus_per_node).items():
+    kinds = group_kinds(strategy, world, gpus_per_node)
+    if moe and not strategy.has_experts:
+        kinds |= {"EP_" + k: kinds[k] for k in EXPERT_KINDS} | {"EP": (1, 1)}
+    for name, (size, stride) in kinds.items():
         ranks = members(rank, size, stride)
         pg, back = _process_group(ranks, world)
         my_node = node_of[rank]

@@ -22,6 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from amsp_planner.runtime import moe as MOE
 from amsp_planner.runtime.support import check_supported  # noqa: F401 - also this API
 
 NORM_EPS = 1e-5
@@ -34,10 +35,13 @@ def unit_param_specs(model, tp: int = 1) -> list[list[tuple[str, tuple[int, ...]
     h, f, kv, V = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.vocab_size
     t = tp
     emb = [("tok_emb", (V // t, h))]
-    block = [("attn_norm", (h,)), ("wqkv", ((h + 2 * kv) // t, h)), ("wo", (h, h // t)),
-             ("mlp_norm", (h,)), ("w13", (2 * f // t, h)), ("w2", (h, f // t))]
+    attn = [("attn_norm", (h,)), ("wqkv", ((h + 2 * kv) // t, h)), ("wo", (h, h // t)),
+            ("mlp_norm", (h,))]
+    block = attn + [("w13", (2 * f // t, h)), ("w2", (h, f // t))]
+    moe_block = attn + MOE.mlp_specs(model) if model.is_moe else None
     head = [("norm", (h,))] + ([] if model.tied_embeddings else [("lm_head", (V // t, h))])
-    specs = [emb] + [block] * model.num_layers + [head]
+    blocks = [moe_block if model.is_moe_layer(i) else block for i in range(model.num_layers)]
+    specs = [emb] + blocks + [head]
     counts = [sum(math.prod(s) for _, s in u) for u in specs]
     want = model.unit_params() if t == 1 else model.tp_unit_params(t)
     assert counts == want, (counts, want)
@@ -81,9 +85,12 @@ def init_unit(model, index: int, seed: int, out: torch.Tensor | None = None) -> 
         if len(shape) == 1:
             dst.fill_(1.0)
             continue
-        std = INIT_STD / math.sqrt(2 * model.num_layers) if name in ("wo", "w2") else INIT_STD
+        std = INIT_STD / math.sqrt(2 * model.num_layers) if name in ("wo", "w2", "ws2") else INIT_STD
         torch.randn(shape, generator=g, out=dst)
         dst.mul_(std)
+        if name == MOE.EXPERTS:  # each expert's down projection, as w2
+            dst[:, 2 * MOE.expert_width(model) * model.hidden_size:].div_(
+                math.sqrt(2 * model.num_layers))
     return flat
 
 
@@ -125,7 +132,7 @@ def _same(y: torch.Tensor) -> torch.Tensor:
 
 
 def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: int = 1, gather=_same,
-          scatter=_same) -> torch.Tensor:
+          scatter=_same, ep=None, routing: MOE.Routing = MOE.BALANCED) -> torch.Tensor:
     """One block. Under tensor parallelism (runtime/tp.py) `p` holds this rank's 1/tp of the
     heads and of the MLP, x is the sequence shard, `gather` brings the normed sequence whole
     before the column-sharded matmuls and `scatter` reduce-scatters the row-sharded ones'
@@ -142,8 +149,10 @@ def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: int = 1, gathe
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kvh != a)
     x = x + scatter(F.linear(o.transpose(1, 2).reshape(b, s, a * hd), p["wo"]))
     y = gather(rms_norm(x, p["mlp_norm"]))
-    gate, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
-    return x + scatter(F.linear(F.silu(gate) * up, p["w2"]))
+    if "router" in p:
+        return x + MOE.moe_mlp(y, p, model, ep, routing)
+    g, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
+    return x + scatter(F.linear(F.silu(g) * up, p["w2"]))
 
 
 def _save_ops() -> frozenset:
@@ -179,21 +188,31 @@ def block_modes(ckpt, num_layers: int) -> list[str | None]:
     return ["full" if b < k else None for b in range(num_layers)]
 
 
-def run_block(x: torch.Tensor, p: dict[str, torch.Tensor], model, mode: str | None = None
-              ) -> torch.Tensor:
+def run_block(x: torch.Tensor, p: dict[str, torch.Tensor], model, mode: str | None = None,
+              ep=None, routing: MOE.Routing = MOE.BALANCED) -> torch.Tensor:
     """One block, checkpointed per `mode` (module docstring). Under checkpointing the block is
     recomputed in backward from `p`'s tensors as they are then (the caller points them at the
-    unit's backward gather)."""
+    unit's backward gather). A MoE block's all-to-alls (over `ep`) run again in a full
+    recomputation (no early stop); under op-level checkpointing the caller keeps their outputs
+    (``moe.EPContext.record``/``replay``), as the TP collectives'."""
+    fn = functools.partial(block, ep=ep, routing=routing) if "router" in p else block
     if mode is None:
-        return block(x, p, model)
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+        return fn(x, p, model)
+    from torch.utils.checkpoint import (
+        checkpoint,
+        create_selective_checkpoint_contexts,
+        set_checkpoint_early_stop,
+    )
 
-    kw = {}
     if mode == "op":
         # op_policy is looked up at call time, so a test may wrap it to count what it keeps
-        kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts,
-                                             lambda *a, **k: op_policy(*a, **k))
-    return checkpoint(block, x, p, model, use_reentrant=False, **kw)
+        ctx = functools.partial(create_selective_checkpoint_contexts,
+                                lambda *a, **k: op_policy(*a, **k))
+        return checkpoint(fn, x, p, model, use_reentrant=False, context_fn=ctx)
+    if "router" not in p:
+        return checkpoint(fn, x, p, model, use_reentrant=False)
+    with set_checkpoint_early_stop(False):
+        return checkpoint(fn, x, p, model, use_reentrant=False)
 
 
 def head_loss(x: torch.Tensor, p: dict[str, torch.Tensor], lm_weight: torch.Tensor,
@@ -207,10 +226,11 @@ def head_loss(x: torch.Tensor, p: dict[str, torch.Tensor], lm_weight: torch.Tens
 class ReferenceModel(torch.nn.Module):
     """The unsharded model in one process: the parity oracle (same init, same compute)."""
 
-    def __init__(self, model, seed: int, dtype=torch.float32):
+    def __init__(self, model, seed: int, dtype=torch.float32,
+                 routing: MOE.Routing = MOE.BALANCED):
         super().__init__()
         check_supported(model)
-        self.spec = model
+        self.spec, self.routing = model, routing
         self.specs = unit_param_specs(model)
         self.flats = torch.nn.ParameterList(
             [torch.nn.Parameter(init_unit(model, i, seed).to(dtype)) for i in range(len(self.specs))]
@@ -220,7 +240,7 @@ class ReferenceModel(torch.nn.Module):
         units = [views(f, s) for f, s in zip(self.flats, self.specs, strict=True)]
         x = embed(tokens, units[0])
         for p in units[1:-1]:
-            x = block(x, p, self.spec)
+            x = block(x, p, self.spec, routing=self.routing)
         head = units[-1]
         lm = units[0]["tok_emb"] if self.spec.tied_embeddings else head["lm_head"]
         return head_loss(x, head, lm, targets)

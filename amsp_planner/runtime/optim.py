@@ -56,11 +56,17 @@ def adamw_(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, grad: torch.Tensor
 class StepBoundary:
     """The step boundary of ShardedEngine (a base of it; its state is the engine's)."""
 
+    def classes(self) -> list:
+        """The parameter classes whose states step together: this one, and a MoE model's
+        routed experts (``experts.ExpertShards``, their own units, factors and groups)."""
+        xp = getattr(self, "xp", None)
+        return [self] if xp is None else [self, xp]
+
     def nonfinite(self, loss_sum: float) -> bool:
         """Whether any rank has a non-finite loss or gradient before the step: one world
         all-reduce (phase 'guard'). Every gradient element lands in some rank's G shard, so
         a NaN anywhere is seen by the rank that owns it."""
-        bad = sum(int(not torch.isfinite(g).all()) for g in self.g_shard)
+        bad = sum(int(not torch.isfinite(g).all()) for c in self.classes() for g in c.g_shard)
         flag = torch.tensor([float(bad) + float(not math.isfinite(loss_sum))],
                             dtype=torch.float32, device=self.device)
         self.comm.phase = "guard"
@@ -72,11 +78,31 @@ class StepBoundary:
         `guard`: skip the step (no update, gradients dropped; returns NaN, NaN) when any rank
         has a non-finite loss or gradient."""
         if guard and self.nonfinite(loss_sum):
-            for g in self.g_shard:
-                g.zero_()
+            for c in self.classes():
+                for g in c.g_shard:
+                    g.zero_()
             return math.nan, math.nan
-        o = self.optim
         faults.at(doing="running the optimizer step")
+        norm2 = torch.zeros((), dtype=torch.float32, device=self.device)
+        gathers = []
+        for c in self.classes():
+            n2, works = c._step_units()
+            norm2 += n2
+            gathers += works
+        for w in gathers:
+            if w is not None:
+                w.wait()
+        stats = torch.stack([torch.tensor(loss_sum, dtype=torch.float32, device=self.device),
+                             norm2])
+        self.comm.phase = "update"
+        self.comm.all_reduce(stats, self.groups["world"])
+        return float(stats[0]), math.sqrt(float(stats[1]))
+
+    def _step_units(self) -> tuple[torch.Tensor, list]:
+        """This class's grad sync, AdamW and update gathers, unit by unit; returns its squared
+        gradient norm on this rank divided by its OS replicas (each element is held by that
+        many ranks), and the update gathers still pending."""
+        o = self.optim
         self.step_count += 1
         norm2 = torch.zeros((), dtype=torch.float32, device=self.device)
         gathers = []
@@ -97,15 +123,7 @@ class StepBoundary:
             g.zero_()
             self.comm.phase = "update"
             gathers.append(self._update_params(i, lay))
-        for w in gathers:
-            if w is not None:
-                w.wait()
-        stats = torch.stack([torch.tensor(loss_sum, dtype=torch.float32, device=self.device),
-                             norm2])
-        self.comm.phase = "update"
-        self.comm.all_reduce(stats, self.groups["world"])
-        replicas = self.groups["OS_replica"].size
-        return float(stats[0]), math.sqrt(float(stats[1]) / replicas)
+        return norm2 / self.groups["OS_replica"].size, gathers
 
     def _replicated_in_os(self, i: int) -> list[tuple[int, int]]:
         """[a, b) ranges of this rank's OS shard of unit i that hold replicated weights."""

@@ -12,13 +12,16 @@ import torch
 from amsp_planner.runtime.data import TokenSource
 from amsp_planner.runtime.engine import OptimConfig
 from amsp_planner.runtime.model import ReferenceModel
+from amsp_planner.runtime.moe import Routing
 
 
 def reference_run(job, steps: int, seed: int = 0, data: str | None = None,
-                  optim: OptimConfig | None = None) -> tuple[list[float], list[torch.Tensor]]:
+                  optim: OptimConfig | None = None, gate: str = "balanced"
+                  ) -> tuple[list[float], list[torch.Tensor]]:
     """(loss per step, final unpadded fp32 units) of the unsharded fp32 model."""
     optim = optim or OptimConfig()
-    model = ReferenceModel(job.model, seed)
+    routing = Routing(gate, job.training.expert_imbalance)
+    model = ReferenceModel(job.model, seed, routing=routing)
     opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=(optim.beta1, optim.beta2),
                             eps=optim.eps, weight_decay=optim.weight_decay, foreach=False)
     t = job.training

@@ -2,6 +2,8 @@
 
 - the model family: LLaMA-style decoders (RMSNorm, RoPE, SwiGLU, no biases, head_dim =
   hidden_size / num_heads, no qk or post norms); anything else is refused in one line.
+- a mixture of experts (runtime/moe.py): each expert takes S k / E tokens of every sequence,
+  so E must divide S k (``check_moe``, run with ``check_tp``).
 - tensor parallelism (runtime/tp.py): tp = t > 1 splits the vocabulary, the MLP width and
   the sequence evenly over the t ranks, so t must divide each.
 
@@ -47,6 +49,8 @@ def check_tp(strategy, job=None) -> None:
     combination, ZeRO++ included, and every checkpointing setting, on a model whose
     vocabulary, MLP width and sequence length t divides; the rest is refused in one line,
     naming it."""
+    if job is not None:
+        check_moe(job)
     t = strategy.tp
     if t == 1 or job is None:
         return
@@ -59,3 +63,25 @@ def check_tp(strategy, job=None) -> None:
             f"plan has tp={t} but {', '.join(bad)} is not a multiple of {t}: the bundled "
             "runtime splits the vocabulary, the MLP and the sequence evenly over the TP ranks: "
             "pad it to a multiple, or re-plan with another --tp")
+
+
+def check_moe(job) -> int:
+    """A MoE model gives each expert c S k / E slots of every sequence (c the expert
+    imbalance, the capacity factor; fixed all-to-all sizes, runtime/moe.py): they must be a
+    whole number, refused in one line otherwise; returns it (0 for a dense model)."""
+    m, seq = job.model, job.training.seq_len
+    if not m.is_moe:
+        return 0
+    E, k, c = m.num_experts, m.experts_per_token, job.training.expert_imbalance
+    if (seq * k) % E:
+        raise AmspUserError(
+            f"seq_len {seq} x experts_per_token {k} is not a multiple of num_experts {E}: "
+            "the bundled runtime routes S k / E tokens of every sequence to each expert (fixed "
+            "all-to-all sizes): pick a sequence length that makes it whole")
+    slots = seq * k // E * c
+    if abs(slots - round(slots)) > 1e-9:
+        raise AmspUserError(
+            f"expert_imbalance {c:g} x {seq * k // E} tokens per expert per sequence is not a "
+            "whole number of slots: the bundled runtime gives each expert that many (its "
+            "capacity factor): pick an imbalance that makes it whole")
+    return round(slots)

@@ -70,6 +70,9 @@ class RunConfig:
     space so the step runs out of memory."""
     fail_rank: int = -1
     fail_mode: str = "step"
+    gate: str = "balanced"
+    """A MoE model's routing (runtime/moe.py): 'balanced' (every expert the same tokens) or
+    'topk' (the router's top-k with a capacity of S k / E tokens per expert per sequence)."""
     save_on_sigterm: bool = False
     """A SIGTERM (or the launcher's stop file) makes every rank save a checkpoint at the end
     of the step it runs and stop (``lifecycle.Stopped``); asked once per step with one
@@ -111,7 +114,8 @@ def setup(job, strategy, comm: Comm) -> tuple[dict[str, Group], int]:
                                 "node-major (rank = node * per-node + local); launch with "
                                 "torchrun's default rank assignment")
     node_of = [nd for nd, _, _ in every]
-    return build_groups(strategy, rank, world, job.gpus_per_node, node_of), rank
+    return build_groups(strategy, rank, world, job.gpus_per_node, node_of,
+                        job.model.is_moe), rank
 
 
 def _log(rank: int, msg: str) -> None:
@@ -127,7 +131,7 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
     comm = Comm(device)
     faults.at(doing="checking the world against the plan")
     groups, rank = setup(job, strategy, comm)
-    engine = ShardedEngine(job, strategy, comm, groups, rank, cfg.optim, device)
+    engine = ShardedEngine(job, strategy, comm, groups, rank, cfg.optim, device, cfg.gate)
     N, n_micro, mb = job.num_gpus, evaluation.n_micro, strategy.micro_batch
     seq = job.training.seq_len
     source = TokenSource(cfg.data, job.model.vocab_size, seq, job.training.batch_seqs, cfg.seed)
@@ -322,12 +326,12 @@ def _peak_rss() -> int | None:
 
 def _report(job, strategy, ev, engine, step_rows, setup_rows, ckpt_rows, losses, norms, times,
             start) -> dict:
-    from amsp_planner.cost.memory import buffer_bytes, model_state_bytes
+    from amsp_planner.cost.memory import buffer_bytes, expert_bytes, model_state_bytes
 
     t = job.training
     predicted_mem = {**model_state_bytes(job.tp_phi(strategy.tp), strategy, t.param_bytes,
                                          t.grad_bytes),
-                     **buffer_bytes(job, strategy)}
+                     **buffer_bytes(job, strategy), **expert_bytes(job, strategy)}
     measured = engine.state_bytes()
     sched = {(e.phase, e.op, e.group): e for e in ev.schedule}
     meas = {(r["phase"], r["op"], r["group"]): r for r in step_rows}

@@ -69,7 +69,7 @@ def run_config(opts: dict):
 
     keys = ("steps", "seed", "data", "checkpoint_dir", "checkpoint_every", "resume",
             "resume_from", "verified", "on_nonfinite", "log_every", "fail_at_step",
-            "fail_rank", "fail_mode", "save_on_sigterm")
+            "fail_rank", "fail_mode", "save_on_sigterm", "gate")
     kw = {k: opts[k] for k in keys if opts.get(k) is not None}
     return RunConfig(optim=OptimConfig(**opts.get("optim", {})), report_path=opts.get("report"),
                      **kw)

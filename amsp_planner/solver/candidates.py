@@ -90,6 +90,9 @@ class Configs:
         self.kf = np.where(q, _by_factor(T.kq, fi)[pi], _by_factor(T.ka, fi)[pi])
         self.gb = np.where(on_h, hp(T.hpz)[zi], self.gf)
         self.kb = np.where(on_h, hp(T.khz)[zi], self.kf)
+        df = np.where(q, _by_factor(T.dmq, fi)[pi], _by_factor(T.dm, fi)[pi])
+        self.dm = df + np.where(on_h, hp(T.dmh)[zi], df)
+        """Gathers fetched on demand per unit call, forward + backward (the 'comm' objective)."""
         self.red = np.where(qg, _by_factor(T.qgz, fi)[gi], _by_factor(T.rs, fi)[gi])
         self.kr = np.where(qg, _by_factor(T.kg, fi)[gi], _by_factor(T.krs, fi)[gi])
         pairs = {k: i for i, k in enumerate(T.osrs)}
@@ -235,7 +238,7 @@ def objective_of(job: Job, T: Tables, cf: Configs, cand: Candidates, objective: 
     counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
     if objective == "comm":
         per_mb = sum(counts[k] * (comm["gather_fwd"][:, i] + comm["gather_bwd"][:, i]
-                                  + comm["reduce"][:, i]) for k, i in ci.items())
+                                  + comm["reduce"][:, i] + cf.dm[c][:, i]) for k, i in ci.items())
         return (cand.n * per_mb + sum(counts[k] * comm["sync"][:, i] for k, i in ci.items())
                 + cf.cu[c] + cand.tpc)
 

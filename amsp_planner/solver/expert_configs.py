@@ -1,6 +1,7 @@
 """The enumeration's configurations of a mixture of experts' space (docs/moe.md): every dense
 configuration of ``candidates.Configs`` times every nested expert triple (ep.p | ep.g | ep.os
-over ``SearchSpace.expert_factors``), each array the dense row's plus the expert triple's
+over ``SearchSpace.expert_factors``; the engine's pairs only, ``SearchSpace.expert_pairs``),
+each array the dense row's plus the expert triple's
 terms, priced with the expert tables as solver/expert_rows.py prices them in the ILP.
 """
 
@@ -17,8 +18,9 @@ from amsp_planner.strategy_experts import expert_layout
 NCLS = len(CLASSES)
 ADDED = ("gf", "gb", "kf", "kb", "red", "kr", "sync", "cu", "topt", "states")
 """The configuration arrays the expert class adds to."""
-KEPT = ("p", "g", "o", "h", "q", "qg", "a2a")
-"""The dense arrays only repeated."""
+KEPT = ("p", "g", "o", "h", "q", "qg", "a2a", "dm")
+"""The dense arrays only repeated (``dm``, the gathers fetched on demand: the expert class's
+are whole units, prefetched, none on demand)."""
 
 
 @dataclass
@@ -65,6 +67,11 @@ def with_experts(cf, job, space, T) -> None:
     n_dense = len(cf.p)
     di, xi = (a.ravel() for a in np.meshgrid(np.arange(n_dense), np.arange(len(tri)),
                                              indexing="ij"))
+    if space.expert_pairs is not None:  # the engine's (dense, expert) pairs only
+        allowed = set(space.expert_pairs)
+        keep = np.array([((int(cf.p[d]), int(cf.g[d]), int(cf.o[d])), tuple(map(int, tri[x])))
+                         in allowed for d, x in zip(di, xi, strict=True)], dtype=bool)
+        di, xi = di[keep], xi[keep]
     for name in ADDED:
         setattr(cf, name, getattr(cf, name)[di] + add[name][xi])
     for name in KEPT:

@@ -28,6 +28,26 @@ class ExpertRows:
     def _has_experts(self) -> bool:
         return bool(self.space.expert_factors)
 
+    def _add_expert_engine(self) -> None:
+        """The engine's (dense, expert) triple pairs (``SearchSpace.expert_pairs``): one binary
+        w per pair, sum w = 1, and each factor binary of both classes the sum of the w that use
+        it, so the chosen triples are one allowed pair (as ``_add_engine`` for the dense
+        triples alone)."""
+        pairs = self.space.expert_pairs if self._has_experts() else None
+        if pairs is None:
+            return
+        prob, lin = self.prob, self.pulp.lpSum
+        w = {pr: prob.add_variable("we_{}_{}_{}_{}_{}_{}".format(*pr[0], *pr[1]), cat="Binary")
+             for pr in pairs}
+        prob += lin(w.values()) == 1, "one_engine_expert_pair"
+        for side, tag, factors in ((0, "", self.space.factors),
+                                   (1, "E", self.space.expert_factors)):
+            for i, key in enumerate(("P", "G", "O")):
+                x = self.x[key + tag]
+                for f in factors:
+                    prob += (x(f) == lin(v for pr, v in w.items() if pr[side][i] == f),
+                             f"engine_pair_{key}{tag}_{f}")
+
     def _expert_time(self, q: dict, qx: dict, classes) -> None:
         """Add the expert class's per-unit seconds to the step quantities `q` (and the
         kernels to `qx`), per class."""

@@ -174,6 +174,7 @@ class Formulation(StepRows, ExpertRows):
             prob += lin(self.h.values()) <= 1, "at_most_one_hpz"
         self._add_hpz(xP)
         self._add_engine(xP, xG)
+        self._add_expert_engine()
         self.z = {}
         for cls in self.classes:
             for a, b in cls.pairs:

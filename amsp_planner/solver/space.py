@@ -176,6 +176,9 @@ class SearchSpace:
     """Its placement: the EP group strided across nodes (``strategy_experts.py``)."""
     expert_factors: tuple[int, ...] = ()
     """The expert class's shard factors at this degree and placement (empty: a dense model)."""
+    expert_pairs: tuple | None = None
+    """The (dense triple, expert triple) pairs the engine runs at this degree and placement
+    (``engine_experts.expert_pairs``, its profile's ``expert_rule``); None: every pair."""
 
     def by_tp(self) -> tuple[SearchSpace, ...]:
         """One space per tensor-parallel degree searched, this one's first."""
@@ -262,9 +265,12 @@ class SearchSpace:
         triples at this space's degree and placement."""
         fe = self.expert_factors
         triples = [t for t in itertools.product(fe, fe, fe) if t[1] % t[0] == 0 == t[2] % t[1]]
-        for s in replace(self, expert_factors=())._candidates(job):
-            for p, g, o in triples:
-                yield s.with_(ep=self.ep, ep_span=self.ep_span, ep_p=p, ep_g=g, ep_os=o)
+        pairs = None if self.expert_pairs is None else set(self.expert_pairs)
+        for s in replace(self, expert_factors=(), expert_pairs=None)._candidates(job):
+            for t in triples:
+                if pairs is None or ((s.s_p, s.s_g, s.s_os), t) in pairs:
+                    yield s.with_(ep=self.ep, ep_span=self.ep_span, ep_p=t[0], ep_g=t[1],
+                                  ep_os=t[2])
 
     def allows_checkpointing(self) -> bool:
         """Whether any option checkpoints something."""
@@ -277,23 +283,52 @@ class SearchSpace:
 def expert_spaces(job: Job, spaces: list[SearchSpace], pinned: int | None
                   ) -> list[SearchSpace]:
     """A mixture of experts' spaces: each of `spaces` at every expert-parallel degree and
-    placement the job admits (``strategy_experts.ep_options``), or the pinned degree's, with
-    its expert factors; ZeRO++ and op-level checkpointing left out (docs/moe.md)."""
-    from amsp_planner.strategy_experts import ep_options, expert_factor_options
+    placement the job admits (``strategy_experts.ep_options``) and its engine runs
+    (``engine_experts``: the pairs of dense and expert triples of its profile's
+    ``expert_rule``), or the pinned degree's, with its expert factors; ZeRO++ and op-level
+    checkpointing left out (docs/moe.md)."""
+    from amsp_planner.strategy_experts import ep_options
 
     n, r, E = job.num_gpus, job.gpus_per_node, job.model.num_experts
-    opts = ep_options(E, n, r)
+    admitted = ep_options(E, n, r)
+    opts = [o for o in admitted if any(_engine_part(job, sp, *o) is not None for sp in spaces)]
     if pinned is not None:
+        if pinned in {e for e, _ in admitted} and pinned not in {e for e, _ in opts}:
+            raise AmspUserError(
+                f"--ep {pinned}: {job.profile.title} does not run expert parallelism of degree "
+                f"{pinned} on this job (its expert rule '{job.profile.expert_rule}', "
+                f"docs/moe.md): use one of {', '.join(str(e) for e in sorted({e for e, _ in opts}))}"
+                " or another --engine")
         if pinned not in {e for e, _ in opts}:
             raise AmspUserError(
                 f"--ep {pinned}: the expert-parallel degree must divide the {E} experts and the "
                 f"{n} GPUs (and the node size, or be whole nodes): use one of "
                 f"{', '.join(str(e) for e in sorted({e for e, _ in opts}))}")
         opts = [(e, span) for e, span in opts if e == pinned]
+    parts = [(sp, e, span, _engine_part(job, sp, e, span)) for sp in spaces for e, span in opts]
     return [replace(sp, ep=e, ep_span=span, qwz=(False,), hpz=(1,), qgz=(False,),
-                    ckpt=tuple(c for c in sp.ckpt if c != "op"),
-                    expert_factors=tuple(expert_factor_options(e, span, n, r)))
-            for sp in spaces for e, span in opts]
+                    ckpt=tuple(c for c in sp.ckpt if c != "op"), expert_factors=part[0],
+                    expert_pairs=part[1])
+            for sp, e, span, part in parts if part is not None]
+
+
+def _engine_part(job: Job, sp: SearchSpace, e: int, span: bool):
+    """(expert factors, allowed pairs) of space `sp` at (e, span) on the job's engine, or None
+    when the engine runs no expert setting there (engine_experts.py)."""
+    from amsp_planner.engine_experts import expert_pairs
+    from amsp_planner.strategy_experts import expert_factor_options
+
+    n, r = job.num_gpus, job.gpus_per_node
+    fe = tuple(expert_factor_options(e, span, n, r))
+    dense = sp.triples
+    if dense is None:
+        fs = sp.factors
+        dense = [t for t in itertools.product(fs, fs, fs) if t[1] % t[0] == 0 == t[2] % t[1]]
+    pairs = expert_pairs(job.profile.expert_rule, list(dense), e, span, n, r)
+    if pairs is None:
+        return fe, None
+    pairs = tuple(pr for pr in pairs if set(pr[1]) <= set(fe) and set(pr[0]) <= set(sp.factors))
+    return (fe, pairs) if pairs else None
 
 
 def tp_choices(job: Job, pinned: int | None, auto: bool = True) -> tuple[int, ...]:

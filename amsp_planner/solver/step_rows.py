@@ -18,7 +18,8 @@ Overlap (cost/step_time.py), linearised with auxiliaries (continuous, >= 0):
   E_B >= (n_j - 1)(w e_b + C_b/U) - M_Bj (1 - Y_b)     Y_b = the sum of its options' y_j]
   step = sum_j y_j n_j (Tf_j + Tb_j) + sum_o xO_o T_opt(o) + E_F + E_B + w e_l
          + (C_b + C_s)/U + C_u                       (T_opt: the AdamW step on Phi/o elements)
-With `objective="comm"`: comm >= n_j (C_f + C_b) - M (1 - Y_b), + C_s + C_u.
+With `objective="comm"`: comm >= n_j (C_f + C_b + D) - M (1 - Y_b), + C_s + C_u (D: the
+gathers fetched on demand, T_dm, which the step time counts as compute-stream kernels).
 With several micro-batch sizes, valid inequalities without big-M bound E_F and E_B from below
 (``_add_micro_batch_cuts``): the options' compute times their own n_j plus n_min times the rest.
 """
@@ -81,9 +82,11 @@ class StepRows:
         Cu = dot(pulp, ((v, T.upd[k]) for k, v in self.zPO.items()), T.metrics) + e_upd
         t_opt = dot(pulp, ((self.xO[o], T.opt[o]) for o in F)) + e_opt
         counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
-        if self.objective == "comm":
-            per_mb = lin(counts[c] * (q["gather_fwd", c] + q["gather_bwd", c] + q["reduce", c])
-                         for c in CLASSES)
+        if self.objective == "comm":  # the gathers fetched on demand count too (T.dm)
+            demand = {c: col(T.dm, self.xPn, i) + col(T.dmq, self.xPq, i) + col(T.dm, vn, i)
+                      + col(T.dmq, vq, i) + col(T.dmh, self.h, i) for c, i in idx.items()}
+            per_mb = lin(counts[c] * (q["gather_fwd", c] + q["gather_bwd", c] + q["reduce", c]
+                                      + demand[c]) for c in CLASSES)
             bound = self._bound_comm()
             CC = B("C_micro", lowBound=0)
             for mb, (nj, ymb) in self._per_micro_batch(J).items():

@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from amsp_planner.cost.communicators import communicator_bytes, used_kinds
 from amsp_planner.cost.compute import recompute_s, unit_computes
 from amsp_planner.cost.job import Job
-from amsp_planner.cost.memory import activation_bytes, buffer_bytes, model_state_bytes
+from amsp_planner.cost.memory import (
+    activation_bytes,
+    buffer_bytes,
+    job_state_bytes,
+    model_state_bytes,
+)
 from amsp_planner.cost.moe_compute import dispatch_buffer_bytes
 from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
 from amsp_planner.cost.step_time import optimizer_time, tp_unit_seconds
@@ -57,6 +62,11 @@ def _unit(e: ScheduleEntry | None, kernel: bool = False) -> tuple[float, ...]:
     if e is None:
         return (0.0,) * len(CLASSES)
     return e.unit_kernel_s if kernel else e.unit_time_s
+
+
+def _demand(e: ScheduleEntry | None) -> tuple[float, ...]:
+    """Per unit class: the seconds of one call's gathers fetched on demand (in its kernels)."""
+    return e.unit_demand_s if e is not None else (0.0,) * len(CLASSES)
 
 
 
@@ -123,6 +133,11 @@ class Tables:
     """Option (mb, 'K') -> TP collective seconds per step per block more checkpointed."""
     experts: dict | None = None
     """Mixture of experts: the expert class's tables by name (solver/expert_tables.py)."""
+    dm: dict | None = None
+    """Of ka, the gathers fetched on demand per unit call (collective seconds on the compute
+    stream: the 'comm' objective counts them); dmq of kq, dmh of khz."""
+    dmq: dict | None = None
+    dmh: dict | None = None
 
     def get(self, name: str):
         """A table by name: the expert class's ('e_...') or a field."""
@@ -138,6 +153,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     t = job.training
     pb, gb = t.param_bytes, t.grad_bytes
     ag, agq, ka, kq, rs, krs, qg, kg, ar = {}, {}, {}, {}, {}, {}, {}, {}, {}
+    dm, dmq, dmh = {}, {}, {}
     mem_p, mem_g, mem_o = {}, {}, {}
     buf_ag, buf_agq, buf_gr, buf_grq = {}, {}, {}, {}
     metrics = 0.0
@@ -145,18 +161,18 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         base = Strategy(s_p=f, s_g=f, s_os=f)
         e = _entries(job, base)
         ag[f], ka[f] = _unit(e.get(("forward", "P"))), _unit(e.get(("forward", "P")), True)
+        dm[f] = _demand(e.get(("forward", "P")))
         rs[f], krs[f] = _unit(e.get(("backward", "G"))), _unit(e.get(("backward", "G")), True)
         ar[f] = _unit(e.get(("grad_sync", "OS_replica")))
         w = e.get(("update", "world"))
         metrics = w.time_s if w else 0.0
-        st = model_state_bytes(job.tp_phi(tp), base, pb, gb,
-                               job.profile.master_params)
+        st = job_state_bytes(job, job.tp_phi(tp), base)
         mem_p[f], mem_g[f], mem_o[f] = st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB
         b = buffer_bytes(job, base)
         buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB
         if f > 1 and True in sp.qwz:
             eq = _entries(job, base.with_(qwz=True))[("forward", "P")]
-            agq[f], kq[f] = _unit(eq), _unit(eq, kernel=True)
+            agq[f], kq[f], dmq[f] = _unit(eq), _unit(eq, kernel=True), _demand(eq)
             buf_agq[f] = buffer_bytes(job, base.with_(qwz=True))["gather_buffers"] / GIB
         if f > 1 and True in sp.qgz:
             sq = base.with_(qgz=True)
@@ -170,7 +186,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         if z > 1:
             s = Strategy(s_p=n, s_g=n, s_os=n, hpz=z)
             eh = _entries(job, s).get(("backward", "hpZ"))
-            hpz[z], khz[z] = _unit(eh), _unit(eh, True)
+            hpz[z], khz[z], dmh[z] = _unit(eh), _unit(eh, True), _demand(eh)
             mem_h[z] = model_state_bytes(job.tp_phi(tp), s, pb, gb)["hpz"] / GIB
     osrs, upd, step_buf = {}, {}, {}
     for g in F:
@@ -202,7 +218,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
 
     def dispatch(mb):
         """GiB of the token all-to-all's buffers (expert parallelism): with the activations."""
-        return dispatch_buffer_bytes(job, mb) / GIB if sp.ep > 1 else 0.0
+        return dispatch_buffer_bytes(job, mb, sp.ep) / GIB if sp.ep > 1 else 0.0
 
     def compute(mb, ck):
         return _option_compute(job, sp, mb, ck, tp_units)
@@ -244,7 +260,8 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
                            zip(counts, fwd[j], bwd_hi.get(j, bwd[j]), strict=True))
                for j in fwd) or 1.0
     opt = {o: optimizer_time(job, o, tp) / unit for o in F}
-    for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd, bwd_hi, dbwd):
+    for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd, bwd_hi, dbwd,
+              dm, dmq, dmh):
         for k in d:
             d[k] = tuple(x / unit for x in d[k])
     for k in upd:
@@ -253,6 +270,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
                      mem_p, mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf,
                      act, opt)
     tables.krange, tables.bwd_hi, tables.dbwd, tables.dact = krange, bwd_hi, dbwd, dact
+    tables.dm, tables.dmq, tables.dmh = dm, dmq, dmh
     tables.rec = {j: v / unit for j, v in rec.items()}
     tables.tpc = {j: v / unit for j, v in tpc.items()}
     tables.dtpc = {j: v / unit for j, v in dtpc.items()}

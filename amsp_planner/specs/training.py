@@ -34,6 +34,11 @@ class TrainingSpec(BaseModel):
     bundled runtime, FSDP2 and DeepSpeed on Hugging Face models), torchtitan's Llama code,
     torch.compile'd blocks and loss, or fused kernels (Megatron-Core with Transformer Engine,
     Liger, flash-attn's ops); None: the engine's default (``EngineProfile.activation_profile``)."""
+    attention_kernel: Literal["flash2", "flash1", "triton"] | None = None
+    """The attention kernel (cost/attention_kernel.py): flash2 (FlashAttention-2 or SDPA's
+    flash kernel, the GPU's ``attention_fraction``), flash1 (FlashAttention v1) or triton
+    (flash-attn's Triton FlashAttention: llm-foundry's ``attn_impl: triton``), their rates in
+    presets/attention_kernels.yaml; None: flash2. Left out of the dump at its default."""
     precision: Literal["bf16", "fp32", "fp8"] = "bf16"
     """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests).
     fp8: as bf16, with the blocks' linears in FP8 (docs/fp8.md); never chosen by the planner."""
@@ -51,9 +56,31 @@ class TrainingSpec(BaseModel):
     matmuls, the token all-to-alls and their buffers (docs/moe.md). Left out of the dump at
     its default, so dense plan files are what they were."""
 
-    # FP8 fields (and the expert imbalance) at their defaults stay out of the dump: bf16 plan
-    # files and hashes unchanged.
-    _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0}
+    expert_dispatch: Literal["copies", "ranks"] = "copies"
+    """Mixture of experts: what the token all-to-all sends for a token routed to k experts:
+    one copy per routed expert ('copies': an all_to_all_single of the permuted tokens,
+    torchtitan's default expert parallelism, Megatron-Core's alltoall dispatcher), or one copy
+    per destination rank ('ranks': DeepEP's dispatch and combine, Megatron-Core's flex
+    dispatcher with moe_enable_deepep, NeMo AutoModel's GroupedExpertsDeepEP). docs/moe.md."""
+    expert_routing: Literal["uniform", "round_robin"] = "uniform"
+    """Mixture of experts: how a token's k experts fall, for the ranks a 'ranks' dispatch
+    reaches: 'uniform' (k distinct experts drawn uniformly: a balanced real router, or
+    Megatron-Core's --moe-router-force-load-balancing, which routes on random logits) or
+    'round_robin' (NeMo AutoModel's FakeBalancedGate: slot j of token t goes to expert
+    (t k + j) mod E). docs/moe.md."""
+    master_weights: bool = True
+    """False: the model is held in its compute dtype with no fp32 master copy and the optimizer
+    keeps Adam's moments in that dtype (NeMo AutoModel's MoE recipes cast the model to its
+    config's torch_dtype, bf16, and run torch.optim.Adam on it); FSDP2 casts each reduced
+    gradient back to the sharded parameter's dtype, so gradient shards are in that dtype too,
+    while the reduction's wire stays grad_accum_dtype. cost/memory.py."""
+
+    # FP8 fields (and the MoE fields, the attention kernel) at their defaults stay out of the
+    # dump: plan files and hashes unchanged.
+    _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0,
+                     "attention_kernel": None, "expert_dispatch": "copies",
+                     "expert_routing": "uniform", "master_weights": True}
+    _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
@@ -66,8 +93,9 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="after")
     def _check_fp8(self) -> TrainingSpec:
         if self.precision != "fp8":
-            for key, default in self._OMIT_DEFAULT.items():
-                if key != "expert_imbalance" and getattr(self, key) != default:
+            for key in self._FP8_FIELDS:
+                default = self._OMIT_DEFAULT[key]
+                if getattr(self, key) != default:
                     raise ValueError(f"{key} is set but precision is {self.precision}: give "
                                      "precision fp8, or drop it")
         return self

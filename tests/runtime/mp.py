@@ -54,12 +54,29 @@ def failure_text(stderr: str, limit: int = 6000) -> str:
     return (own[-limit // 2:] + "\n...\n" + stderr[-limit // 2:]) if own else stderr[-limit:]
 
 
+def emulated(nproc: int, nnodes: int, args: list[str], timeout: float, rate_mbit: float = 1000
+             ) -> list[subprocess.CompletedProcess]:
+    """Run the worker on an emulated cluster of `nnodes` (amsp_planner/emulate.py: a network
+    namespace per node, gloo on the rate-limited uplinks whose byte counters the worker reads)."""
+    from amsp_planner import emulate
+
+    e = {"PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR",
+         "OMP_NUM_THREADS": "1"}
+    with emulate.emulated_cluster(nodes=nnodes, rate_mbit=rate_mbit) as emu:
+        res = emu.run_torchrun(nproc, [str(WORKER), *args], env=e, timeout=timeout)
+    return [subprocess.CompletedProcess(None, rc, so, se) for rc, so, se in res]
+
+
 def run_worker(tmp: Path, runs: list[dict], nproc: int, nnodes: int = 1,
-               timeout: float = 240) -> dict[str, dict]:
-    """Run the worker on `runs`; returns name -> run report (params under '_pt')."""
+               timeout: float = 240, emulate: bool = False) -> dict[str, dict]:
+    """Run the worker on `runs` (on an emulated cluster with `emulate`); returns name -> run
+    report (params under '_pt')."""
     cfg = tmp / "cfg.json"
     cfg.write_text(json.dumps({"out": str(tmp), "runs": runs}))
-    results = launch([str(cfg)], nproc, nnodes, timeout)
+    if emulate:
+        results = emulated(nproc, nnodes, [str(cfg)], timeout)
+    else:
+        results = launch([str(cfg)], nproc, nnodes, timeout)
     for r in results:
         assert r.returncode == 0, failure_text(r.stderr)
     import torch

@@ -1,0 +1,146 @@
+"""FP8 plans exported: torchtitan's Float8 converter (checked against torchtitan 0.3's own
+Config class), the FSDP2 module's torchao conversion, Megatron's FP8 arguments; DeepSpeed and
+InternEvo refuse in one line (exports/fp8.py)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from amsp_testlib import assert_user_error, run_cli
+
+from amsp_planner.cost.job import Job
+from amsp_planner.errors import AmspUserError
+from amsp_planner.exports import export, megatron, torchtitan
+from amsp_planner.exports.fp8 import check_torchtitan_code, torchtitan_code
+from amsp_planner.exports.fsdp2 import load_module
+from amsp_planner.specs import TrainingSpec, load_cluster, load_model
+from amsp_planner.strategy import Strategy
+
+N = 64
+
+
+def _job(engine, recipe=None, gather="auto"):
+    t = TrainingSpec(seq_len=4096, global_batch_seqs=1024, precision="fp8", fp8_recipe=recipe,
+                     fp8_all_gather=gather)
+    return Job.create(load_model("llama3-8b"), load_cluster("dgx-h100-ndr"), t, N, engine)
+
+
+def test_torchtitan_rowwise_export_carries_the_float8_converter():
+    r = export("torchtitan", _job("torchtitan"), Strategy.parse("p=64,g=64,os=64,mb=1"))
+    doc = torchtitan.check(r.text, N)
+    # auto is torchtitan's default recipe, named; the LM head kept bf16; compiled
+    assert doc["fp8"] == {"converter": "Float8LinearConverter",
+                          "keywords": {"recipe_name": "rowwise", "filter_fqns": ["lm_head"],
+                                       "model_compile_enabled": True}}
+    assert doc["compile_enable"] is True
+    assert doc["training"]["mixed_precision_param"] == "bfloat16"  # FP8 is bf16 + FP8 linears
+    code = torchtitan_code(r.text)
+    assert "def amsp_fp8():" in code and "model_registry(" in code
+    with pytest.raises(ValueError, match="needs --compile.enable"):
+        torchtitan.check(r.text.replace("--compile.enable\n", ""), N)
+
+
+def test_torchtitan_03_parses_the_fp8_export_and_its_converter_names():
+    pytest.importorskip("torchtitan")
+    from amsp_planner.exports.fp8 import check_torchtitan_converter
+
+    text = export("torchtitan", _job("torchtitan", "rowwise"),
+                  Strategy.parse("p=64,g=64,os=64,mb=1")).text
+    assert torchtitan.check_with_torchtitan(text) == torchtitan.check(text, N)
+    # torchtitan 0.3's Float8LinearConverter.Config takes rowwise or rowwise_with_gw_hp only:
+    # the tensorwise recipe the planner prices for older torchtitan is not there
+    found = check_torchtitan_code(text)
+    for bad, needle in ((dict(recipe_name="tensorwise"), "rowwise_with_gw_hp"),
+                        (dict(enable_fsdp_float8_all_gather=True), "no field")):
+        with pytest.raises(ValueError, match=needle):
+            check_torchtitan_converter({**found, "keywords": {**found["keywords"], **bad}})
+
+
+def test_torchtitan_refuses_tensorwise_and_te_recipes():
+    s = Strategy.parse("p=64,g=64,os=64,mb=1")
+    with pytest.raises(AmspUserError, match="no tensorwise Float8 recipe"):
+        export("torchtitan", _job("torchtitan", "tensorwise"), s)
+    with pytest.raises(AmspUserError, match="recipe delayed is not one torchtitan runs"):
+        export("torchtitan", _job("megatron"), Strategy.parse("tp=2,p=1,g=1,os=32,mb=1"))
+
+
+def _fake_torchao(calls):
+    """torchao.float8 stand-in recording what the generated module calls (torchao is not
+    installed here; its names are checked against torchao 36027d8 in exports/fp8.py)."""
+    f8 = types.ModuleType("torchao.float8")
+
+    class Float8LinearConfig:
+        def __init__(self, **kw):
+            calls.append(("Float8LinearConfig", kw))
+
+        @staticmethod
+        def from_recipe_name(name):
+            calls.append(("from_recipe_name", name))
+
+    def convert_to_float8_training(model, *, module_filter_fn=None, config=None):
+        calls.append(("convert", module_filter_fn))
+        return model
+
+    f8.Float8LinearConfig = Float8LinearConfig
+    f8.convert_to_float8_training = convert_to_float8_training
+    f8.precompute_float8_dynamic_scale_for_fsdp = lambda m: calls.append(("precompute", m))
+    return f8
+
+
+@pytest.mark.parametrize("recipe,gather", [("tensorwise", "on"), ("tensorwise", "off"),
+                                           ("rowwise", "auto")])
+def test_fsdp2_module_converts_with_torchao_before_sharding(monkeypatch, recipe, gather):
+    nn = pytest.importorskip("torch.nn")
+    text = export("fsdp2", _job("fsdp2", recipe, gather),
+                  Strategy.parse("p=64,g=64,os=64,mb=1")).text
+    mod = load_module(text)
+    assert (mod.FP8_RECIPE, mod.FP8_ALL_GATHER, mod.PARAM_DTYPE) == \
+        (recipe, gather == "on", "bfloat16")
+    calls = []
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.float8", _fake_torchao(calls))
+    mod._apply_without_fp8 = lambda model, mesh, **kw: calls.append(("shard", mesh))
+    mod.apply("model", "mesh")
+    assert [c[0] for c in calls] == [
+        "Float8LinearConfig" if recipe == "tensorwise" else "from_recipe_name", "convert",
+        "shard"]
+    if recipe == "tensorwise":
+        assert calls[0][1] == {"enable_fsdp_float8_all_gather": gather == "on"}
+    keep = calls[1][1]
+    assert keep(nn.Linear(64, 32), "layers.0.attention.wq")
+    assert not keep(nn.Linear(64, 32), "output") and not keep(nn.Linear(64, 32), "lm_head")
+    assert not keep(nn.Linear(64, 24), "layers.0.feed_forward.w1")  # 24: not a multiple of 16
+    calls.clear()
+    mod.after_optimizer_step("model")
+    assert calls == ([("precompute", "model")] if gather == "on" else [])
+
+
+def test_megatron_fp8_arguments_parse_back():
+    s = Strategy.parse("tp=2,p=1,g=1,os=32,mb=1")
+    text = export("megatron", _job("megatron", gather="on"), s).text
+    got = megatron.check(text, N, 1024)
+    assert got["fp8"] == {"format": "hybrid", "recipe": "delayed", "param_gather": True}
+    assert "--fp8-amax-history-len 1" in text and "--bf16" in text
+    text = export("megatron", _job("megatron", "tensorwise"), s).text
+    assert megatron.check(text, N, 1024)["fp8"] == {"format": "hybrid", "recipe": "tensorwise",
+                                                    "param_gather": False}
+    for bad, needle in (("--fp8-recipe tensorwise", "--fp8-recipe rowwise"),
+                        ("--fp8-format hybrid", "--fp8-format e5m2"),
+                        ("--bf16", "--fp16")):
+        with pytest.raises(ValueError, match=needle.split()[0] if bad != "--bf16" else "--bf16"):
+            megatron.check(text.replace(bad, needle), N, 1024)
+
+
+@pytest.mark.parametrize("target,needle", [
+    ("deepspeed", "DeepSpeed's ZeRO engine has no FP8"),
+    ("internevo", "InternEvo's configuration has no FP8"),
+])
+def test_engines_without_fp8_refuse_in_one_line(tmp_path, target, needle):
+    plan = tmp_path / "plan.json"
+    code, _, err = run_cli(["plan", "--model", "llama3-8b", "--gpus", "8", "--cluster",
+                            "dgx-h100-ndr", "--engine", "torchtitan", "--precision", "fp8",
+                            "-o", str(plan)])
+    assert code == 0, err
+    assert_user_error(*run_cli(["export", str(plan), "--to", target]), needle, "--precision bf16")

@@ -1,0 +1,66 @@
+"""Published FP8 rows in validation.yaml: paired with the bf16 row of the same source and job,
+their published speed-ups as the sources print them, and bad pairings refused by name."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from amsp_planner.validation import check_rows, fp8_pairs, load_rows, predict_rows
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return load_rows()
+
+
+@pytest.fixture(scope="module")
+def pairs(doc):
+    return {p.fp8.id: p for p in fp8_pairs(predict_rows(doc))}
+
+
+# (FP8 row, bf16 row, FP8 / bf16 throughput as the source prints it)
+PUBLISHED = [
+    # torchtitan benchmarks/llama3_h100_202412_torchtitan.md, tables 1 and 3
+    ("tt-h100-l3-8b-8-fp8", "tt-h100-l3-8b-8-compile", 8532 / 6667),
+    ("tt-h100-l3-8b-128-fp8", "tt-h100-l3-8b-128-compile", 8380 / 6514),
+    # torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, vanilla TP column
+    ("tt-h100-l3-70b-tp8-fp8", "tt-h100-l3-70b-tp8", 809.8 / 597.3),
+    ("tt-h100-l3-70b-tp8-fp8row", "tt-h100-l3-70b-tp8", 599.6 / 597.3),
+    ("tt-h100-l3-8b-tp8-fp8", "tt-h100-l3-8b-tp8", 5078.1 / 4378),
+    ("tt-h100-l3-8b-tp8-fp8row", "tt-h100-l3-8b-tp8", 3708.5 / 4378),
+    # torchao/float8/README.md Llama-3-8B table: bf16 6150, tensorwise + FP8 all-gather
+    # 7689.5, rowwise 6768
+    ("torchao-h100-l3-8b-fp8", "torchao-h100-l3-8b-bf16", 7689.5 / 6150),
+    ("torchao-h100-l3-8b-fp8row", "torchao-h100-l3-8b-bf16", 6768 / 6150),
+]
+
+
+@pytest.mark.parametrize("fp8,bf16,speedup", PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_each_fp8_row_is_paired_with_its_sources_bf16_row(pairs, fp8, bf16, speedup):
+    p = pairs[fp8]
+    assert p.bf16.id == bf16 and p.fp8.precision == "fp8" and p.bf16.precision == "bf16"
+    assert p.published == pytest.approx(speedup)
+    assert p.fp8.strategy == p.bf16.strategy  # the same job, only the precision differs
+    assert p.points == pytest.approx(100 * (p.predicted - speedup))
+
+
+def test_the_fp8_rows_name_their_recipe(pairs):
+    recipes = {k: p.fp8.recipe for k, p in pairs.items()}
+    assert recipes["torchao-h100-l3-8b-fp8row"] == "rowwise"
+    assert recipes["tt-h100-l3-8b-8-fp8"] == "tensorwise"
+    assert set(pairs) == {p[0] for p in PUBLISHED}
+
+
+@pytest.mark.parametrize("change,says", [
+    (lambda r: r.update(bf16_row="no-such-row"), "'no-such-row' is not a bf16 row"),
+    (lambda r: r.update(bf16_row="tt-h100-l3-8b-8-compile"), "differs in 'gpus'"),
+    (lambda r: r["training"].update(precision="bf16"), "is for an FP8 row"),
+])
+def test_a_bad_bf16_row_is_named(doc, change, says):
+    bad = copy.deepcopy(doc)
+    row = next(r for r in bad["rows"] if r["id"] == "tt-h100-l3-8b-128-fp8")
+    change(row)
+    with pytest.raises(ValueError, match=f"row tt-h100-l3-8b-128-fp8: .*{says}"):
+        check_rows(bad)
