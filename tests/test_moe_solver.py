@@ -53,16 +53,22 @@ instances = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=200, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(instances)
-def test_ilp_equals_brute_force_on_moe(p):
+def instance_job(p, **train) -> Job:
+    """The job of a randomised instance `p` (the keys of ``instances``)."""
     layers = p["layers"]
     dense = (0,) if p["first_dense"] and layers > 1 else ()
     model = tiny_moe(layers, p["experts"], p["k"], p["shared"], dense, p["h"])
     gpus = p["gpus_per_node"] * p["nodes"]
-    job = moe_job(model, p["cluster"], gpus, p["gpus_per_node"], p["seqs_per_gpu"],
-                  expert_imbalance=p["imbalance"], activation_profile=p["profile"])
+    return moe_job(model, p["cluster"], gpus, p["gpus_per_node"], p["seqs_per_gpu"],
+                   expert_imbalance=p["imbalance"], **train)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(instances)
+def test_ilp_equals_brute_force_on_moe(p):
+    job = instance_job(p, activation_profile=p["profile"])
+    gpus = job.num_gpus
     # the space holds every (e, placement) the job admits, the expert factors with each
     space = SearchSpace.for_job(job)
     eps = {(sp.ep, sp.ep_span) for sp in space.by_tp()}

@@ -5,7 +5,9 @@ The rule is applied across the models as the brute force (solver/brute.py) appli
 union of their spaces:
 
 1. the fastest over all (each model's fastest: one round of solves), under
-   ``Preference.ceiling`` when one is set;
+   ``Preference.ceiling`` when one is set; with a mixture of experts' many parts, in the
+   order of each model's LP-relaxation bound, a model whose bound is beyond the band above
+   the fastest found left unsolved (``_first_round``: it cannot matter to steps 1-4);
 2. with quantization "auto" and a quantized fastest: lossless unless the fastest quantized
    solution beats the fastest lossless of all by more than the band (then every model is
    restricted to lossless solutions); a model whose fastest is beyond the best lossless found
@@ -45,21 +47,105 @@ LOSSLESS_BATCH = 2
 not the thread count: which models are solved (and the solve count a plan file records) must
 not depend on the machine."""
 
+CUT = 3
+"""A model's stage in a bounded first round once its fastest is known to be beyond the band's
+edge (solved with that edge as HiGHS's objective bound: none at or below it)."""
+
+BOUND_BATCH = 2
+"""Models solved together in a bounded first round (``_first_round``), in the order of their
+bounds; fixed, as LOSSLESS_BATCH, so that which models are solved does not depend on the
+machine."""
+
+PRUNE_RTOL = 1e-5
+"""Relative margin of a bound over the band's edge before a model is left unsolved: above the
+rule's own slacks (TIME_RTOL, PHASE2_RTOLS, CEILING_RTOL: at most 1e-6) and the LP's
+tolerances (1e-9)."""
+
 Each = Callable[[Callable, list], dict]
 """`each(fn, models)`: {id(m): fn(m) for m in models}, one round of solves (rounds._mapper)."""
 
 
 def _stats(models: list[StrategyIlp], owner: StrategyIlp | None = None) -> IlpStats:
-    return merged_stats([m.stats for m in models], owner.stats if owner else None)
+    """The statistics of the models built (a bounded first round may leave some unbuilt)."""
+    return merged_stats([m.stats for m in models if m.built], owner.stats if owner else None)
 
 
-def _fastest(m: StrategyIlp, ceiling: float | None = None) -> IlpSolution | None:
+def _fastest(m: StrategyIlp, ceiling: float | None = None, below: float | None = None
+             ) -> IlpSolution | None:
     """The model's fastest, under `ceiling` (seconds) when one is set (``Preference.ceiling``:
-    the objective capped through the tie-breaks' cap variable until the rule sets it)."""
+    the objective capped through the tie-breaks' cap variable until the rule sets it); with
+    `below` (seconds), None when it is above that (``StrategyIlp.fastest_below``)."""
     if ceiling is not None:
         m.build()
         m.cap.upBound = ceiling / m.T.time_unit * (1 + CEILING_RTOL)
-    return m._fastest()
+    return m._fastest() if below is None else m.fastest_below(below)
+
+
+def _bounded(models: list[StrategyIlp]) -> bool:
+    """Whether the first round bounds the models (``_first_round``): a mixture of experts'
+    parts (one per expert-parallel degree and placement, up to about 20). A dense job's parts
+    (one per TP degree, at most a few) are all solved, as before, so its plan files (their
+    solve counts) stand."""
+    return len(models) > 1 and all(m.space.expert_factors for m in models)
+
+
+def _first_round(models: list[StrategyIlp], preference: Preference, each: Each,
+                 bound: bool = True) -> tuple[dict, dict]:
+    """Each model's fastest ({id: solution or None}) where it may matter to the rule, and the
+    models left unsolved ({id: (model, lower bound)}).
+
+    Bounded (``_bounded``), best first: each model starts with a bound of its fastest that
+    needs no model built (``StrategyIlp.compute_bound``: the least compute per step), then
+    its LP relaxation's (``StrategyIlp.lower_bound``, which builds it; None: infeasible, no
+    solution), then its fastest, once one is found only at or below the band's edge
+    (``StrategyIlp.fastest_below``: none there, and the model is beyond it); each round takes
+    the BOUND_BATCH models of the least current bound one step further. A model whose bound
+    is beyond the band above the fastest found (times 1 + PRUNE_RTOL) is not taken further:
+    its fastest is beyond the band's edge of every later step of the rule (the fastest of
+    all is at most the fastest found), so it is neither the fastest, nor the best lossless
+    admitted by the band, nor in the band's race; it only enters the runners-up
+    (``_runners_up`` solves it there when its bound is below what is left). Unbounded (or `bound` False): one round, every model."""
+    def fast(m):
+        return _fastest(m, preference.ceiling)
+
+    if not (bound and _bounded(models)):
+        return each(fast, models), {}
+    low = {id(m): m.compute_bound() for m in models}
+    stage = {id(m): 0 for m in models}  # 0: compute bound, 1: LP bound, 2: solved, CUT
+    fastest: dict = {}
+    pos = {id(m): i for i, m in enumerate(models)}
+    edge = None
+    while True:
+        todo = sorted((m for m in models if stage[id(m)] < 2),
+                      key=lambda m: (low[id(m)], pos[id(m)]))
+        found = [v.objective for v in fastest.values() if v is not None]
+        if found:
+            edge = min(found) * (1 + preference.band) * (1 + PRUNE_RTOL)
+            todo = [m for m in todo if low[id(m)] <= edge]
+        if not todo:
+            break
+        batch = todo[:BOUND_BATCH]
+        lp = {id(m) for m in batch if stage[id(m)] == 0}
+
+        def step(m, edge=edge):
+            if stage[id(m)] == 0:
+                return m.lower_bound()
+            return _fastest(m, preference.ceiling, edge)
+
+        got = each(step, batch)
+        for m in batch:
+            stage[id(m)] += 1
+            if id(m) in lp:
+                if got[id(m)] is None:  # the relaxation is infeasible: so is the model
+                    stage[id(m)], fastest[id(m)] = 2, None
+                else:
+                    low[id(m)] = max(low[id(m)], got[id(m)])
+            elif got[id(m)] is None and edge is not None:  # none at or below the edge
+                stage[id(m)], low[id(m)] = CUT, max(low[id(m)], edge)
+            else:
+                fastest[id(m)] = got[id(m)]
+    unsolved = {id(m): (m, low[id(m)]) for m in models if stage[id(m)] in (0, 1, CUT)}
+    return fastest, unsolved
 
 
 def _lossless_fastest(m: StrategyIlp) -> IlpSolution | None:
@@ -91,15 +177,32 @@ def _lossless(alive: list[StrategyIlp], fastest: dict, each: Each) -> tuple[dict
 
 
 def _runners_up(models: list[StrategyIlp], owner: StrategyIlp, chosen: IlpSolution,
-                fastest: dict, runners_up: int) -> list[IlpSolution]:
+                fastest: dict, runners_up: int, unsolved: dict, ceiling: float | None
+                ) -> list[IlpSolution]:
     """Up to `runners_up` solutions after `chosen` by objective alone: the owner's next from
     no-good cuts; another model's best by objective alone is its fastest (the same problem as
-    the first solve: caps released, quantization allowed, no cut in it)."""
+    the first solve: caps released, quantization allowed, no cut in it). A model the first
+    round left unsolved (`unsolved`: {id: (model, lower bound)}) is solved when its bound is
+    not beyond the best left, so the runners-up are those of every model solved."""
     out: list[IlpSolution] = []
     pool = {id(m): (m, m._next_runner_up(chosen) if m is owner else fastest.get(id(m)))
             for m in models}
+    unsolved = dict(unsolved)
+
+    def solve_unsolved(best: float) -> None:
+        for key, (m, low) in sorted(unsolved.items(), key=lambda kv: kv[1][1]):
+            if low > best * (1 + PRUNE_RTOL):
+                break
+            del unsolved[key]
+            pool[key] = (m, _fastest(m, ceiling))
+            m._release()
+            best = min(best, pool[key][1].objective if pool[key][1] else best)
+
     for k in range(runners_up):
-        left = [(m, sol) for m, sol in pool.values() if sol is not None]
+        solve_unsolved(min((sol.objective for key, (_, sol) in pool.items()
+                            if sol is not None and key not in unsolved), default=float("inf")))
+        left = [(m, sol) for key, (m, sol) in pool.items()
+                if sol is not None and key not in unsolved]
         if not left:
             break
         m, sol = min(left, key=lambda ms: ms[1].objective)
@@ -108,17 +211,18 @@ def _runners_up(models: list[StrategyIlp], owner: StrategyIlp, chosen: IlpSoluti
     return out
 
 
-def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, each: Each
-           ) -> tuple[list[IlpSolution], IlpStats, dict]:
+def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, each: Each,
+           bound: bool = True) -> tuple[list[IlpSolution], IlpStats, dict]:
     """The preferred solution over `models` and up to `runners_up` more by objective, their
     merged statistics, and the points the choice was made against ({'fastest': ...,
     'fastest_lossless': ...} where they differ): the rule of the module docstring, each round
-    of independent solves (one per model) through `each`."""
+    of independent solves (one per model) through `each`; `bound` False: every model's
+    fastest solved (``_first_round``; the same choice, more solves)."""
     refs: dict = {}
     for m in models:
         m.snapshot, m.cuts = None, 0
-    fastest = each(lambda m: _fastest(m, preference.ceiling), models)
-    alive = [m for m in models if fastest[id(m)] is not None]
+    fastest, unsolved = _first_round(models, preference, each, bound)
+    alive = [m for m in models if fastest.get(id(m)) is not None]
     if not alive:
         return [], _stats(models), refs
 
@@ -210,8 +314,10 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
                                                    str(ms[1].strategy)))
     # runners-up: exclude each found decision, back to the objective alone
     for m in models:
-        m._release()
+        if m.built:  # (a model left unsolved may be unbuilt)
+            m._release()
     out = [chosen]
     if runners_up:
-        out += _runners_up(models, owner, chosen, fastest, runners_up)
+        out += _runners_up(models, owner, chosen, fastest, runners_up, unsolved,
+                           preference.ceiling)
     return out, _stats(models, owner), refs

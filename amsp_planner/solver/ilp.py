@@ -29,7 +29,7 @@ from amsp_planner.solver.rounds import solve_models
 from amsp_planner.solver.session import open_session, pulp_solver, quiet_stdout
 from amsp_planner.solver.solution import IlpSolution, IlpStats, SolverError
 from amsp_planner.solver.space import FASTEST, GROUPS, MEMORY, RECOMPUTE, Preference, SearchSpace
-from amsp_planner.solver.tables import GIB, tables_for
+from amsp_planner.solver.tables import GIB, compute_bound, tables_for
 
 __all__ = ["GIB", "PHASE2_RTOLS", "IlpSolution", "IlpStats", "SolverError", "StrategyIlp",
            "solve_models"]
@@ -162,6 +162,44 @@ class StrategyIlp(Formulation):
         if self._run() == self.pulp.LpStatusInfeasible:
             return None
         return self._solution()
+
+    def compute_bound(self) -> float:
+        """A lower bound (seconds) of this model's objective without building it: with the
+        time objective the least compute per step of its activation options
+        (``tables.compute_bound``), else -inf (none)."""
+        if self.objective != "time":
+            return float("-inf")
+        return compute_bound(self.job, self.space)
+
+    def lower_bound(self) -> float | None:
+        """A lower bound (seconds) of this model's objective, fastest, from its LP relaxation
+        (``Session.relaxation``; -inf where the solver gives none); None when the relaxation
+        is infeasible, and so the model. Timed with the solves, not counted as one."""
+        self.build()
+        self.prob.setObjective(self.step_expr)
+        t0 = _time.perf_counter()
+        with quiet_stdout():
+            value = self._session.relaxation(self.prob, self._solver)
+        self.stats.solve_time_s += _time.perf_counter() - t0
+        return None if value is None else value * self.T.time_unit
+
+    def fastest_below(self, limit_s: float) -> IlpSolution | None:
+        """The fastest (``_fastest``) if its objective is at most `limit_s` seconds, else
+        None (as when there is none): HiGHS cuts the branches whose bound is above the limit,
+        much faster than proving an optimum beyond it. What it returns above the limit (an
+        incumbent found before the cut) need not be the optimum, only proof that none is at
+        or below the limit: it is dropped. Without a kept HiGHS instance (CBC), the fastest
+        solved in full, the same test."""
+        self.build()
+        session = self._session
+        if hasattr(session, "cutoff"):
+            session.cutoff = limit_s / self.T.time_unit
+        try:
+            sol = self._fastest()
+        finally:
+            if hasattr(session, "cutoff"):
+                session.cutoff = None
+        return sol if sol is not None and sol.objective <= limit_s else None
 
     def _fix_lossless(self, on: bool) -> None:
         for v in self._quant_vars():

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 
 def solve_models(models: list[StrategyIlp], runners_up: int = 0,
-                 preference: Preference = FASTEST, idle: Callable[[], object] | None = None
-                 ) -> tuple[list[IlpSolution], IlpStats, dict]:
+                 preference: Preference = FASTEST, idle: Callable[[], object] | None = None,
+                 bound: bool = True) -> tuple[list[IlpSolution], IlpStats, dict]:
     """The preferred solution over the models (one per tensor-parallel degree, each a part of
     the space), up to `runners_up` more by objective, and the points the choice was made
     against: {'fastest': ..., 'fastest_lossless': ...} where they differ, by the rule of
@@ -32,11 +32,13 @@ def solve_models(models: list[StrategyIlp], runners_up: int = 0,
 
     `idle`: work the caller does next that does not depend on the solves (imports for the
     output), run by this thread once while the second round's models solve in the solver
-    threads (``_mapper``); not run where there is no such round."""
+    threads (``_mapper``); not run where there is no such round. `bound`: the choice's
+    bounded first round (``choice._first_round``) where it applies; False, every model
+    solved (the same choice; for the tests that prove it)."""
     threads = _threads(models)
     t0 = _time.perf_counter()
     with quiet_stdout(), _mapper(threads, idle) as each:
-        sols, stats, refs = choose(models, runners_up, preference, each)
+        sols, stats, refs = choose(models, runners_up, preference, each, bound)
     if len(models) > 1:  # the wall time: in threads the models' solves overlap
         stats.solve_time_s = _time.perf_counter() - t0
     return sols, stats, refs

@@ -1,10 +1,11 @@
 """The solver session: one PuLP problem solved again and again as the choice rule changes its
 objective, bounds and rows, and the silencing of what solver libraries print.
 
-A session has one method, ``solve(prob, make_solver) -> PuLP status``, which solves the
+A session has two methods, ``solve(prob, make_solver) -> PuLP status``, which solves the
 problem as it is now (with a solver object from `make_solver` where it needs a new one) and
 leaves the solution in the PuLP variables (``pulp.value`` works as after ``prob.solve``), and
-one attribute, ``api`` (the kept solver instance, None until the first solve or where none is
+``relaxation(prob, make_solver)``, a lower bound of the optimum from the LP relaxation (HiGHS;
+-inf elsewhere: no bound), and one attribute, ``api`` (the kept solver instance, None until the first solve or where none is
 kept). It holds nothing of the model that owns it (no reference cycle):
 
 - ``HighsSession``: one HiGHS instance kept across the problem's re-solves (built once from
@@ -94,6 +95,10 @@ class Session(Protocol):
     def solve(self, prob, make_solver: Callable[[], object]) -> int:
         """Solve `prob` as it is now; the PuLP status, the solution in its variables."""
 
+    def relaxation(self, prob, make_solver: Callable[[], object]) -> float | None:
+        """A lower bound of `prob`'s optimum (its LP relaxation's; -inf: none), None when
+        `prob` is infeasible."""
+
 
 class PulpSession:
     """PuLP's own path: a fresh solver from `make_solver` at every solve (CBC)."""
@@ -103,6 +108,10 @@ class PulpSession:
 
     def solve(self, prob, make_solver: Callable[[], object]) -> int:
         return prob.solve(make_solver())
+
+    def relaxation(self, prob, make_solver: Callable[[], object]) -> float | None:
+        """No bound from this path (-inf): every part is solved."""
+        return float("-inf")
 
 
 class HighsSession:
@@ -115,8 +124,14 @@ class HighsSession:
     def __init__(self, pulp):
         self.pulp = pulp
         self.api = None
+        self.cutoff: float | None = None
+        """An upper bound on the objective for the next solves (HiGHS's ``objective_bound``:
+        branches whose bound is above it are cut); None: none. A problem whose optimum is
+        above it is answered infeasible."""
 
-    def solve(self, prob, make_solver: Callable[[], object]) -> int:
+    def _ready(self, prob, make_solver: Callable[[], object]):
+        """The HiGHS instance with `prob` as it is now (built at the first call, else the
+        changes passed on) and its objective set; the instance's PuLP solver object."""
         api = self.api
         if api is None:
             api = self.api = make_solver()
@@ -135,7 +150,47 @@ class HighsSession:
         sign = -1 if prob.sense == self.pulp.LpMaximize else 1  # as PuLP's own build: the
         h.changeColsCost(len(self._cols), list(range(len(self._cols))),  # constant left out
                          [sign * prob.objective.get(v, 0.0) for v in self._cols])
-        api.callSolver(prob)
+        return api
+
+    def relaxation(self, prob, make_solver: Callable[[], object]) -> float | None:
+        """The optimum of `prob`'s LP relaxation (every integer column continuous; the
+        objective's constant included), a lower bound of the problem's optimum when it
+        minimises; None when the relaxation is infeasible (so is the problem), -inf when HiGHS
+        ends otherwise. The columns' integrality is restored and the solver's solution and
+        basis cleared after, so the next solve starts as it would have without this one."""
+        import highspy
+
+        self._ready(prob, make_solver)
+        h = prob.solverModel
+        n = len(self._cols)
+        kinds = list(h.getLp().integrality_)
+        if kinds:
+            h.changeColsIntegrality(n, list(range(n)), [highspy.HighsVarType.kContinuous] * n)
+        try:
+            h.run()
+            status = h.getModelStatus()
+            value = h.getInfo().objective_function_value
+        finally:
+            if kinds:
+                h.changeColsIntegrality(n, list(range(n)), kinds)
+            h.clearSolver()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return None
+        if status != self._optimal:
+            return float("-inf")
+        return value + (prob.objective.constant or 0.0)
+
+    def solve(self, prob, make_solver: Callable[[], object]) -> int:
+        api = self._ready(prob, make_solver)
+        h = prob.solverModel
+        inf = float("inf")
+        if self.cutoff is not None:  # in HiGHS's terms: the objective's constant left out
+            h.setOptionValue("objective_bound", self.cutoff - (prob.objective.constant or 0.0))
+        try:
+            api.callSolver(prob)
+        finally:
+            if self.cutoff is not None:
+                h.setOptionValue("objective_bound", inf)
         if h.getModelStatus() == self._optimal:  # the values by column index, as PuLP reads
             for v, x in zip(self._cols, h.getSolution().col_value, strict=True):  # them back
                 v.varValue = x  # (without listing the problem's variables at every solve)

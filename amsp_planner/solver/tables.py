@@ -213,28 +213,17 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     listed = [c for c in sp.ckpt if not (compact and c in blocks)]
 
     tp_units: dict = {}
+    moe = bool(sp.expert_factors)
 
     def tp_seconds(mb, ck):
-        if (mb, ck) not in tp_units:
-            tp_units[mb, ck] = tp_unit_seconds(job, tp, mb, ck)
-        return tp_units[mb, ck]
-
-    moe = bool(sp.expert_factors)
+        return _tp_seconds(job, tp, mb, ck, tp_units)
 
     def dispatch(mb):
         """GiB of the token all-to-all's buffers (expert parallelism): with the activations."""
         return dispatch_buffer_bytes(job, mb, sp.ep) / GIB if sp.ep > 1 else 0.0
 
     def compute(mb, ck):
-        """(forward, backward) seconds per class: compute and the TP collectives (and a
-        mixture of experts' token all-to-alls)."""
-        uc = unit_computes(job, mb, ck, tp, sp.ep)
-        tpc = tp_seconds(mb, ck)
-        if moe:
-            a2a = a2a_seconds(job, sp, mb, ck)
-            tpc = {k: v + a2a[k] for k, v in tpc.items()}
-        return (tuple(uc[c].forward + tpc["fwd", c] for c in CLASSES),
-                tuple(uc[c].backward + tpc["bwd", c] for c in CLASSES))
+        return _option_compute(job, sp, mb, ck, tp_units)
 
     tpc, dtpc = {}, {}  # TP collective seconds per step of option j, and per block of K
     counts = (1, job.model.num_layers, 1)
@@ -298,6 +287,49 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     _comm_tables(job, tables, tp)
     tables.time_unit = unit
     return tables
+
+
+def _tp_seconds(job: Job, tp: int, mb: int, ck, memo: dict) -> dict:
+    if (mb, ck) not in memo:
+        memo[mb, ck] = tp_unit_seconds(job, tp, mb, ck)
+    return memo[mb, ck]
+
+
+def _option_compute(job: Job, sp: SearchSpace, mb: int, ck, memo: dict
+                    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(forward, backward) seconds per class of activation option (mb, ck): compute and the
+    TP collectives (and a mixture of experts' token all-to-alls); `memo` the TP seconds."""
+    uc = unit_computes(job, mb, ck, sp.tp, sp.ep)
+    tpc = _tp_seconds(job, sp.tp, mb, ck, memo)
+    if sp.expert_factors:
+        a2a = a2a_seconds(job, sp, mb, ck)
+        tpc = {k: v + a2a[k] for k, v in tpc.items()}
+    return (tuple(uc[c].forward + tpc["fwd", c] for c in CLASSES),
+            tuple(uc[c].backward + tpc["bwd", c] for c in CLASSES))
+
+
+def compute_bound(job: Job, sp: SearchSpace) -> float:
+    """A lower bound (seconds) of the step time of every strategy in `sp`, without its
+    tables: the least over its activation options of n_j micro-batches' compute (with the
+    TP collectives and all-to-alls on the compute stream). The step model counts every
+    micro-batch's compute in full (each stage at least its compute: cost/step_time.py's
+    ``stage_time``, max(c + (1 - eta) m, m + sigma c) >= m); the checkpointed block counts
+    K are the listed ones and the ends of a compact range (compute is affine in K there,
+    ``tables_for``)."""
+    memo: dict = {}
+    counts = (1, job.model.num_layers, 1)
+    n = job.seqs_per_rank(sp.tp)
+    past = max(job.model.dense_layers, default=-1) + 1 if sp.ep > 1 else 1
+    blocks = sorted(c for c in sp.ckpt if c != "op" and c >= max(1, past))
+    compact = len(blocks) >= 3 and blocks == list(range(blocks[0], blocks[-1] + 1))
+    cks = [c for c in sp.ckpt if not compact or c not in blocks[1:-1]]
+    best = float("inf")
+    for mb in sp.micro_batches:
+        for ck in cks:
+            fwd, bwd = _option_compute(job, sp, mb, ck, memo)
+            best = min(best, n // mb * sum(c * (f + b) for c, f, b in
+                                           zip(counts, fwd, bwd, strict=True)))
+    return best
 
 
 def _comm_tables(job: Job, tables: Tables, tp: int = 1) -> None:
