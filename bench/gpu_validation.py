@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 from amsp_planner.validation import (  # noqa: E402
     BANDS_FILE,
     BUCKETS,
-    MOE_ROWS_FILE,
     FP8_SPEEDUP_POINTS,
+    MOE_ROWS_FILE,
     fp8_pairs,
     load_rows,
     orderings,
