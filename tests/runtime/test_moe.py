@@ -351,7 +351,7 @@ def test_gate_option_reaches_the_ranks(tmp_path):
 
 @pytest.mark.parametrize("gate", ["balanced", "topk"])
 def test_checkpointing_keeps_the_moe_gradients(gate):
-    """The first K, every block and op-level checkpointing of MoE blocks recompute exactly
+    """The first K, every block, op-level and MoE-MLP checkpointing of MoE blocks recompute exactly
     what forward computed (the routing included): the same gradients as without."""
     from amsp_planner.runtime import model as M
     from amsp_planner.runtime.moe import Routing
@@ -371,6 +371,6 @@ def test_checkpointing_keeps_the_moe_gradients(gate):
 
     plain = grads(False)
     assert plain[2].abs().sum() > 0
-    for ckpt in (2, True, "op"):
+    for ckpt in (2, True, "op", "moe"):
         for a, b in zip(grads(ckpt), plain, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
