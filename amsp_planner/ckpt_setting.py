@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from amsp_planner.errors import AmspUserError
 
-CKPT_HELP = "a block count K (0 = none), 'op' (op-level selective), 'full' or 'none'"
+CKPT_HELP = ("a block count K (0 = none), 'op' (op-level selective), 'moe' (the MoE MLPs only), "
+             "'full' or 'none'")
 
 
 def parse_ckpt_value(value: str, where: str) -> bool | int | str:
-    """'full' -> True, 'none' -> False, 'op' -> 'op', 'K' -> K (K >= 0); AmspUserError
-    naming `where` otherwise."""
+    """'full' -> True, 'none' -> False, 'op' -> 'op', 'moe' -> 'moe', 'K' -> K (K >= 0);
+    AmspUserError naming `where` otherwise."""
     v = value.strip().lower()
-    if v in ("full", "none", "op"):
-        return {"full": True, "none": False, "op": "op"}[v]
+    if v in ("full", "none", "op", "moe"):
+        return {"full": True, "none": False, "op": "op", "moe": "moe"}[v]
     try:
         k = int(v)
     except ValueError:
@@ -24,25 +25,38 @@ def parse_ckpt_value(value: str, where: str) -> bool | int | str:
 
 
 def ckpt_fields(value: bool | int | str, num_layers: int | None = None) -> dict:
-    """Strategy fields for a checkpointing setting (True, False, K or 'op'); with the block
-    count given, K = L is full checkpointing and K = 0 none (the canonical forms)."""
-    if value == "op":
-        return {"ckpt": False, "ckpt_blocks": 0, "ckpt_op": True}
+    """Strategy fields for a checkpointing setting (True, False, K, 'op' or 'moe'); with the
+    block count given, K = L is full checkpointing and K = 0 none (the canonical forms)."""
+    off = {"ckpt": False, "ckpt_blocks": 0, "ckpt_op": False, "ckpt_moe": False}
+    if value in ("op", "moe"):
+        return off | {f"ckpt_{value}": True}
     if value is True or value is False:
-        return {"ckpt": value, "ckpt_blocks": 0, "ckpt_op": False}
+        return off | {"ckpt": value}
     k = int(value)
     if num_layers is not None and k >= num_layers:
-        return {"ckpt": True, "ckpt_blocks": 0, "ckpt_op": False}
-    return {"ckpt": False, "ckpt_blocks": k, "ckpt_op": False}
+        return off | {"ckpt": True}
+    return off | {"ckpt_blocks": k}
 
 
 def checkpointed_blocks(value: bool | int | str, num_layers: int) -> tuple[int, bool]:
     """(K, op) of a checkpointing setting for L blocks: the blocks fully checkpointed (the
-    first K), and whether every block is op-level checkpointed instead."""
+    first K), and whether every block is op-level checkpointed instead. 'moe' (each MoE
+    layer's MLP part recomputed, the rest of every block kept: ``is_moe_only``) is (0, False):
+    no whole block is checkpointed."""
     if value == "op":
         return 0, True
-    if value is True:
-        return num_layers, False
+    if value is True or value == "moe":
+        return (0 if value == "moe" else num_layers), False
     if value is False:
         return 0, False
     return int(value), False
+
+
+def is_moe_only(value) -> bool:
+    """Whether a checkpointing setting is 'moe': every MoE layer recomputes its MoE MLP part
+    (router, dispatch, experts, shared experts, combine) in backward from the MLP's input,
+    kept, as Megatron-Core's ``--recompute-granularity selective --recompute-modules moe``
+    (megatron/core/transformer/moe/moe_layer.py at d98e8a6, ``MoELayer.forward``:
+    ``tensor_parallel.checkpoint(custom_forward, False, hidden_states, ...)``)."""
+    return isinstance(value, str) and value == "moe"
+

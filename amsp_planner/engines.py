@@ -77,8 +77,8 @@ class EngineProfile:
     sources: tuple[str, ...]
     """Where each behaviour above is written down (docs URL or the engine's code path)."""
     ckpt_kinds: frozenset = frozenset({"none", "full", "blocks", "op"})
-    """The checkpointing settings it runs: 'none', 'full', 'blocks' (the first K of L) and 'op'
-    (op-level selective, matmul outputs kept)."""
+    """The checkpointing settings it runs: 'none', 'full', 'blocks' (the first K of L), 'op'
+    (op-level selective, matmul outputs kept) and 'moe' (the MoE layers' MLP parts)."""
     tp: bool = False
     """Tensor (+ sequence) parallelism inside the node (t > 1)."""
     tp_note: str = ""
@@ -113,6 +113,7 @@ class EngineProfile:
 
         k, op = checkpointed_blocks(value, num_layers)
         kind = "op" if op else "none" if k == 0 else "full" if k >= num_layers else "blocks"
+        kind = "moe" if value == "moe" else kind
         return kind in self.ckpt_kinds
 
     def stage0_allowed(self, training) -> bool:
@@ -195,8 +196,10 @@ PROFILES = {
         qgz_needs_p=False, reduce_dtype=None,
         gathers="one all-gather per unit (embedding, block, head), prefetched one unit ahead; "
                 "two gather and two gradient buffers of the largest unit",
-        checkpointing="the first K of L blocks (ckpt=K, ckpt for all) or op-level (ckpt=op)",
+        checkpointing="the first K of L blocks (ckpt=K, ckpt for all), op-level (ckpt=op) or "
+                      "each MoE layer's MLP part (ckpt=moe)",
         sources=("amsp_planner/runtime/engine.py", "docs/runtime.md"),
+        ckpt_kinds=frozenset({"none", "full", "blocks", "op", "moe"}),
         tp=True, tp_note="Megatron-style tensor + sequence parallelism in runtime/tp.py, with "
                          "every ZeRO factor combination and ZeRO++ (docs/runtime.md)",
     ),
@@ -344,8 +347,10 @@ PROFILES = {
                 "reduce-scattered and updated parameters all-gathered in buckets, once per step)",
         checkpointing="--recompute-granularity full --recompute-method block "
                       "--recompute-num-layers K (the first K of L blocks) or all; selective "
-                      "recomputation recomputes attention's core only (not op-level)",
-        ckpt_kinds=frozenset({"none", "full", "blocks"}),
+                      "recomputation recomputes attention's core only (not op-level); "
+                      "--recompute-granularity selective --recompute-modules moe recomputes "
+                      "each MoE layer (ckpt=moe)",
+        ckpt_kinds=frozenset({"none", "full", "blocks", "moe"}),
         sources=(
             "megatron/core/distributed/distributed_data_parallel_config.py "
             "(use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather, bucket_size, "

@@ -42,7 +42,7 @@ def expert_decision(s: Strategy, num_gpus: int, gpus_per_node: int) -> dict:
 
 def plan_version(dec: dict) -> int:
     """The lowest version that holds a decision (``VERSION``)."""
-    if "experts" in dec:
+    if "experts" in dec or dec["ckpt"] == "moe":
         return 4
     if dec.get("tp", 1) > 1:
         return 3

@@ -23,7 +23,8 @@ VERSION = 4
 version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
 checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), version 3 when it
 is tensor-parallel (``decision.tp`` > 1, written only then), version 4 when it places a
-mixture of experts' routed experts (``decision.experts``, written only then: docs/moe.md)."""
+mixture of experts' routed experts (``decision.experts``, written only then: docs/moe.md) or
+recomputes only the MoE layers' MLP parts (``ckpt``: "moe")."""
 SUPPORTED_VERSIONS = (1, 2, 3, 4)
 
 
@@ -55,7 +56,7 @@ class Search(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     zeropp: bool = True
     micro_batch: int | None = Field(default=None, ge=1)
-    activation_checkpointing: bool | int | Literal["op"] | None = None
+    activation_checkpointing: bool | int | Literal["op", "moe"] | None = None
     given_strategy: str | None = None
     preference: PreferenceDoc | None = None
     tp: int | None = Field(default=None, ge=1)
@@ -103,8 +104,9 @@ class Decision(_Strict):
     qgz: bool
     micro_batch: int
     grad_accum: int
-    ckpt: bool | int | Literal["op"]
-    """true: every block; false: none; K: the first K blocks; "op": op-level selective."""
+    ckpt: bool | int | Literal["op", "moe"]
+    """true: every block; false: none; K: the first K blocks; "op": op-level selective;
+    "moe": the MoE layers' MLP parts (version 4)."""
     tp: int = Field(default=1, ge=1)
     """Tensor (+ sequence) parallel degree inside the node (version 3; absent: 1). The
     components' factors and meshes are then over the N/tp data-parallel ranks."""

@@ -34,7 +34,8 @@ String form (docs/design.md), parsed only here::
   checkpoints the first K of the L blocks (``ckpt=0`` is none, ``ckpt=L`` is full, as
   Megatron's ``--recompute-num-layers K`` with the block method); ``ckpt=op`` is op-level
   selective checkpointing of every block (matmul and attention outputs kept, the elementwise
-  ops recomputed: docs/memory.md). ``ckpt=full`` and ``ckpt=none`` are accepted too.
+  ops recomputed: docs/memory.md); ``ckpt=moe`` (mixtures of experts) recomputes only each
+  MoE layer's MLP part (docs/moe.md). ``ckpt=full`` and ``ckpt=none`` are accepted too.
 
 Named baselines (``baseline(name, N, R)``): ddp, zero1, zero2, zero3 (= fsdp), hsdp, mics (p = 2R
 by default, ``mics-16`` for p = 16), zeropp (ZeRO-3 + qwZ + hpZ=R + qgZ).
@@ -87,6 +88,7 @@ class Strategy:
     """With ``ckpt`` off: checkpoint the first K blocks only (0 = none)."""
     ckpt_op: bool = False
     """Op-level selective checkpointing of every block (matmul outputs kept)."""
+    ckpt_moe: bool = False  # each MoE layer's MLP part recomputed in backward (ckpt=moe)
     tp: int = 1
     """Tensor (+ sequence) parallel degree t inside the node; 1 = none."""
     ep: int = 1
@@ -97,10 +99,8 @@ class Strategy:
     ep_p: int | None = None
     """Expert parameter shard factor over the N/e ranks holding the same experts; None (with
     ep_g, ep_os): no expert tokens, the expert class follows the dense triple at e = 1."""
-    ep_g: int | None = None
-    """Expert gradient shard factor."""
-    ep_os: int | None = None
-    """Expert optimizer-state shard factor."""
+    ep_g: int | None = None  # expert gradient shard factor
+    ep_os: int | None = None  # expert optimizer-state shard factor
 
     @property
     def quantized(self) -> bool:
@@ -110,20 +110,20 @@ class Strategy:
     @property
     def ckpt_value(self) -> bool | int | str:
         """The checkpointing setting as the cost model takes it: True (every block), False
-        (none), K (the first K blocks) or 'op'."""
-        if self.ckpt_op:
-            return "op"
+        (none), K (the first K blocks), 'op' or 'moe'."""
+        if self.ckpt_op or self.ckpt_moe:
+            return "op" if self.ckpt_op else "moe"
         if self.ckpt:
             return True
         return self.ckpt_blocks or False
 
     @property
     def ckpt_words(self) -> str:
-        """The setting in words: 'on', 'off', 'the first K blocks' or 'op-level'."""
+        """The setting in words: 'on', 'off', 'the first K blocks', 'op-level' or 'of the MoE MLPs'."""
         v = self.ckpt_value
         if v is True or v is False:
             return "on" if v else "off"
-        return "op-level" if v == "op" else f"the first {v} blocks"
+        return {"op": "op-level", "moe": "of the MoE MLPs"}.get(v, f"the first {v} blocks")
 
     @property
     def ckpt_token(self) -> str | None:
@@ -203,7 +203,7 @@ class Strategy:
             else:
                 raise AmspUserError(
                     f"--strategy: unknown token '{token}' in '{text}': use tp=, p=, g=, os=, qwz[=block], fp8ag, "
-                    "hpz=, qgz, ep=, ep.span, ep.p=, ep.g=, ep.os=, mb=, ga=, ckpt[=K|op] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
+                    "hpz=, qgz, ep=, ep.span, ep.p=, ep.g=, ep.os=, mb=, ga=, ckpt[=K|op|moe] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
                     "hsdp, mics, zeropp)"
                 )
         if seen & {"ep", "ep.span", "ep.p", "ep.g", "ep.os"}:
@@ -406,7 +406,7 @@ def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> 
         given = {t.partition("=")[0].strip().lower() for t in rest.split(",")} if rest else set()
         if given - {"mb", "ga", "ckpt", "nockpt", "tp"}:
             raise AmspUserError(
-                f"--strategy: '{text}': after a baseline name only tp=, mb=, ga= and ckpt[=K|op]/nockpt "
+                f"--strategy: '{text}': after a baseline name only tp=, mb=, ga= and ckpt[=K|op|moe]/nockpt "
                 "may follow: write the whole strategy instead, e.g. 'p=8,g=8,os=64,qwz,mb=1'"
             )
         extra = Strategy.parse(rest) if rest.strip() else Strategy()

@@ -179,10 +179,11 @@ def job_options(f=None, *, precisions: bool = False):
                      help="Global batch in sequences (instead of --global-batch)."),
         click.option("--micro-batch", type=click.IntRange(min=1), default=None,
                      help="Pin sequences per GPU per micro-batch (default: searched; compare uses 1)."),
-        click.option("--activation-checkpointing", metavar="auto|on|off|K|op", default="auto",
+        click.option("--activation-checkpointing", metavar="auto|on|off|K|op|moe", default="auto",
                      show_default=True,
                      help="Activation checkpointing: on (every block), off, K (the first K "
-                          "blocks), op (op-level selective); auto lets the planner choose."),
+                          "blocks), op (op-level selective), moe (each MoE layer's MLP part "
+                          "only); auto lets the planner choose."),
         click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations."),
         click.option("--activation-profile",
                      type=click.Choice(["auto", "eager", "torchtitan", "compiled", "fused"]),
@@ -348,7 +349,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
 
 def ckpt_option(text: str) -> bool | int | str | None:
     """--activation-checkpointing: auto -> None, on -> True, off -> False, K -> K blocks
-    (0 = off), op -> 'op'; one line naming the option otherwise."""
+    (0 = off), op -> 'op', moe -> 'moe'; one line naming the option otherwise."""
     from amsp_planner.strategy import parse_ckpt_value
 
     v = str(text).strip().lower()
@@ -358,4 +359,4 @@ def ckpt_option(text: str) -> bool | int | str | None:
         return parse_ckpt_value(v, "--activation-checkpointing ")
     except AmspUserError:
         raise AmspUserError(f"--activation-checkpointing {text}: use auto, on, off, a block "
-                            "count K (the first K blocks) or op") from None
+                            "count K (the first K blocks), op or moe") from None

@@ -120,7 +120,7 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
               help="Memory per GPU in GiB, comma-separated (default: the GPU's memory).")
 @click.option("--micro-batch", type=click.IntRange(min=1), default=None,
               help="Pin sequences per GPU per micro-batch (default: searched).")
-@click.option("--activation-checkpointing", metavar="auto|on|off|K|op", default="auto",
+@click.option("--activation-checkpointing", metavar="auto|on|off|K|op|moe", default="auto",
               show_default=True)
 @click.option("--no-flash-attention", is_flag=True, help="Count s^2 attention activations.")
 @click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)

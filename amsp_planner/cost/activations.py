@@ -54,6 +54,10 @@ Mixture of experts: a block's MLP part is the mean over the L blocks of a dense 
 MoE layer's (router probabilities, the routed copies' expert inputs, MLP tensors and outputs,
 the shared expert: cost/moe_compute.py), scaled by the expert imbalance for the routed part.
 
+``ckpt=moe`` (mixtures of experts) drops each MoE layer's MLP part (``moe_layer_saved``: the
+router's probabilities, the routed copies' tensors, the shared expert's) and keeps the rest of
+every block, the MLP's input (the pre-MLP norm's output) included; one MoE layer's MLP part is
+saved again while it is recomputed in backward.
 Full checkpointing keeps each block's input (h a_b per token) and one block's activations
 while it is recomputed, plus the head. Checkpointing the first K of the L blocks keeps K inputs,
 the L - K other blocks whole and, when K > 0, one block's activations while it is recomputed.
@@ -85,6 +89,7 @@ count, every block tensor divided by t.
 
 from __future__ import annotations
 
+from amsp_planner.ckpt_setting import is_moe_only
 from amsp_planner.cost.job import Job
 from amsp_planner.strategy import checkpointed_blocks
 
@@ -243,9 +248,19 @@ def saved_bytes_per_token(job: Job, ckpt: bool | int | str, tp: int = 1) -> floa
     if op:
         kept = (m.num_layers * op_kept_bytes_per_token(job, tp)
                 + op_recompute_bytes_per_token(job, tp))
+    elif is_moe_only(ckpt) and m.num_moe_layers:  # every MoE MLP's tensors but one's dropped
+        kept = m.num_layers * block - (m.num_moe_layers - 1) * _moe_saved(job, tp)
     else:
         kept = _div(k * m.hidden_size * ab, tp) + (m.num_layers - k) * block + (block if k else 0)
     return kept + head_bytes_per_token(job, tp)
+
+
+def _moe_saved(job: Job, tp: int) -> float:
+    """Bytes one MoE layer's MLP part saves per token (``ckpt=moe`` drops them and saves
+    them again while it recomputes the layer); per TP rank."""
+    from amsp_planner.cost.moe_compute import moe_layer_saved
+
+    return _div(moe_layer_saved(job, profile_of(job) in KORTHIKANTI), tp)
 
 
 def phase_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1
@@ -257,7 +272,8 @@ def phase_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1
     tokens = micro_batch * job.training.seq_len
     k, op = checkpointed_blocks(ckpt, job.model.num_layers)
     per = (op_recompute_bytes_per_token(job, tp) if op
-           else block_bytes_per_token(job, tp) if k else 0.0)
+           else block_bytes_per_token(job, tp) if k
+           else _moe_saved(job, tp) if is_moe_only(ckpt) and job.model.num_moe_layers else 0.0)
     return head_bytes_per_token(job, tp) * tokens, per * tokens
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from amsp_planner.ckpt_setting import is_moe_only
 from amsp_planner.cost.job import Job
 from amsp_planner.strategy import checkpointed_blocks
 
@@ -171,6 +172,12 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
     bwd = 2 * mm + 2.5 * attn + 2 * elem
     k, op = checkpointed_blocks(ckpt, m.num_layers)
     recompute = elem + _op_matmuls_s(job, r, t, tp) if op else fwd * (k / m.num_layers)
+    if is_moe_only(ckpt) and m.is_moe:  # the MoE layers' MLP forward, the mean over the blocks
+        from amsp_planner.cost.activations import KORTHIKANTI, profile_of
+        from amsp_planner.cost.moe_compute import moe_layer_forward_s
+
+        fused = profile_of(job) in KORTHIKANTI
+        recompute = m.num_moe_layers * moe_layer_forward_s(job, r, t, ep, fused) / m.num_layers
     return UnitCompute(fwd, bwd + recompute)
 
 

@@ -275,6 +275,9 @@ class Job:
             if what:
                 raise AmspUserError(f"--strategy {strategy}: {what} of a mixture-of-experts "
                                     "model is not modelled (docs/moe.md): drop it")
+        elif strategy.ckpt_moe:
+            raise AmspUserError(f"--strategy {strategy}: ckpt=moe recomputes MoE layers and the "
+                                "model has none: use ckpt, ckpt=K or ckpt=op")
         t = strategy.tp
         if t > 1 and (self.model.num_heads % t or self.model.kv_heads % t):
             raise AmspUserError(

@@ -104,9 +104,9 @@ def mean_mlp(job: Job, r: _Rates, tokens: int, ep: int, dense_mlp_s: float,
     return mm, el
 
 
-def mean_mlp_saved(job: Job, fused: bool, dense_mlp: float) -> float:
-    """Bytes a block's MLP part saves per token, the mean over the L blocks (module
-    docstring); `dense_mlp`: a dense layer's."""
+def moe_layer_saved(job: Job, fused: bool) -> float:
+    """Bytes one MoE layer's MLP part saves per token (module docstring): what ``ckpt=moe``
+    drops (the MLP's input, the pre-MLP norm's output, is counted with the norm and kept)."""
     m, ab = job.model, job.training.param_bytes
     fe = m.expert_ffn_hidden_size or m.ffn_hidden_size
     gelu = m.ffn_type == "gelu"
@@ -116,9 +116,22 @@ def mean_mlp_saved(job: Job, fused: bool, dense_mlp: float) -> float:
         per_copy = ((2 if gelu else 4) * fe + 2 * m.hidden_size) * ab
         shared = 2 if gelu else 4
     routed = m.experts_per_token * per_copy * job.training.expert_imbalance
-    moe = routed + 4 * m.num_experts + shared * m.shared_expert_ffn_hidden_size * ab
+    return routed + 4 * m.num_experts + shared * m.shared_expert_ffn_hidden_size * ab
+
+
+def mean_mlp_saved(job: Job, fused: bool, dense_mlp: float) -> float:
+    """Bytes a block's MLP part saves per token, the mean over the L blocks (module
+    docstring); `dense_mlp`: a dense layer's."""
+    m = job.model
     n_moe = m.num_moe_layers
-    return (n_moe * moe + (m.num_layers - n_moe) * dense_mlp) / m.num_layers
+    return (n_moe * moe_layer_saved(job, fused) + (m.num_layers - n_moe) * dense_mlp) / m.num_layers
+
+
+def moe_layer_forward_s(job: Job, r: _Rates, tokens: int, ep: int, fused: bool) -> float:
+    """Seconds of one MoE layer's MLP forward (matmuls and elementwise traffic, no all-to-all):
+    what ``ckpt=moe`` recomputes per MoE layer and micro-batch."""
+    elem = tokens * moe_layer_elementwise(job, fused, ep) * job.training.param_bytes
+    return moe_layer_mlp_s(job, r, tokens, ep) + (elem / r.hbm if r.hbm else 0.0)
 
 
 def dispatch_buffer_bytes(job: Job, micro_batch: int, ep: int) -> float:

@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from amsp_planner.ckpt_setting import is_moe_only
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule_entry import ScheduleEntry, algorithm_name
 from amsp_planner.strategy import Strategy, checkpointed_blocks
@@ -151,7 +152,9 @@ def a2a_bytes_per_call(job: Job, micro_batch: int, ep: int) -> int:
 
 def moe_layers_checkpointed(job: Job, ckpt) -> int:
     """MoE layers whose forward checkpointing `ckpt` recomputes (full: all; the first K
-    blocks: the MoE layers among them; op-level: none)."""
+    blocks: the MoE layers among them; op-level: none; 'moe': all)."""
+    if is_moe_only(ckpt):
+        return job.model.num_moe_layers
     k, op = checkpointed_blocks(ckpt, job.model.num_layers)
     return 0 if op else sum(job.model.is_moe_layer(i) for i in range(k))
 

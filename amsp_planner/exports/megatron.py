@@ -17,7 +17,9 @@ the node: Megatron places TP ranks first, inside the node, as the plan does). Ac
 checkpointing: ``--recompute-granularity full --recompute-method block
 --recompute-num-layers K`` checkpoints the first K blocks (K = L: all); Megatron's selective
 granularity recomputes attention's core only, which is not the planner's op-level, so an
-op-level plan exports as the best of none, full and K blocks, priced. bf16 makes Megatron
+op-level plan exports as the best of none, full and K blocks, priced; ``ckpt=moe`` is
+``--recompute-granularity selective --recompute-modules moe`` (MoELayer.forward checkpoints the
+whole MoE layer from its input: megatron/core/transformer/moe/moe_layer.py at d98e8a6). bf16 makes Megatron
 accumulate and reduce gradients in fp32 (``megatron/training/arguments.py``): a plan made for
 another engine with bf16 gradients is priced so, and the export says it. Not expressed: sharded
 parameters or gradients (Megatron's FSDP is another code path), hpZ, qwZ, qgZ.
@@ -91,6 +93,8 @@ def arguments(job: Job, s: Strategy) -> list[str]:
         out.append("--use-distributed-optimizer")
         if dp // s.s_os > 1:
             out += ["--num-distributed-optimizer-instances", str(dp // s.s_os)]
+    if s.ckpt_moe:  # megatron/core/transformer/moe/moe_layer.py at d98e8a6: moe_layer_recompute
+        return out + ["--recompute-granularity", "selective", "--recompute-modules", "moe"]
     k = job.model.num_layers if s.ckpt_value is True else int(s.ckpt_value or 0)
     if k:
         out += ["--recompute-granularity", "full", "--recompute-method", "block",
@@ -165,7 +169,9 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
     experts = {"ep": ep, "edp": dp // ep} if "--expert-model-parallel-size" in flags else {}
     out = {**experts, "tp": tp, "micro_batch": mb, "dp": dp,
            "os": dp // inst if "--use-distributed-optimizer" in flags else 1,
-           "recompute_layers": layers}
+           "recompute_layers": layers,
+           **({"recompute_modules": flags["--recompute-modules"]}
+              if "--recompute-modules" in flags else {})}
     if "--fp8-format" in flags:
         out["fp8"] = _check_fp8(flags)
     return out

@@ -132,11 +132,14 @@ def _same(y: torch.Tensor) -> torch.Tensor:
 
 
 def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: int = 1, gather=_same,
-          scatter=_same, ep=None, routing: MOE.Routing = MOE.BALANCED) -> torch.Tensor:
+          scatter=_same, ep=None, routing: MOE.Routing = MOE.BALANCED,
+          moe_ckpt: bool = False) -> torch.Tensor:
     """One block. Under tensor parallelism (runtime/tp.py) `p` holds this rank's 1/tp of the
     heads and of the MLP, x is the sequence shard, `gather` brings the normed sequence whole
     before the column-sharded matmuls and `scatter` reduce-scatters the row-sharded ones'
-    partial sums back into the shard; at tp = 1 both are the identity."""
+    partial sums back into the shard; at tp = 1 both are the identity. `moe_ckpt` (``ckpt=moe``):
+    the MoE MLP runs under checkpointing, recomputed in backward from its input ``y``, its
+    all-to-alls included (no early stop)."""
     a, kvh, hd = model.num_heads // tp, model.kv_heads // tp, model.head_dim
     y = gather(rms_norm(x, p["attn_norm"]))
     b, s, _ = y.shape
@@ -149,6 +152,11 @@ def block(x: torch.Tensor, p: dict[str, torch.Tensor], model, tp: int = 1, gathe
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kvh != a)
     x = x + scatter(F.linear(o.transpose(1, 2).reshape(b, s, a * hd), p["wo"]))
     y = gather(rms_norm(x, p["mlp_norm"]))
+    if "router" in p and moe_ckpt:
+        from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+        with set_checkpoint_early_stop(False):
+            return x + checkpoint(MOE.moe_mlp, y, p, model, ep, routing, use_reentrant=False)
     if "router" in p:
         return x + MOE.moe_mlp(y, p, model, ep, routing)
     g, up = F.linear(y, p["w13"]).chunk(2, dim=-1)
@@ -178,10 +186,13 @@ def op_policy(ctx, func, *args, **kwargs):
 
 
 def block_modes(ckpt, num_layers: int) -> list[str | None]:
-    """Per block: None (no checkpointing), 'full' or 'op', for a checkpointing setting (True,
-    False, the first K blocks, or 'op')."""
+    """Per block: None (no checkpointing), 'full', 'op' or 'moe' (its MoE MLP only, a dense
+    layer's nothing), for a checkpointing setting (True, False, the first K blocks, 'op' or
+    'moe')."""
     from amsp_planner.strategy import checkpointed_blocks
 
+    if ckpt == "moe":
+        return ["moe"] * num_layers
     k, op = checkpointed_blocks(ckpt, num_layers)
     if op:
         return ["op"] * num_layers
@@ -196,8 +207,8 @@ def run_block(x: torch.Tensor, p: dict[str, torch.Tensor], model, mode: str | No
     recomputation (no early stop); under op-level checkpointing the caller keeps their outputs
     (``moe.EPContext.record``/``replay``), as the TP collectives'."""
     fn = functools.partial(block, ep=ep, routing=routing) if "router" in p else block
-    if mode is None:
-        return fn(x, p, model)
+    if mode is None or mode == "moe":
+        return fn(x, p, model, moe_ckpt=mode == "moe") if "router" in p else fn(x, p, model)
     from torch.utils.checkpoint import (
         checkpoint,
         create_selective_checkpoint_contexts,

@@ -209,7 +209,9 @@ class Candidates:
                               np.full(len(cs), rec), np.full(len(cs), tp_s)))
         c = np.concatenate([x[0] for x in parts])
         mem = base[c] + np.concatenate([x[5] for x in parts]) * frag
-        ok = mem <= usable_gib
+        # a candidate at the limit exactly fits (evaluate's byte count): allow the round-off of
+        # these GiB sums, which add the terms in another order
+        ok = mem <= usable_gib * (1 + 1e-12)
         self.c = c[ok]
         self.option = np.concatenate([x[1] for x in parts])[ok]
         self.blocks = np.concatenate([x[2] for x in parts])[ok]

@@ -389,7 +389,12 @@ def ckpt_options(job: Job, pinned: bool | int | str | None) -> tuple[int | str, 
     L = job.model.num_layers
     if pinned is None:
         op = ("op",) if job.cluster.gpu.hbm_gbyte_per_s else ()
-        return tuple(range(L + 1)) + op
+        return tuple(range(L + 1)) + op + (("moe",) if job.model.num_moe_layers else ())
+    if pinned == "moe":
+        if not job.model.num_moe_layers:
+            raise AmspUserError("--activation-checkpointing moe: the model has no MoE layers: "
+                                "use a block count, op, on or off")
+        return ("moe",)
     k, op = checkpointed_blocks(pinned, L)
     if op:
         return ("op",)

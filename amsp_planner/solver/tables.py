@@ -208,7 +208,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     # A mixture of experts recomputes the all-to-alls of the MoE layers among the first K: affine
     # in K only past its last dense layer, so the K below that are options of their own
     past = max(job.model.dense_layers, default=-1) + 1 if sp.ep > 1 else 1
-    blocks = sorted(c for c in sp.ckpt if c != "op" and c >= max(1, past))
+    blocks = sorted(c for c in sp.ckpt if not isinstance(c, str) and c >= max(1, past))
     compact = len(blocks) >= 3 and blocks == list(range(blocks[0], blocks[-1] + 1))
     listed = [c for c in sp.ckpt if not (compact and c in blocks)]
 

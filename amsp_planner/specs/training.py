@@ -24,9 +24,10 @@ class TrainingSpec(BaseModel):
     """Global batch in tokens; must be a multiple of seq_len."""
     micro_batch: Maybe(Int(1, 65536)) = None
     """Sequences per GPU per micro-batch; None lets the planner choose (compare uses 1)."""
-    activation_checkpointing: Flag | Int(0, 2**20) | Literal["op"] | None = None
+    activation_checkpointing: Flag | Int(0, 2**20) | Literal["op", "moe"] | None = None
     """true: recompute every block; false: none; K: the first K blocks; 'op': op-level
-    selective checkpointing of every block; None lets the planner choose (compare uses off)."""
+    selective checkpointing of every block; 'moe': each MoE layer's MLP part only; None lets
+    the planner choose (compare uses off)."""
     flash_attention: Flag = True
     """FlashAttention (no s^2 attention-score activations)."""
     activation_profile: Literal["eager", "torchtitan", "compiled", "fused"] | None = None

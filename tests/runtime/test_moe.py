@@ -40,6 +40,9 @@ RUNS_4 = {
     "e2_ckpt2": "ep=2,p=2,g=2,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1,ckpt=2",
     # no expert tokens: the expert units on the dense triple at e = 1, no all-to-all
     "zero3": "zero3",
+    # only the MoE MLPs recomputed (ckpt=moe): both MoE layers' all-to-alls again, the dense
+    # layer and the attention parts not
+    "e2_ckpt_moe": "ep=2,p=2,g=2,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1,ckpt=moe",
 }
 TOPK_4 = {"e2_topk": "ep=2,p=4,g=4,os=4,ep.p=2,ep.g=2,ep.os=2,mb=1"}
 IMBALANCE = 1.25
@@ -191,7 +194,7 @@ def test_parity_topk_4(four, name):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name,e,stride,ep_p,recompute", [
     ("e2", 2, 1, 2, 0), ("e4", 4, 1, 1, 0), ("e2_span_ckpt", 2, 2, 1, 2),
-    ("e2_ckpt2", 2, 1, 2, 1), ("e2_topk", 2, 1, 2, 0)])
+    ("e2_ckpt2", 2, 1, 2, 1), ("e2_topk", 2, 1, 2, 0), ("e2_ckpt_moe", 2, 1, 2, 2)])
 def test_all_to_alls_and_expert_gathers_4(four, name, e, stride, ep_p, recompute):
     rep = four[name]
     check_all_to_all(rep, e, stride, e, recompute)
@@ -351,7 +354,7 @@ def test_gate_option_reaches_the_ranks(tmp_path):
 
 @pytest.mark.parametrize("gate", ["balanced", "topk"])
 def test_checkpointing_keeps_the_moe_gradients(gate):
-    """The first K, every block and op-level checkpointing of MoE blocks recompute exactly
+    """The first K, every block, op-level and MoE-MLP checkpointing of MoE blocks recompute exactly
     what forward computed (the routing included): the same gradients as without."""
     from amsp_planner.runtime import model as M
     from amsp_planner.runtime.moe import Routing
@@ -371,6 +374,6 @@ def test_checkpointing_keeps_the_moe_gradients(gate):
 
     plain = grads(False)
     assert plain[2].abs().sum() > 0
-    for ckpt in (2, True, "op"):
+    for ckpt in (2, True, "op", "moe"):
         for a, b in zip(grads(ckpt), plain, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
