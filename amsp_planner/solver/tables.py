@@ -320,7 +320,7 @@ def compute_bound(job: Job, sp: SearchSpace) -> float:
     counts = (1, job.model.num_layers, 1)
     n = job.seqs_per_rank(sp.tp)
     past = max(job.model.dense_layers, default=-1) + 1 if sp.ep > 1 else 1
-    blocks = sorted(c for c in sp.ckpt if c != "op" and c >= max(1, past))
+    blocks = sorted(c for c in sp.ckpt if not isinstance(c, str) and c >= max(1, past))
     compact = len(blocks) >= 3 and blocks == list(range(blocks[0], blocks[-1] + 1))
     cks = [c for c in sp.ckpt if not compact or c not in blocks[1:-1]]
     best = float("inf")
