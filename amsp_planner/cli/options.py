@@ -96,34 +96,31 @@ def ep_option(f):
     )(f)
 
 
-def parse_ep(text) -> int | None:
-    """--ep: auto -> None (searched), E -> E; one line naming the option otherwise."""
+def _auto_or_degree(text, option: str, what: str) -> int | None:
+    """auto -> None (searched), a positive integer -> itself; one line naming `option` and
+    what a degree must be (`what`) otherwise."""
     v = str(text).strip().lower()
     if v == "auto":
         return None
     try:
-        e = int(v)
+        d = int(v)
     except ValueError:
-        e = 0
-    if e < 1:
-        raise AmspUserError(f"--ep {text}: use auto or an expert-parallel degree that divides "
-                            "the routed experts and the GPUs, e.g. --ep 8")
-    return e
+        d = 0
+    if d < 1:
+        raise AmspUserError(f"{option} {text}: use auto or {what}, e.g. {option} 8")
+    return d
+
+
+def parse_ep(text) -> int | None:
+    """--ep: auto -> None (searched), E -> E; one line naming the option otherwise."""
+    return _auto_or_degree(text, "--ep", "an expert-parallel degree that divides the routed "
+                                         "experts and the GPUs")
 
 
 def parse_tp(text) -> int | None:
     """--tp: auto -> None (searched), T -> T; one line naming the option otherwise."""
-    v = str(text).strip().lower()
-    if v == "auto":
-        return None
-    try:
-        t = int(v)
-    except ValueError:
-        t = 0
-    if t < 1:
-        raise AmspUserError(f"--tp {text}: use auto or a tensor-parallel degree that divides the "
-                            "GPUs per node, e.g. --tp 8")
-    return t
+    return _auto_or_degree(text, "--tp", "a tensor-parallel degree that divides the GPUs per "
+                                         "node")
 
 
 PRECISIONS = ("bf16", "fp32", "fp8")
