@@ -372,7 +372,7 @@ def _check_summaries(raw: dict, job: Job, ev: Evaluation, source: str) -> None:
 
     limit = raw["inputs"]["memory_limit_bytes"]
     s = ev.strategy
-    base = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
+    base = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
     names = sorted(base)
     if sorted(raw["baselines"]) != names:
         raise AmspUserError(

@@ -10,6 +10,8 @@ String form (docs/design.md), parsed only here::
   the N/T TP groups, R/T per node (docs/cost-model.md, "Tensor parallelism"). Every rule below
   is then over the data-parallel ranks: the shard factors divide N/T and divide R/T or are
   multiples of it, the mesh is over R/T data-parallel ranks per node, and hpZ divides R/T.
+- ``cp=C``: context parallelism (default 1): each sequence split over C ranks along its tokens
+  (cost/context_parallel.py); the batch splits over N/(T C) ranks, the shard factors over N/T.
 - ``p``, ``g``, ``os``: shard factors s_P, s_G, s_OS (default 1). AMSP's rules: each divides the
   GPU count; each divides R (GPUs per node) or is a multiple of R ("intra-node first"), so the
   mesh is (s0, s1) = (min(s, R), max(1, s/R)); s_P | s_G | s_OS, hence s_P <= s_G <= s_OS per
@@ -91,6 +93,7 @@ class Strategy:
     ckpt_moe: bool = False  # each MoE layer's MLP part recomputed in backward (ckpt=moe)
     tp: int = 1
     """Tensor (+ sequence) parallel degree t inside the node; 1 = none."""
+    cp: int = 1  # context-parallel degree (cost/context_parallel.py); 1 = none
     ep: int = 1
     """Expert-parallel degree e: each rank holds E/e routed experts of every MoE layer."""
     ep_span: bool = False
@@ -151,6 +154,7 @@ class Strategy:
     # ----- string form --------------------------------------------------------------------
     def __str__(self) -> str:
         parts = [f"tp={self.tp}"] if self.tp > 1 else []
+        parts += [f"cp={self.cp}"] if self.cp > 1 else []
         if self.has_experts:
             parts += [f"ep={self.ep}"] + (["ep.span"] if self.ep_span else [])
         parts += [f"p={self.s_p}", f"g={self.s_g}", f"os={self.s_os}"]
@@ -203,7 +207,7 @@ class Strategy:
             else:
                 raise AmspUserError(
                     f"--strategy: unknown token '{token}' in '{text}': use tp=, p=, g=, os=, qwz[=block], fp8ag, "
-                    "hpz=, qgz, ep=, ep.span, ep.p=, ep.g=, ep.os=, mb=, ga=, ckpt[=K|op|moe] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
+                    "hpz=, qgz, cp=, ep=, ep.span, ep.p=, ep.g=, ep.os=, mb=, ga=, ckpt[=K|op|moe] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
                     "hsdp, mics, zeropp)"
                 )
         if seen & {"ep", "ep.span", "ep.p", "ep.g", "ep.os"}:
@@ -229,13 +233,14 @@ class Strategy:
 
     def n_micro(self, batch_seqs: int, num_gpus: int) -> int:
         """Micro-batches per step for a global batch; ValueError when it does not divide."""
-        ranks = num_gpus // self.tp
+        ranks = num_gpus // (self.tp * self.cp)
         unit = ranks * self.micro_batch
-        who = f"{num_gpus} GPUs" if self.tp == 1 else f"{ranks} data-parallel ranks (tp={self.tp})"
+        who = (f"{num_gpus} GPUs" if self.tp == self.cp == 1 else
+               f"{ranks} data-parallel ranks ({_degrees(self)})")
         if batch_seqs < unit or batch_seqs % unit:
             raise ValueError(
                 f"global batch of {batch_seqs} sequences is not a multiple of "
-                f"{'GPUs' if self.tp == 1 else 'data-parallel ranks'} x micro-batch = "
+                f"{'GPUs' if self.tp == self.cp == 1 else 'data-parallel ranks'} x micro-batch = "
                 f"{ranks} x {self.micro_batch} = {unit}: use a global batch that is a multiple "
                 f"of {unit} sequences, a smaller micro-batch or fewer GPUs"
             )
@@ -256,6 +261,9 @@ class Strategy:
                 f"parallelism stays inside the node: use tp= a divisor of {gpus_per_node}"
             )
         n, r = num_gpus // self.tp, gpus_per_node // self.tp
+        if n % self.cp:
+            raise ValueError(f"cp={self.cp} does not divide the {n} ranks of "
+                             f"{'the job' if self.tp == 1 else f'tp={self.tp}'}: use a divisor of {n}")
         dp = "" if self.tp == 1 else f" data-parallel ranks (tp={self.tp})"
         for c in COMPONENTS:
             s = self.factor(c)
@@ -307,9 +315,13 @@ class Strategy:
 
 
 _INT_FIELDS = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_batch",
-               "ga": "grad_accum", "tp": "tp", "ep": "ep", "ep.p": "ep_p", "ep.g": "ep_g",
+               "ga": "grad_accum", "tp": "tp", "cp": "cp", "ep": "ep", "ep.p": "ep_p", "ep.g": "ep_g",
                "ep.os": "ep_os"}
 """Tokens that take a positive integer, and the Strategy field each sets."""
+
+def _degrees(s: Strategy) -> str:  # 'tp=T', 'cp=C' or 'tp=T, cp=C'
+    return ", ".join(f"{k}={v}" for k, v in (("tp", s.tp), ("cp", s.cp)) if v > 1)
+
 
 def _positive_int(value: str, key: str, text: str) -> int:
     try:
@@ -404,9 +416,9 @@ def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> 
     key = _ALIASES.get(key, key)
     if key in BASELINE_NAMES or key.startswith("mics"):
         given = {t.partition("=")[0].strip().lower() for t in rest.split(",")} if rest else set()
-        if given - {"mb", "ga", "ckpt", "nockpt", "tp"}:
+        if given - {"mb", "ga", "ckpt", "nockpt", "tp", "cp"}:
             raise AmspUserError(
-                f"--strategy: '{text}': after a baseline name only tp=, mb=, ga= and ckpt[=K|op|moe]/nockpt "
+                f"--strategy: '{text}': after a baseline name only tp=, cp=, mb=, ga= and ckpt[=K|op|moe]/nockpt "
                 "may follow: write the whole strategy instead, e.g. 'p=8,g=8,os=64,qwz,mb=1'"
             )
         extra = Strategy.parse(rest) if rest.strip() else Strategy()
@@ -415,5 +427,5 @@ def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> 
                 f"--strategy: '{text}': tp={extra.tp} does not divide the {gpus_per_node} GPUs per "
                 f"node: tensor parallelism stays inside the node: use tp= a divisor of {gpus_per_node}")
         s = baseline(key, num_gpus, gpus_per_node, extra.micro_batch, extra.ckpt_value, extra.tp)
-        return s.with_(grad_accum=extra.grad_accum)
+        return s.with_(grad_accum=extra.grad_accum, cp=extra.cp)
     return Strategy.parse(text)

@@ -123,7 +123,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         else:
             s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
         best = evaluate(job, s, limit)
-        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
+        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s, refs = [], None, 0.0, {}
     else:

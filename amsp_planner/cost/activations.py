@@ -84,7 +84,9 @@ every rank holds whole: the int64 token ids and targets and the RoPE tables, and
 profiles, the all-gathered inputs of the column-parallel matmuls (QKV, the MLP's gate/up, the LM
 head: h a_b per token each), which autograd saves as PyTorch's DTensor runs them (so backward
 needs no second all-gather: docs/cost-model.md). The fused and compiled profiles are Megatron's
-count, every block tensor divided by t.
+count, every block tensor divided by t; compiled keeps the all-gathered inputs whole as eager does
+(Inductor's min-cut partitioner never recomputes a collective, torch/_functorch/partitioners.py,
+so the gathered input a matmul's weight gradient needs is saved).
 """
 
 from __future__ import annotations
@@ -98,8 +100,8 @@ INDEX_BYTES = 8
 
 PROFILES = ("eager", "torchtitan", "compiled", "fused")
 KORTHIKANTI = frozenset({"compiled", "fused"})
-"""Profiles whose blocks are Korthikanti et al.'s fused count (and all-gathered TP inputs are
-not kept whole)."""
+"""Profiles whose blocks are Korthikanti et al.'s fused count (under TP the fused profile keeps
+no all-gathered input whole; compiled does: module docstring)."""
 
 
 def profile_of(job: Job) -> str:
@@ -130,7 +132,7 @@ def _div(x: float, tp: int) -> float:
 def _gathered(job: Job, tp: int, count: int) -> float:
     """Bytes per token, beyond their 1/tp share, of `count` all-gathered matmul inputs kept
     whole on every TP rank (eager profiles only; module docstring)."""
-    if tp == 1 or profile_of(job) in KORTHIKANTI:
+    if tp == 1 or profile_of(job) == "fused":
         return 0.0
     return count * job.model.hidden_size * job.training.param_bytes * (1 - 1 / tp)
 

@@ -166,7 +166,8 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
                                   profile_of(job) in KORTHIKANTI)
         mm += mlp_s - dense_mlp
         elems += (mlp_el - dense_el) * job.training.param_bytes
-    attn = _div(2.0 * t * s * m.num_heads * m.head_dim, tp) / r.attn
+    # over the whole sequence: s x C in the per-rank view of context parallelism C
+    attn = _div(2.0 * t * s * job.cp * m.num_heads * m.head_dim, tp) / r.attn
     elem = _div(t * elems, tp) / r.hbm if r.hbm else 0.0
     fwd = mm + attn + elem
     bwd = 2 * mm + 2.5 * attn + 2 * elem

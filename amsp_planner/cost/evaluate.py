@@ -62,12 +62,14 @@ class Evaluation:
 
 
 def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch: int = 1,
-                       ckpt: bool | int | str = False, tp: int = 1) -> dict[str, Evaluation]:
-    """Every named baseline valid for the job, evaluated (same micro-batch, checkpointing and
-    tensor-parallel degree)."""
+                       ckpt: bool | int | str = False, tp: int = 1, cp: int = 1
+                       ) -> dict[str, Evaluation]:
+    """Every named baseline valid for the job, evaluated (same micro-batch, checkpointing,
+    tensor- and context-parallel degrees)."""
     from amsp_planner.strategy import named_baselines
 
-    bl = named_baselines(job.num_gpus, job.gpus_per_node, micro_batch, ckpt, tp)
+    bl = {k: v.with_(cp=cp) for k, v in named_baselines(
+        job.num_gpus, job.gpus_per_node, micro_batch, ckpt, tp).items()}
     if job.model.is_moe:  # the experts sharded as the dense triple; no ZeRO++ (docs/moe.md)
         bl.pop("zeropp", None)
     return {name: evaluate(job, s, memory_limit) for name, s in bl.items()}
@@ -90,6 +92,8 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
     job.check(s)
     if s.ckpt_blocks == job.model.num_layers:  # K = L is full checkpointing
         s = s.with_(ckpt=True, ckpt_blocks=0)
+    if s.cp > 1:
+        return _evaluate_cp(job, s, memory_limit)
     n_micro = job.n_micro(s)
     if schedules is None:
         sched = build_schedule(job, s, n_micro)
@@ -112,3 +116,20 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
         model_flops_per_step=job.training.batch_tokens * job.model.flops_per_token(job.training.seq_len),
         peak_flop_per_s_total=job.num_gpus * job.cluster.peak_flop_per_s,
     )
+
+
+def _evaluate_cp(job: Job, s: Strategy, memory_limit: float | None) -> Evaluation:
+    """`s` with context parallelism: the per-rank view's schedule, with the K/V exchange's
+    entries, and time; the memory of ``memory`` (cost/context_parallel.py)."""
+    from amsp_planner.cost.context_parallel import cp_entries, cp_view
+
+    view, flat = cp_view(job, s.cp), s.with_(cp=1)
+    n_micro = view.n_micro(flat)
+    sched = build_schedule(view, flat, n_micro) + tuple(cp_entries(view, s, n_micro))
+    t = step_time(view, sched, n_micro, s.micro_batch, s.ckpt_value, s.s_os, s.tp)
+    return Evaluation(
+        strategy=s, n_micro=n_micro, memory=memory(job, s), schedule=sched, time=t,
+        memory_limit=job.cluster.memory_bytes if memory_limit is None else memory_limit,
+        batch_tokens=job.training.batch_tokens,
+        model_flops_per_step=job.training.batch_tokens * job.model.flops_per_token(job.training.seq_len),
+        peak_flop_per_s_total=job.num_gpus * job.cluster.peak_flop_per_s)

@@ -76,6 +76,10 @@ class Job:
     engine: str = DEFAULT_ENGINE
     """The engine that runs the plan (amsp_planner/engines.py): it restricts the search space,
     and ``training`` is already as that engine runs it (its gradient-reduction dtype)."""
+    cp: int = 1
+    """1 for every job as stated; C in the per-rank view of context parallelism C
+    (``cost/context_parallel.py: cp_view``): sequences of s/C tokens whose attention runs over
+    a context of C times that."""
 
     @staticmethod
     def fit_nodes(cluster: ClusterSpec, num_gpus: int) -> tuple[ClusterSpec, str | None]:
@@ -278,6 +282,10 @@ class Job:
         elif strategy.ckpt_moe:
             raise AmspUserError(f"--strategy {strategy}: ckpt=moe recomputes MoE layers and the "
                                 "model has none: use ckpt, ckpt=K or ckpt=op")
+        if strategy.cp > 1:
+            from amsp_planner.cost.context_parallel import check_cp
+
+            check_cp(self, strategy)
         t = strategy.tp
         if t > 1 and (self.model.num_heads % t or self.model.kv_heads % t):
             raise AmspUserError(

@@ -66,7 +66,7 @@ caching allocator, checked on torchtitan PR 165, which published both peaks of i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from amsp_planner.cost.activations import loss_peak_bytes, phase_bytes, saved_bytes
 from amsp_planner.cost.communicators import communicator_bytes
@@ -103,6 +103,9 @@ class MemoryBreakdown:
     """The expert class's gather, gradient, staging and step buffers."""
     dispatch_buffers: float = 0.0
     """The token all-to-all's send and receive buffers (expert parallelism)."""
+    cp_buffers: float = 0.0
+    """Context parallelism: the K/V exchange's transient buffers of one attention call
+    (cost/context_parallel.py)."""
     phase_overlap: float = 0.0
     """Bytes counted in both backward phases that never live together: the head's saved
     tensors with the loss peak, and a checkpointed block's recomputation (the smaller of the
@@ -117,7 +120,7 @@ class MemoryBreakdown:
     @property
     def buffers(self) -> float:
         return (self.gather_buffers + self.grad_buffers + self.staging + self.step_buffer
-                + self.expert_buffers + self.dispatch_buffers)
+                + self.expert_buffers + self.dispatch_buffers + self.cp_buffers)
 
     @property
     def runtime_tensors(self) -> float:
@@ -241,10 +244,21 @@ def expert_bytes(job: Job, s: Strategy) -> dict[str, float]:
 
 
 EXPERT_FIELDS = ("expert_params", "expert_grads", "expert_optimizer", "expert_buffers",
-                 "dispatch_buffers")
+                 "dispatch_buffers", "cp_buffers")
+"""Fields left out of a plan's memory where they are 0 (dense plans without CP keep theirs)."""
 
 
 def memory(job: Job, s: Strategy) -> MemoryBreakdown:
+    """Every term of the peak per GPU; with context parallelism ``cp=C``, those of the rank's
+    s/C tokens per sequence and the exchange's buffers (cost/context_parallel.py)."""
+    if s.cp > 1:
+        from amsp_planner.cost.context_parallel import cp_buffer_bytes, cp_view
+
+        view = cp_view(job, s.cp)
+        m = memory(view, s.with_(cp=1))
+        cpb = cp_buffer_bytes(view, s)
+        return replace(m, cp_buffers=cpb, fragmentation=m.fragmentation
+                       + job.cluster.gpu.fragmentation_fraction * cpb)
     states = job_state_bytes(job, job.tp_phi(s.tp), s)
     bufs = buffer_bytes(job, s)
     experts = expert_bytes(job, s)

@@ -94,11 +94,13 @@ class StepTime:
     """Tensor-parallel collectives, on the compute stream's critical path (none hidden)."""
     ep_comm_s: float = 0.0
     """Mixture of experts: the token all-to-alls (group EP), on the critical path as TP's."""
+    cp_comm_s: float = 0.0
+    """Context parallelism: the K/V exchange (group CP), on the critical path as TP's."""
 
     @property
     def exposed_comm_s(self) -> float:
         return (self.exposed_forward_s + self.exposed_backward_s + self.exposed_update_s
-                + self.tp_comm_s + self.ep_comm_s)
+                + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s)
 
     @property
     def step_s(self) -> float:
@@ -109,8 +111,9 @@ class StepTime:
         d = asdict(self)
         if not self.tp_comm_s:
             del d["tp_comm_s"]  # plans without TP keep their fields
-        if not self.ep_comm_s:
-            del d["ep_comm_s"]
+        for key in ("ep_comm_s", "cp_comm_s"):
+            if not d[key]:
+                del d[key]
         d.update(exposed_comm_s=self.exposed_comm_s, step_s=self.step_s)
         return d
 
@@ -259,7 +262,7 @@ def tp_unit_seconds(job: Job, tp: int, micro_batch: int, ckpt: bool | int | str
 
 def entry_role(e: ScheduleEntry) -> str | None:
     """The per-unit role of a schedule entry (None: the update phase, exposed as a whole)."""
-    if e.group in ("TP", "EP"):  # on the compute stream's critical path
+    if e.group in ("TP", "EP", "CP"):  # on the compute stream's critical path
         return "tp_fwd" if e.phase == "forward" else "tp_bwd"
     if e.phase == "forward":
         return "gather_fwd"
@@ -312,11 +315,12 @@ def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro
     kernels = sum(e.kernel_s for e in schedule)
     tp_s = sum(e.time_s for e in schedule if e.group == "TP")
     ep_s = sum(e.time_s for e in schedule if e.group == "EP")
+    cp_s = sum(e.time_s for e in schedule if e.group == "CP")
     update = sum(e.time_s for e in schedule if entry_role(e) is None)
     return StepTime(
-        compute_s=p.compute - kernels - tp_s - ep_s, exposed_forward_s=p.exposed_forward,
+        compute_s=p.compute - kernels - tp_s - ep_s - cp_s, exposed_forward_s=p.exposed_forward,
         exposed_backward_s=p.exposed_backward, exposed_update_s=update,
         comm_total_s=sum(e.time_s for e in schedule),
         optimizer_s=optimizer_time(job, s_os, tp) + expert_optimizer_time(job, ep, ep_os),
         contention_s=p.contention, kernel_s=kernels,
-        tp_comm_s=tp_s, ep_comm_s=ep_s)
+        tp_comm_s=tp_s, ep_comm_s=ep_s, cp_comm_s=cp_s)

@@ -28,6 +28,11 @@ def export(target: str, job, strategy, memory_limit: float | None = None) -> Exp
     """Export `strategy` for `job` to `target`."""
     from amsp_planner.exports.fp8 import pin_recipe, refuse
 
+    if strategy.cp > 1:
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(f"--to {target}: the plan has cp={strategy.cp}: the exports do not "
+                            "write context parallelism yet: re-plan without cp=")
     refuse(target_module(target).TARGET, job)  # FP8 plans: one line where the target has none
     job = pin_recipe(job)
     return target_module(target).export(job, strategy, memory_limit)

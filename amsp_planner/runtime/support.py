@@ -51,6 +51,10 @@ def check_tp(strategy, job=None) -> None:
     naming it."""
     if job is not None:
         check_moe(job)
+    if getattr(strategy, "cp", 1) > 1:
+        raise AmspUserError(
+            f"plan has cp={strategy.cp}: the bundled runtime does not run context parallelism "
+            "(it is priced for torchtitan, FSDP2 and DeepSpeed-Ulysses): re-plan without cp=")
     t = strategy.tp
     if t == 1 or job is None:
         return
