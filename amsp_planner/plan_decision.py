@@ -22,7 +22,7 @@ def decision(e: Evaluation, gpus_per_node: int, num_gpus: int = 0) -> dict:
     return {"strategy": str(s.with_(grad_accum=None)), "components": comps, "qwz": s.qwz,
             "quant_block": s.quant_block, "hpz": s.hpz, "qgz": s.qgz,
             "micro_batch": s.micro_batch, "grad_accum": e.n_micro, "ckpt": s.ckpt_value,
-            **({"tp": s.tp} if s.tp > 1 else {}),
+            **({"tp": s.tp} if s.tp > 1 else {}), **({"cp": s.cp} if s.cp > 1 else {}),
             **({"experts": expert_decision(s, num_gpus, gpus_per_node)}
                if s.has_experts else {})}
 
@@ -42,6 +42,8 @@ def expert_decision(s: Strategy, num_gpus: int, gpus_per_node: int) -> dict:
 
 def plan_version(dec: dict) -> int:
     """The lowest version that holds a decision (``VERSION``)."""
+    if dec.get("cp", 1) > 1:
+        return 5
     if "experts" in dec or dec["ckpt"] == "moe":
         return 4
     if dec.get("tp", 1) > 1:

@@ -18,14 +18,15 @@ from amsp_planner.specs.model import ModelSpec
 from amsp_planner.specs.training import TrainingSpec
 
 FORMAT = "amsp-plan"
-VERSION = 4
+VERSION = 5
 """The newest version. A plan is written with the lowest version that holds its decision:
 version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
 checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), version 3 when it
 is tensor-parallel (``decision.tp`` > 1, written only then), version 4 when it places a
 mixture of experts' routed experts (``decision.experts``, written only then: docs/moe.md) or
-recomputes only the MoE layers' MLP parts (``ckpt``: "moe")."""
-SUPPORTED_VERSIONS = (1, 2, 3, 4)
+recomputes only the MoE layers' MLP parts (``ckpt``: "moe"), version 5 when it is
+context-parallel (``decision.cp`` > 1, written only then: cost/context_parallel.py)."""
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
 
 
 # ----- the document's schema ----------------------------------------------------------------
@@ -112,6 +113,8 @@ class Decision(_Strict):
     components' factors and meshes are then over the N/tp data-parallel ranks."""
     experts: Experts | None = None
     """A mixture of experts' routed experts (version 4; absent: no expert tokens)."""
+    cp: int = Field(default=1, ge=1)
+    """Context-parallel degree (version 5; absent: 1): each sequence split over cp ranks."""
 
 
 class Summary(_Strict):

@@ -61,6 +61,8 @@ UNITS = {"tps_per_gpu": "tokens/s/GPU", "tflops_model": "model TFLOP/s/GPU",
 PROFILE_WHY = {
     "eager": "eager kernels (the default: the source names no fused or compiled kernels)",
     "fused": "fused / compiled kernels (the source runs torch.compile, fused norms or Liger)",
+    "compiled": "torch.compile of the blocks, the loss eager (the source's torchtitan does not "
+                "compile its loss)",
 }
 
 

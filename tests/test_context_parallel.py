@@ -97,3 +97,18 @@ def test_exports_and_the_runtime_refuse_cp(tmp_path):
 
     with pytest.raises(AmspUserError, match="does not run context parallelism"):
         check_tp(Strategy(cp=2), _job())
+
+
+def test_a_cp_plan_is_version_5_and_reads_back(tmp_path):
+    import json
+
+    from amsp_planner.plan import load_plan
+
+    out = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "-m", "llama3-8b", "-n", "8", "--engine", "torchtitan",
+                            "--seq-len", "8192", "--global-batch-seqs", "4", "--strategy",
+                            "zero3,mb=1,ckpt,cp=2", "-o", str(out)])
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert (doc["version"], doc["decision"]["cp"], doc["decision"]["grad_accum"]) == (5, 2, 1)
+    assert load_plan(out).strategy.cp == 2
