@@ -235,8 +235,8 @@ class Strategy:
         """Micro-batches per step for a global batch; ValueError when it does not divide."""
         ranks = num_gpus // (self.tp * self.cp)
         unit = ranks * self.micro_batch
-        who = (f"{num_gpus} GPUs" if self.tp == self.cp == 1 else
-               f"{ranks} data-parallel ranks ({_degrees(self)})")
+        degrees = ", ".join(f"{k}={v}" for k, v in (("tp", self.tp), ("cp", self.cp)) if v > 1)
+        who = f"{num_gpus} GPUs" if not degrees else f"{ranks} data-parallel ranks ({degrees})"
         if batch_seqs < unit or batch_seqs % unit:
             raise ValueError(
                 f"global batch of {batch_seqs} sequences is not a multiple of "
@@ -318,10 +318,6 @@ _INT_FIELDS = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_
                "ga": "grad_accum", "tp": "tp", "cp": "cp", "ep": "ep", "ep.p": "ep_p", "ep.g": "ep_g",
                "ep.os": "ep_os"}
 """Tokens that take a positive integer, and the Strategy field each sets."""
-
-def _degrees(s: Strategy) -> str:  # 'tp=T', 'cp=C' or 'tp=T, cp=C'
-    return ", ".join(f"{k}={v}" for k, v in (("tp", s.tp), ("cp", s.cp)) if v > 1)
-
 
 def _positive_int(value: str, key: str, text: str) -> int:
     try:
