@@ -198,6 +198,9 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
     if version < 4 and doc.decision.experts is not None:
         raise AmspUserError(f"{source}: field 'decision.experts' is set, but a version {version} "
                             "plan has no expert parallelism: regenerate it with amsp plan")
+    if version < 5 and doc.decision.pipeline is not None:
+        raise AmspUserError(f"{source}: field 'decision.pipeline' is set, but a version {version} "
+                            "plan has no pipeline parallelism: regenerate it with amsp plan")
     if version < 4 and doc.decision.ckpt == "moe":
         raise AmspUserError(f"{source}: field 'decision.ckpt' is \"moe\", but a version {version} "
                             "plan has no MoE checkpointing: regenerate it with amsp plan")

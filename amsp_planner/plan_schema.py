@@ -18,14 +18,15 @@ from amsp_planner.specs.model import ModelSpec
 from amsp_planner.specs.training import TrainingSpec
 
 FORMAT = "amsp-plan"
-VERSION = 4
+VERSION = 5
 """The newest version. A plan is written with the lowest version that holds its decision:
 version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
 checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), version 3 when it
 is tensor-parallel (``decision.tp`` > 1, written only then), version 4 when it places a
 mixture of experts' routed experts (``decision.experts``, written only then: docs/moe.md) or
-recomputes only the MoE layers' MLP parts (``ckpt``: "moe")."""
-SUPPORTED_VERSIONS = (1, 2, 3, 4)
+recomputes only the MoE layers' MLP parts (``ckpt``: "moe"), version 5 when it has pipeline
+stages (``decision.pipeline``, written only then)."""
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
 
 
 # ----- the document's schema ----------------------------------------------------------------
@@ -61,6 +62,7 @@ class Search(BaseModel):
     preference: PreferenceDoc | None = None
     tp: int | None = Field(default=None, ge=1)
     ep: int | None = Field(default=None, ge=1)
+    pp: int | None = Field(default=None, ge=1)
 
 
 class Inputs(_Strict):
@@ -95,6 +97,12 @@ class Experts(_Strict):
     components: dict[Literal["p", "g", "os"], Component]
 
 
+class Pipeline(_Strict):
+    pp: int = Field(ge=2)
+    vpp: int = Field(ge=1)
+    schedule: Literal["1f1b", "interleaved-1f1b", "gpipe"]
+
+
 class Decision(_Strict):
     strategy: str
     components: dict[Literal["p", "g", "os"], Component]
@@ -112,6 +120,9 @@ class Decision(_Strict):
     components' factors and meshes are then over the N/tp data-parallel ranks."""
     experts: Experts | None = None
     """A mixture of experts' routed experts (version 4; absent: no expert tokens)."""
+    pipeline: Pipeline | None = None
+    """Pipeline stages (version 5; absent: none): the components are then over one stage's
+    N/(tp pp) data-parallel ranks."""
 
 
 class Summary(_Strict):

@@ -87,6 +87,24 @@ def tp_option(f):
     )(f)
 
 
+def pp_option(f):
+    """--pp: the pipeline-parallel degree (stages), pinned; 1 = none."""
+    return click.option(
+        "--pp", "pp", metavar="P", default="1", show_default=True,
+        help="Pipeline stages (docs/cost-model.md, 'Pipeline parallelism'): P pins it and each "
+             "stage's sharding, micro-batch and checkpointing are searched; 1: none."
+    )(f)
+
+
+def parse_pp(text) -> int:
+    """--pp: P -> P; one line naming the option otherwise."""
+    v = str(text).strip()
+    if not v.isdigit() or int(v) < 1:
+        raise AmspUserError(f"--pp {text}: use a number of pipeline stages that divides the "
+                            "GPUs into whole nodes, e.g. --pp 4 (1: none)")
+    return int(v)
+
+
 def ep_option(f):
     """--ep: a mixture of experts' expert-parallel degree, searched (auto) or pinned."""
     return click.option(

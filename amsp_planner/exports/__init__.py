@@ -29,6 +29,12 @@ def export(target: str, job, strategy, memory_limit: float | None = None) -> Exp
     from amsp_planner.exports.fp8 import pin_recipe, refuse
 
     refuse(target_module(target).TARGET, job)  # FP8 plans: one line where the target has none
+    if strategy.pp > 1 and target != "megatron":
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(
+            f"--to {target}: the plan has pipeline parallelism (pp={strategy.pp}), which this "
+            "export does not express: use --to megatron, or re-plan with --pp 1")
     job = pin_recipe(job)
     return target_module(target).export(job, strategy, memory_limit)
 
