@@ -218,7 +218,9 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
             "regenerate it with amsp plan"
         )
     try:
-        job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine)
+        pipe = doc.decision.pipeline
+        job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine,
+                         pp=pipe.pp if pipe is not None else 1)
     except AmspUserError as e:
         raise AmspUserError(f"{source}: field 'inputs': {e}") from None
     strategy, ev = _derive(raw, doc, job, source)

@@ -91,7 +91,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
 
         check_output(output, "-o", "an amsp plan", _is_plan_file)
     tp, ep, pp = parse_tp(tp), parse_ep(ep), parse_pp(pp)
-    job, limit = build_job(**opts)
+    job, limit = build_job(**opts, pp=pp)
     if ep is not None and (strategy is not None or strategy_from is not None
                            or not job.model.is_moe):
         from amsp_planner.errors import AmspUserError

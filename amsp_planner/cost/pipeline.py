@@ -10,7 +10,8 @@ per-micro-batch gathers), its optimizer step on its own shard. That job is price
 unpipelined model (cost/step_time.py); the pipeline adds:
 
 - the bubble: (P-1)/V micro-batches' work of the stage, t_mb = (compute + its kernels + TP
-  and EP collectives + contention + the exposed per-micro-batch gathers) / m; the step of
+  and EP collectives + the exposed per-micro-batch gathers) / m (the contention of the
+  step-end reduction with the last backward is not a micro-batch's work); the step of
   1F1B is (m + P - 1) t_mb (Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2.1), of the
   interleaved schedule (m + (P-1)/V) t_mb (sec. 2.2.2);
 - the point-to-point sends: per micro-batch and model chunk, the activation forward and its
@@ -111,8 +112,8 @@ def pipeline_time(job: Job, s: Strategy, t, n_micro: int):
     """(the step time, the sends' schedule entry) of `s` from its stage's unpipelined step
     time `t` over `n_micro` micro-batches (module docstring)."""
     sched = schedule_of(s.pp, s.vpp, s.pp_sched)
-    per_mb = (t.compute_s + t.kernel_s + t.tp_comm_s + t.ep_comm_s + t.contention_s
-              + t.exposed_forward_s) / n_micro
+    per_mb = (t.compute_s + t.kernel_s + t.tp_comm_s + t.ep_comm_s + t.exposed_forward_s
+              ) / n_micro
     bubble = bubble_fraction(s.pp, s.vpp, n_micro) * n_micro * per_mb
     send, _ = send_seconds(job, s)
     exposed_sends = 2 * (s.pp - 1) + (0 if sched == "interleaved-1f1b" else 2 * n_micro)

@@ -78,7 +78,7 @@ def arguments(job: Job, s: Strategy) -> list[str]:
     if s.vpp > 1:  # megatron/training/arguments.py: --num-layers-per-virtual-pipeline-stage
         out += ["--num-layers-per-virtual-pipeline-stage",
                 str(job.model.num_layers // (s.pp * s.vpp))]
-    if tp > 1:
+    if tp > 1 and t.sequence_parallel:
         out.append("--sequence-parallel")
     if s.has_experts and s.ep > 1:
         assert not s.ep_span and (s.ep_p, s.ep_g) == (1, 1), s
@@ -157,8 +157,8 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
                   num("--global-batch-size"))
     if num_gpus % tp:
         raise ValueError(f"--tensor-model-parallel-size {tp} does not divide {num_gpus} GPUs")
-    if tp > 1 and flags.get("--sequence-parallel") is not True:
-        raise ValueError("--sequence-parallel: needed with tensor parallelism")
+    if flags.get("--sequence-parallel", True) is not True:
+        raise ValueError("--sequence-parallel: takes no value")
     pp = num("--pipeline-model-parallel-size", 1)
     if num_gpus % (tp * pp):
         raise ValueError(f"--pipeline-model-parallel-size {pp} x --tensor-model-parallel-size "
