@@ -118,3 +118,25 @@ def test_pipeline_plan_is_refused_by_the_runtime_and_other_exports(tmp_path):
     args = tmp_path / "megatron.sh"
     code, out, err = run_cli(["export", str(plan), "--to", "megatron", "-o", str(args)])
     assert code == 0 and "--pipeline-model-parallel-size 2" in args.read_text(), err
+
+
+def test_tp_without_sequence_parallelism_by_hand():
+    # sequence_parallel: false (Megatron before 2022): the two norms and the residual adds,
+    # 28h + 6h = 34h elements of 2 bytes, 34 x 128 x 2 = 8,704 bytes per token forward, run
+    # over every token on every TP rank: at t = 8 each rank reads 7/8 of them more than with
+    # sequence parallelism; fused activations keep 2 LayerNorm inputs (2h a + 8 = 520 bytes
+    # each) and the 2 matmul inputs after them (2h a = 256 each) whole: (2 x 520 + 2 x 256) x 7/8.
+    from amsp_planner.cost.compute import block_compute
+
+    gelu = small_model(num_layers=2, ffn_type="gelu", norm_type="layernorm", num_heads=8)
+    sp = make_job(8, model=gelu, activation_profile="fused")
+    nosp = make_job(8, model=gelu, activation_profile="fused", sequence_parallel=False)
+    tokens = 2 * 128
+    hbm = sp.cluster.gpu.hbm_gbyte_per_s * 1e9
+    extra = tokens * 8_704 * 7 / 8 / hbm
+    a, b = block_compute(sp, 2, False, tp=8), block_compute(nosp, 2, False, tp=8)
+    assert b.forward - a.forward == pytest.approx(extra, rel=1e-9)
+    assert b.backward - a.backward == pytest.approx(2 * extra, rel=1e-9)
+    assert block_bytes_per_token(nosp, 8) - block_bytes_per_token(sp, 8) == pytest.approx(
+        (2 * 520 + 2 * 256) * 7 / 8)
+    assert block_compute(nosp, 2, False, tp=1) == block_compute(sp, 2, False, tp=1)
