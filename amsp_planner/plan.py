@@ -198,6 +198,9 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
     if version < 4 and doc.decision.experts is not None:
         raise AmspUserError(f"{source}: field 'decision.experts' is set, but a version {version} "
                             "plan has no expert parallelism: regenerate it with amsp plan")
+    if version < 5 and doc.decision.pipeline is not None:
+        raise AmspUserError(f"{source}: field 'decision.pipeline' is set, but a version {version} "
+                            "plan has no pipeline parallelism: regenerate it with amsp plan")
     if version < 4 and doc.decision.ckpt == "moe":
         raise AmspUserError(f"{source}: field 'decision.ckpt' is \"moe\", but a version {version} "
                             "plan has no MoE checkpointing: regenerate it with amsp plan")
@@ -215,7 +218,9 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
             "regenerate it with amsp plan"
         )
     try:
-        job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine)
+        pipe = doc.decision.pipeline
+        job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine,
+                         pp=pipe.pp if pipe is not None else 1)
     except AmspUserError as e:
         raise AmspUserError(f"{source}: field 'inputs': {e}") from None
     strategy, ev = _derive(raw, doc, job, source)

@@ -23,6 +23,7 @@ def decision(e: Evaluation, gpus_per_node: int, num_gpus: int = 0) -> dict:
             "quant_block": s.quant_block, "hpz": s.hpz, "qgz": s.qgz,
             "micro_batch": s.micro_batch, "grad_accum": e.n_micro, "ckpt": s.ckpt_value,
             **({"tp": s.tp} if s.tp > 1 else {}), **({"cp": s.cp} if s.cp > 1 else {}),
+            **({"pipeline": pipeline_decision(s)} if s.pp > 1 else {}),
             **({"experts": expert_decision(s, num_gpus, gpus_per_node)}
                if s.has_experts else {})}
 
@@ -40,9 +41,17 @@ def expert_decision(s: Strategy, num_gpus: int, gpus_per_node: int) -> dict:
     return {"ep": s.ep, "span": s.ep_span, "components": comps}
 
 
+def pipeline_decision(s: Strategy) -> dict:
+    """Pipeline parallelism's part of a decision (version 5): stages, virtual stages per rank
+    and the schedule (strategy_pipeline.py)."""
+    from amsp_planner.strategy_pipeline import schedule_of
+
+    return {"pp": s.pp, "vpp": s.vpp, "schedule": schedule_of(s.pp, s.vpp, s.pp_sched)}
+
+
 def plan_version(dec: dict) -> int:
     """The lowest version that holds a decision (``VERSION``)."""
-    if dec.get("cp", 1) > 1:
+    if dec.get("cp", 1) > 1 or "pipeline" in dec:
         return 5
     if "experts" in dec or dec["ckpt"] == "moe":
         return 4

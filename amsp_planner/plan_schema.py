@@ -25,7 +25,8 @@ checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), versi
 is tensor-parallel (``decision.tp`` > 1, written only then), version 4 when it places a
 mixture of experts' routed experts (``decision.experts``, written only then: docs/moe.md) or
 recomputes only the MoE layers' MLP parts (``ckpt``: "moe"), version 5 when it is
-context-parallel (``decision.cp`` > 1, written only then: cost/context_parallel.py)."""
+context-parallel (``decision.cp`` > 1, written only then: cost/context_parallel.py) or has
+pipeline stages (``decision.pipeline``, written only then)."""
 SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
 
 
@@ -62,6 +63,7 @@ class Search(BaseModel):
     preference: PreferenceDoc | None = None
     tp: int | None = Field(default=None, ge=1)
     ep: int | None = Field(default=None, ge=1)
+    pp: int | None = Field(default=None, ge=1)
 
 
 class Inputs(_Strict):
@@ -96,6 +98,12 @@ class Experts(_Strict):
     components: dict[Literal["p", "g", "os"], Component]
 
 
+class Pipeline(_Strict):
+    pp: int = Field(ge=2)
+    vpp: int = Field(ge=1)
+    schedule: Literal["1f1b", "interleaved-1f1b", "gpipe"]
+
+
 class Decision(_Strict):
     strategy: str
     components: dict[Literal["p", "g", "os"], Component]
@@ -115,6 +123,9 @@ class Decision(_Strict):
     """A mixture of experts' routed experts (version 4; absent: no expert tokens)."""
     cp: int = Field(default=1, ge=1)
     """Context-parallel degree (version 5; absent: 1): each sequence split over cp ranks."""
+    pipeline: Pipeline | None = None
+    """Pipeline stages (version 5; absent: none): the components are then over one stage's
+    N/(tp pp) data-parallel ranks."""
 
 
 class Summary(_Strict):

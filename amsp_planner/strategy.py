@@ -12,6 +12,12 @@ String form (docs/design.md), parsed only here::
   multiples of it, the mesh is over R/T data-parallel ranks per node, and hpZ divides R/T.
 - ``cp=C``: context parallelism (default 1): each sequence split over C ranks along its tokens
   (cost/context_parallel.py); the batch splits over N/(T C) ranks, the shard factors over N/T.
+- ``pp=P``, ``vpp=V``, ``pp.sched=NAME`` (dense models): pipeline parallelism over P stages
+  of consecutive blocks, V virtual stages (model chunks) per rank for the interleaved schedule
+  (default 1: 1F1B), ``pp.sched`` one of ``PP_SCHEDULES`` (default ``1f1b``, or
+  ``interleaved-1f1b`` when V > 1). A stage is N/P consecutive GPUs (Megatron's rank order
+  tp-dp-pp): every rule below is then over the N/P GPUs of one stage (docs/cost-model.md,
+  "Pipeline parallelism"; ``cost/pipeline.py`` prices it).
 - ``p``, ``g``, ``os``: shard factors s_P, s_G, s_OS (default 1). AMSP's rules: each divides the
   GPU count; each divides R (GPUs per node) or is a multiple of R ("intra-node first"), so the
   mesh is (s0, s1) = (min(s, R), max(1, s/R)); s_P | s_G | s_OS, hence s_P <= s_G <= s_OS per
@@ -52,6 +58,7 @@ from amsp_planner.ckpt_setting import checkpointed_blocks as checkpointed_blocks
 from amsp_planner.ckpt_setting import ckpt_fields, parse_ckpt_value
 from amsp_planner.errors import AmspUserError
 from amsp_planner.strategy_experts import ExpertLayout, check_ep, expert_layout
+from amsp_planner.strategy_pipeline import PP_SCHEDULES, check_pp
 
 PAD_QUANTUM = 256
 """Every unit is padded to a multiple of N * PAD_QUANTUM elements, so each shard at any factor
@@ -94,6 +101,12 @@ class Strategy:
     tp: int = 1
     """Tensor (+ sequence) parallel degree t inside the node; 1 = none."""
     cp: int = 1  # context-parallel degree (cost/context_parallel.py); 1 = none
+    pp: int = 1
+    """Pipeline stages; 1 = none. The DP ranks are then N/(tp pp), over one stage's GPUs."""
+    vpp: int = 1
+    """Virtual pipeline stages (model chunks) per rank: the interleaved schedule when > 1."""
+    pp_sched: str | None = None
+    """The pipeline schedule (``PP_SCHEDULES``); None: 1f1b, or interleaved-1f1b with vpp > 1."""
     ep: int = 1
     """Expert-parallel degree e: each rank holds E/e routed experts of every MoE layer."""
     ep_span: bool = False
@@ -155,6 +168,8 @@ class Strategy:
     def __str__(self) -> str:
         parts = [f"tp={self.tp}"] if self.tp > 1 else []
         parts += [f"cp={self.cp}"] if self.cp > 1 else []
+        parts += [f"pp={self.pp}"] * (self.pp > 1) + [f"vpp={self.vpp}"] * (self.vpp > 1)
+        parts += [f"pp.sched={self.pp_sched}"] * (self.pp_sched is not None)
         if self.has_experts:
             parts += [f"ep={self.ep}"] + (["ep.span"] if self.ep_span else [])
         parts += [f"p={self.s_p}", f"g={self.s_g}", f"os={self.s_os}"]
@@ -195,6 +210,11 @@ class Strategy:
                 kw["qwz"] = True
                 if value:
                     kw["quant_block"] = _positive_int(value, key, text)
+            elif key == "pp.sched":
+                if value not in PP_SCHEDULES:
+                    raise AmspUserError(f"--strategy: pp.sched={value or '?'}: use one of "
+                                        f"{', '.join(PP_SCHEDULES)}")
+                kw["pp_sched"] = value
             elif key == "ckpt" and value:
                 kw.update(ckpt_fields(parse_ckpt_value(value, "--strategy: ckpt=")))
             elif key in ("qgz", "ckpt", "nockpt", "ep.span", "fp8ag"):
@@ -206,7 +226,7 @@ class Strategy:
                     kw["ckpt"] = key == "ckpt"
             else:
                 raise AmspUserError(
-                    f"--strategy: unknown token '{token}' in '{text}': use tp=, p=, g=, os=, qwz[=block], fp8ag, "
+                    f"--strategy: unknown token '{token}' in '{text}': use tp=, pp=, vpp=, pp.sched=, p=, g=, os=, qwz[=block], fp8ag, "
                     "hpz=, qgz, cp=, ep=, ep.span, ep.p=, ep.g=, ep.os=, mb=, ga=, ckpt[=K|op|moe] or a named baseline (ddp, zero1, zero2, zero3, fsdp, "
                     "hsdp, mics, zeropp)"
                 )
@@ -233,6 +253,7 @@ class Strategy:
 
     def n_micro(self, batch_seqs: int, num_gpus: int) -> int:
         """Micro-batches per step for a global batch; ValueError when it does not divide."""
+        num_gpus //= self.pp  # the data-parallel ranks of one pipeline stage
         ranks = num_gpus // (self.tp * self.cp)
         unit = ranks * self.micro_batch
         degrees = ", ".join(f"{k}={v}" for k, v in (("tp", self.tp), ("cp", self.cp)) if v > 1)
@@ -255,6 +276,10 @@ class Strategy:
 
     def check(self, num_gpus: int, gpus_per_node: int) -> None:
         """Raise ValueError unless this strategy is valid for N GPUs with R per node."""
+        if self.pp > 1 or self.vpp > 1 or self.pp_sched is not None:
+            check_pp(self.pp, self.vpp, self.pp_sched, num_gpus, gpus_per_node)
+            stage = num_gpus // self.pp  # one stage: the rules below over its GPUs
+            return self.with_(pp=1, vpp=1, pp_sched=None).check(stage, min(gpus_per_node, stage))
         if gpus_per_node % self.tp:
             raise ValueError(
                 f"tp={self.tp} does not divide the {gpus_per_node} GPUs per node: tensor "
@@ -316,7 +341,7 @@ class Strategy:
 
 _INT_FIELDS = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_batch",
                "ga": "grad_accum", "tp": "tp", "cp": "cp", "ep": "ep", "ep.p": "ep_p", "ep.g": "ep_g",
-               "ep.os": "ep_os"}
+               "ep.os": "ep_os", "pp": "pp", "vpp": "vpp"}
 """Tokens that take a positive integer, and the Strategy field each sets."""
 
 def _positive_int(value: str, key: str, text: str) -> int:
@@ -374,35 +399,6 @@ def baseline(name: str, num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
     raise AmspUserError(
         f"--strategy: unknown baseline '{name}': use one of {', '.join(BASELINE_NAMES)} (or fsdp, mics-P)"
     )
-
-
-def inapplicable_baselines(num_gpus: int, gpus_per_node: int) -> dict[str, str]:
-    """Named baselines this job cannot run as themselves, each with the reason: they coincide
-    with another baseline here (so they are left out of the comparison, never an error)."""
-    n, r = num_gpus, gpus_per_node
-    out = {}
-    if n == 1:
-        return {name: "one GPU: nothing to shard" for name in BASELINE_NAMES if name != "ddp"}
-    if n <= r:
-        one = f"one node: its shard group would be all {n} GPUs, which is zero3"
-        return {"hsdp": one, "mics": one}
-    m = baseline("mics", n, r)
-    if m.s_p == min(n, r):
-        out["mics"] = (f"its largest shard group that divides {n} GPUs is one node ({m.s_p}), "
-                       "which is hsdp")
-    elif m.s_p == n:
-        out["mics"] = f"its 2-node shard group is the whole job ({n} GPUs), which is zero3"
-    return out
-
-
-def named_baselines(num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
-                    ckpt: bool | int | str = False, tp: int = 1) -> dict[str, Strategy]:
-    """The named baselines this N and R run as themselves (``inapplicable_baselines`` says why
-    the others are left out); on one node zeropp stays, as qwZ + qgZ without hpZ. With `tp`,
-    over the data-parallel ranks of that tensor-parallel degree."""
-    skip = inapplicable_baselines(num_gpus // tp, max(1, gpus_per_node // tp))
-    return {name: baseline(name, num_gpus, gpus_per_node, micro_batch, ckpt, tp)
-            for name in BASELINE_NAMES if name not in skip}
 
 
 def parse_strategy_or_baseline(text: str, num_gpus: int, gpus_per_node: int) -> Strategy:

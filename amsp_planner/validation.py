@@ -10,7 +10,7 @@ execution profile of the row's engine (``pricing_engine``: the release the row r
 one with a profile of its own, engine_versions.py; an engine without a profile of its
 own is priced as the one that executes the same way, and a strategy the profile does not
 express falls back to the bundled runtime's profile, said in ``RowResult.priced_as``), and
-predicts the row's metric. Rows out of scope state why (pipeline or context parallelism, FP8
+predicts the row's metric. Rows out of scope state why (context parallelism, asynchronous TP, FP8
 matmuls, offload, a setup the source does not publish ...); they are kept and listed, never
 dropped.
 
@@ -99,8 +99,11 @@ def scale_bucket(gpus: int) -> str:
 
 
 # Engines the published rows ran that have no execution profile of their own: priced with the
-# profile of the engine that executes the same way (FSDP1 and Composer's FSDP as FSDP2).
-PRICED_AS = {"fsdp": "fsdp2", "fairscale": "fsdp2"}
+# profile of the engine that executes the same way (FSDP1 and Composer's FSDP as FSDP2;
+# Megatron-DeepSpeed, Megatron's tensor and pipeline parallelism with DeepSpeed's ZeRO-1, as
+# Megatron-Core: its distributed optimizer moves a ZeRO-1 step's bytes, reduce-scatter +
+# all-gather = the all-reduce of DeepSpeed's BF16_Optimizer).
+PRICED_AS = {"fsdp": "fsdp2", "fairscale": "fsdp2", "megatron-deepspeed": "megatron"}
 
 
 def pricing_engine(engine: str, version: str | None = None) -> tuple[str, str]:
@@ -162,7 +165,8 @@ def row_job(row: dict, models: dict, engine: str | None = None):
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
                             **row.get("training", {}), **moe)
     engine = engine or pricing_engine(row["engine"], row.get("engine_version"))[0]
-    job = Job.create(model, cluster, training, row["gpus"], engine=engine)
+    pp = parse_strategy_or_baseline(row["strategy"], row["gpus"], cluster.gpus_per_node).pp
+    job = Job.create(model, cluster, training, row["gpus"], engine=engine, pp=pp)
     s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
     job.check(s)
     return job, s

@@ -11,9 +11,9 @@ from amsp_planner.strategy import (
     Strategy,
     baseline,
     factor_options,
-    named_baselines,
     parse_strategy_or_baseline,
 )
+from amsp_planner.strategy_baselines import named_baselines
 
 
 # ----- string form ----------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def test_string_form_round_trips(s):
     ("p=-8", "must be at least 1"),
     ("p=2.5", "not an integer"),
     ("p=8,p=8", "given twice"),
-    ("pp=8", "unknown token 'pp=8'"),
+    ("sp=2", "unknown token 'sp=2'"),
     ("zero4", "unknown token"),
     ("qgz=1", "takes no value"),
     ("ckpt=yes", "ckpt=yes: use a block count K"),

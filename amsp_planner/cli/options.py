@@ -87,6 +87,24 @@ def tp_option(f):
     )(f)
 
 
+def pp_option(f):
+    """--pp: the pipeline-parallel degree (stages), pinned; 1 = none."""
+    return click.option(
+        "--pp", "pp", metavar="P", default="1", show_default=True,
+        help="Pipeline stages (docs/cost-model.md, 'Pipeline parallelism'): P pins it and each "
+             "stage's sharding, micro-batch and checkpointing are searched; 1: none."
+    )(f)
+
+
+def parse_pp(text) -> int:
+    """--pp: P -> P; one line naming the option otherwise."""
+    v = str(text).strip()
+    if not v.isdigit() or int(v) < 1:
+        raise AmspUserError(f"--pp {text}: use a number of pipeline stages that divides the "
+                            "GPUs into whole nodes, e.g. --pp 4 (1: none)")
+    return int(v)
+
+
 def ep_option(f):
     """--ep: a mixture of experts' expert-parallel degree, searched (auto) or pinned."""
     return click.option(
@@ -295,8 +313,9 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
-              expert_routing="uniform", no_master_weights=False, **_ignored):
-    """(Job, memory limit in bytes) from the shared options."""
+              expert_routing="uniform", no_master_weights=False, pp=1, **_ignored):
+    """(Job, memory limit in bytes) from the shared options (`pp`: the pipeline stages it is
+    planned with, ``Job.create``)."""
     from pydantic import ValidationError
 
     from amsp_planner.cost.job import Job, check_batch_tokens
@@ -332,7 +351,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     c, split = Job.fit_nodes(c, gpus)
     if split:
         click.echo(f"note: {split}", err=True)
-    job = Job.create(m, c, t, gpus, engine)
+    job = Job.create(m, c, t, gpus, engine, pp=pp)
     note = job.profile.training_note(t)
     if note:
         click.echo(f"note: {note}", err=True)

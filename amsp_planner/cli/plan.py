@@ -19,7 +19,9 @@ from amsp_planner.cli.options import (
     job_options,
     no_cyclic_gc,
     parse_ep,
+    parse_pp,
     parse_tp,
+    pp_option,
     tp_option,
 )
 from amsp_planner.report.grid import format_option, pick_format
@@ -40,6 +42,7 @@ from amsp_planner.report.grid import format_option, pick_format
               help="Solver time limit in seconds.")
 @click.option("--no-zeropp", is_flag=True, help="Search without qwZ, hpZ and qgZ.")
 @tp_option
+@pp_option
 @ep_option
 @choice_options
 @click.option("--runners-up", type=click.IntRange(0, 20), default=0, show_default=True,
@@ -77,7 +80,7 @@ def _import_output(fmt: str) -> None:
 
 
 def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
-          fmt, as_json, wide, headroom, quantization, tie_band, tp, ep, **opts):
+          fmt, as_json, wide, headroom, quantization, tie_band, tp, ep, pp, **opts):
     from amsp_planner.cost.evaluate import best_baseline, evaluate, evaluate_baselines
     from amsp_planner.strategy import parse_strategy_or_baseline
 
@@ -87,8 +90,8 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         from amsp_planner.outfile import check_output
 
         check_output(output, "-o", "an amsp plan", _is_plan_file)
-    tp, ep = parse_tp(tp), parse_ep(ep)
-    job, limit = build_job(**opts)
+    tp, ep, pp = parse_tp(tp), parse_ep(ep), parse_pp(pp)
+    job, limit = build_job(**opts, pp=pp)
     if ep is not None and (strategy is not None or strategy_from is not None
                            or not job.model.is_moe):
         from amsp_planner.errors import AmspUserError
@@ -103,6 +106,11 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         raise AmspUserError(f"--tp {tp}: the given strategy fixes the tensor-parallel degree: "
                             "write tp=T in the strategy string (e.g. tp=8,p=8,g=8,os=8) or drop "
                             "--tp")
+    if pp != 1 and (strategy is not None or strategy_from is not None):
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(f"--pp {pp}: the given strategy fixes the pipeline degree: write "
+                            "pp=P in the strategy string (e.g. tp=8,pp=4,p=1,g=1,os=8) or drop --pp")
     if strategy is not None and strategy_from is not None:
         from amsp_planner.errors import AmspUserError
 
@@ -126,6 +134,17 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s, refs = [], None, 0.0, {}
+    elif pp > 1:
+        from amsp_planner.solver.pipeline_search import solve_pipeline
+
+        found = solve_pipeline(job, pp, limit, pref.usable(limit), zeropp=not no_zeropp,
+                               quantization=pref.quantization != "off", tp=tp,
+                               runners_up=runners_up)
+        best, runners = found[0], found[1:]
+        s = best.strategy  # the named baselines: data parallel (pp=1), at its tp, mb and ckpt
+        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
+        best_bl = best_baseline(baselines)
+        refs, solver_info, solve_s = {}, None, 0.0
     else:
         from amsp_planner.solver import solve
 
@@ -146,6 +165,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
               "activation_checkpointing": job.training.activation_checkpointing,
               "given_strategy": strategy, "preference": pref.to_dict(),
               **({"tp": tp} if tp is not None else {}),
+              **({"pp": pp} if pp > 1 else {}),
               **({"ep": ep} if ep is not None else {})}
     from amsp_planner.plan import build_doc, canonical_text, write_plan
 

@@ -94,6 +94,10 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
     check_options(opts)
     W.check_run_options(opts)
     plan = load_plan(plan_path)
+    if plan.strategy.pp > 1:  # before the node checks: the runtime has no pipeline stages
+        from amsp_planner.runtime.support import check_tp
+
+        check_tp(plan.strategy, plan.job)
     if plan.job.training.precision == "fp8" and plan.job.engine != "amsp":
         # the runtime's FP8 is its parameter all-gather (runtime/fp8.py; docs/fp8.md): FP8
         # matmuls planned for another engine would not be what it runs

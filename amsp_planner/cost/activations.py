@@ -137,6 +137,17 @@ def _gathered(job: Job, tp: int, count: int) -> float:
     return count * job.model.hidden_size * job.training.param_bytes * (1 - 1 / tp)
 
 
+def _unsplit(job: Job, tp: int) -> float:
+    """Bytes per token, beyond their 1/tp share, that tensor parallelism without sequence
+    parallelism keeps whole on every rank: the two norms' inputs and (fused profiles; the eager
+    ones count them in ``_gathered``) the two matmul inputs after them (Korthikanti et al. 2022,
+    eq. 2: 10 sbh of the 34 sbh, less the 2 sbh of dropout masks, which no profile holds)."""
+    if tp == 1 or job.training.sequence_parallel:
+        return 0.0
+    lin = 2 * job.model.hidden_size * job.training.param_bytes if profile_of(job) in KORTHIKANTI else 0
+    return (2 * _norm(job) + lin) * (1 - 1 / tp)
+
+
 def _softmax(job: Job) -> float:
     """Attention's own saved statistics per token: fp32 log-sum-exp per head with
     FlashAttention, else the scores and probabilities."""
@@ -147,7 +158,7 @@ def _softmax(job: Job) -> float:
 def block_bytes_per_token(job: Job, tp: int = 1) -> float:
     """Bytes one block saves per token in the job's activation profile (per TP rank)."""
     if tp > 1:
-        return block_bytes_per_token(job) / tp + _gathered(job, tp, 2)
+        return block_bytes_per_token(job) / tp + _gathered(job, tp, 2) + _unsplit(job, tp)
     m, ab, prof = job.model, job.training.param_bytes, profile_of(job)
     h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
     gelu = m.ffn_type == "gelu"
@@ -253,7 +264,9 @@ def saved_bytes_per_token(job: Job, ckpt: bool | int | str, tp: int = 1) -> floa
     elif is_moe_only(ckpt) and m.num_moe_layers:  # every MoE MLP's tensors but one's dropped
         kept = m.num_layers * block - (m.num_moe_layers - 1) * _moe_saved(job, tp)
     else:
-        kept = _div(k * m.hidden_size * ab, tp) + (m.num_layers - k) * block + (block if k else 0)
+        inp = k * m.hidden_size * ab  # a checkpointed block's input: 1/tp of it with SP
+        inp = _div(inp, tp) if job.training.sequence_parallel else inp
+        kept = inp + (m.num_layers - k) * block + (block if k else 0)
     return kept + head_bytes_per_token(job, tp)
 
 

@@ -140,6 +140,14 @@ def _elementwise_block(job: Job) -> float:
     return (28 * h + 6 * (h + kv) + 6 * h + act) * a
 
 
+def _unsplit_elementwise(job: Job, tokens: int, tp: int) -> float:
+    """Bytes per TP rank beyond its 1/tp share without sequence parallelism: the two norms and
+    the residual adds (28h + 6h per token) run over every token on every rank."""
+    if tp == 1 or job.training.sequence_parallel:
+        return 0.0
+    return tokens * 34 * job.model.hidden_size * job.training.param_bytes * (1 - 1 / tp)
+
+
 def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
                   tp: int = 1, ep: int = 1) -> UnitCompute:
     """One block's seconds; `ckpt` True (every block), False, K blocks or 'op'; per TP rank.
@@ -168,7 +176,7 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
         elems += (mlp_el - dense_el) * job.training.param_bytes
     # over the whole sequence: s x C in the per-rank view of context parallelism C
     attn = _div(2.0 * t * s * job.cp * m.num_heads * m.head_dim, tp) / r.attn
-    elem = _div(t * elems, tp) / r.hbm if r.hbm else 0.0
+    elem = (_div(t * elems, tp) + _unsplit_elementwise(job, t, tp)) / r.hbm if r.hbm else 0.0
     fwd = mm + attn + elem
     bwd = 2 * mm + 2.5 * attn + 2 * elem
     k, op = checkpointed_blocks(ckpt, m.num_layers)

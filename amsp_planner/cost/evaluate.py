@@ -66,7 +66,7 @@ def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch:
                        ) -> dict[str, Evaluation]:
     """Every named baseline valid for the job, evaluated (same micro-batch, checkpointing,
     tensor- and context-parallel degrees)."""
-    from amsp_planner.strategy import named_baselines
+    from amsp_planner.strategy_baselines import named_baselines
 
     bl = {k: v.with_(cp=cp) for k, v in named_baselines(
         job.num_gpus, job.gpus_per_node, micro_batch, ckpt, tp).items()}
@@ -89,6 +89,8 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
     when given, caches the collective schedule across strategies that differ only in
     checkpointing (which moves no bytes without TP: with tp > 1 the recomputed forward repeats
     its TP collectives, so the key keeps the checkpointing)."""
+    if s.pp > 1:
+        return evaluate_pipeline(job, s, memory_limit, schedules)
     job.check(s)
     if s.ckpt_blocks == job.model.num_layers:  # K = L is full checkpointing
         s = s.with_(ckpt=True, ckpt_blocks=0)
@@ -132,4 +134,24 @@ def _evaluate_cp(job: Job, s: Strategy, memory_limit: float | None) -> Evaluatio
         memory_limit=job.cluster.memory_bytes if memory_limit is None else memory_limit,
         batch_tokens=job.training.batch_tokens,
         model_flops_per_step=job.training.batch_tokens * job.model.flops_per_token(job.training.seq_len),
+        peak_flop_per_s_total=job.num_gpus * job.cluster.peak_flop_per_s)
+
+
+def evaluate_pipeline(job: Job, s: Strategy, memory_limit: float | None = None,
+                      schedules: dict | None = None) -> Evaluation:
+    """A strategy with pp > 1: its stage job evaluated unpipelined, then the bubble, the
+    sends and the in-flight activations added (cost/pipeline.py)."""
+    from amsp_planner.cost import pipeline as P
+
+    job.check(s)
+    P.check(job, s)
+    sj = P.stage_job(job, s)
+    ev = evaluate(sj, P.flat(s), memory_limit, schedules)
+    time, p2p = P.pipeline_time(job, s, ev.time, ev.n_micro)
+    return Evaluation(
+        strategy=s, n_micro=ev.n_micro, memory=P.stage_memory(sj, s, ev.memory, ev.n_micro),
+        schedule=ev.schedule + (p2p,), time=time, memory_limit=ev.memory_limit,
+        batch_tokens=job.training.batch_tokens,
+        model_flops_per_step=job.training.batch_tokens * job.model.flops_per_token(
+            job.training.seq_len),
         peak_flop_per_s_total=job.num_gpus * job.cluster.peak_flop_per_s)

@@ -99,8 +99,10 @@ class Job:
 
     @classmethod
     def create(cls, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-               num_gpus: int, engine: str = DEFAULT_ENGINE) -> Job:
-        """The job; `training` becomes what `engine` runs (``EngineProfile.training_for``)."""
+               num_gpus: int, engine: str = DEFAULT_ENGINE, pp: int = 1) -> Job:
+        """The job; `training` becomes what `engine` runs (``EngineProfile.training_for``).
+        `pp`: the pipeline stages it is planned with, whose GPUs each stage's data-parallel
+        ranks are a 1/pp of (the global batch must split over those, not over all GPUs)."""
         training = profile(engine).training_for(training)
         if num_gpus < 1:
             raise AmspUserError(f"--gpus: must be at least 1, got {num_gpus}")
@@ -120,8 +122,9 @@ class Job:
         b = training.batch_seqs
         eng = profile(engine)
         tps = model.tp_degrees(min(r, num_gpus)) if eng.tp else [1]
-        tp_ok = [t for t in tps if b >= num_gpus // t and b % (num_gpus // t) == 0]
-        if (b < num_gpus or b % num_gpus) and not tp_ok:
+        n = num_gpus // pp if pp > 1 and num_gpus % pp == 0 else num_gpus  # one stage's GPUs
+        tp_ok = [t for t in tps if b >= n // t and b % (n // t) == 0]
+        if (b < n or b % n) and not tp_ok:
             tmax = max(tps)
             why = ("with data parallelism only each GPU needs whole sequences" if tmax == 1 else
                    f"nor of the {num_gpus // tmax} data-parallel ranks of tensor parallelism "
@@ -137,7 +140,7 @@ class Job:
                 f"--seq-len {training.seq_len} exceeds the learned positions of {model.name} "
                 f"(max_seq_len {model.max_seq_len}): use --seq-len {model.max_seq_len} or less"
             )
-        per = b // (num_gpus // tp_ok[0]) if tp_ok else b // num_gpus
+        per = b // (n // tp_ok[0]) if tp_ok else b // n
         if training.micro_batch is not None and per % training.micro_batch:
             divs = [d for d in range(1, per + 1) if per % d == 0]
             mbs = ", ".join(map(str, divs[:-1])) + (" or " if len(divs) > 1 else "") + str(per)

@@ -96,24 +96,28 @@ class StepTime:
     """Mixture of experts: the token all-to-alls (group EP), on the critical path as TP's."""
     cp_comm_s: float = 0.0
     """Context parallelism: the K/V exchange (group CP), on the critical path as TP's."""
+    bubble_s: float = 0.0
+    """Pipeline parallelism: the stage's idle time, (P-1)/V micro-batches' work (cost/pipeline.py)."""
+    p2p_s: float = 0.0
+    """Pipeline parallelism: the exposed point-to-point activation and gradient sends."""
 
     @property
     def exposed_comm_s(self) -> float:
         return (self.exposed_forward_s + self.exposed_backward_s + self.exposed_update_s
-                + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s)
+                + self.tp_comm_s + self.ep_comm_s + self.cp_comm_s + self.p2p_s)
 
     @property
     def step_s(self) -> float:
         return (self.compute_s + self.kernel_s + self.optimizer_s + self.contention_s
-                + self.exposed_comm_s)
+                + self.exposed_comm_s + self.bubble_s)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if not self.tp_comm_s:
             del d["tp_comm_s"]  # plans without TP keep their fields
-        for key in ("ep_comm_s", "cp_comm_s"):
+        for key in ("ep_comm_s", "cp_comm_s", "bubble_s", "p2p_s"):
             if not d[key]:
-                del d[key]
+                del d[key]  # plans without them keep their fields
         d.update(exposed_comm_s=self.exposed_comm_s, step_s=self.step_s)
         return d
 

@@ -34,6 +34,12 @@ def export(target: str, job, strategy, memory_limit: float | None = None) -> Exp
         raise AmspUserError(f"--to {target}: the plan has cp={strategy.cp}: the exports do not "
                             "write context parallelism yet: re-plan without cp=")
     refuse(target_module(target).TARGET, job)  # FP8 plans: one line where the target has none
+    if strategy.pp > 1 and target != "megatron":
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(
+            f"--to {target}: the plan has pipeline parallelism (pp={strategy.pp}), which this "
+            "export does not express: use --to megatron, or re-plan with --pp 1")
     job = pin_recipe(job)
     return target_module(target).export(job, strategy, memory_limit)
 

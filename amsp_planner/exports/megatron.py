@@ -73,9 +73,12 @@ def arguments(job: Job, s: Strategy) -> list[str]:
     """The pretrain_gpt.py arguments of strategy `s` (parallelism, batch, recomputation)."""
     assert s.s_p == 1 and s.s_g == 1 and s.hpz == 1 and not (s.qwz or s.qgz), s
     t, tp = job.training, s.tp
-    dp = job.num_gpus // tp
-    out = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", "1"]
-    if tp > 1:
+    dp = job.num_gpus // (tp * s.pp)
+    out = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(s.pp)]
+    if s.vpp > 1:  # megatron/training/arguments.py: --num-layers-per-virtual-pipeline-stage
+        out += ["--num-layers-per-virtual-pipeline-stage",
+                str(job.model.num_layers // (s.pp * s.vpp))]
+    if tp > 1 and t.sequence_parallel:
         out.append("--sequence-parallel")
     if s.has_experts and s.ep > 1:
         assert not s.ep_span and (s.ep_p, s.ep_g) == (1, 1), s
@@ -95,7 +98,8 @@ def arguments(job: Job, s: Strategy) -> list[str]:
             out += ["--num-distributed-optimizer-instances", str(dp // s.s_os)]
     if s.ckpt_moe:  # megatron/core/transformer/moe/moe_layer.py at d98e8a6: moe_layer_recompute
         return out + ["--recompute-granularity", "selective", "--recompute-modules", "moe"]
-    k = job.model.num_layers if s.ckpt_value is True else int(s.ckpt_value or 0)
+    # --recompute-num-layers counts the blocks of one (virtual) pipeline stage
+    k = -(-job.model.num_layers // (s.pp * s.vpp)) if s.ckpt_value is True else int(s.ckpt_value or 0)
     if k:
         out += ["--recompute-granularity", "full", "--recompute-method", "block",
                 "--recompute-num-layers", str(k)]
@@ -118,6 +122,9 @@ def render(job: Job, s: Strategy) -> str:
 
 
 def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:
+    if strategy.pp > 1:
+        return export_pipeline(job, strategy)
+
     def notes(s: Strategy) -> list[str]:
         return ["Megatron reduce-scatters gradients and all-gathers parameters after backward "
                 "and before the next forward unless --overlap-grad-reduce and "
@@ -150,9 +157,13 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
                   num("--global-batch-size"))
     if num_gpus % tp:
         raise ValueError(f"--tensor-model-parallel-size {tp} does not divide {num_gpus} GPUs")
-    if tp > 1 and flags.get("--sequence-parallel") is not True:
-        raise ValueError("--sequence-parallel: needed with tensor parallelism")
-    dp = num_gpus // tp
+    if flags.get("--sequence-parallel", True) is not True:
+        raise ValueError("--sequence-parallel: takes no value")
+    pp = num("--pipeline-model-parallel-size", 1)
+    if num_gpus % (tp * pp):
+        raise ValueError(f"--pipeline-model-parallel-size {pp} x --tensor-model-parallel-size "
+                         f"{tp} does not divide {num_gpus} GPUs")
+    dp = num_gpus // (tp * pp)
     if gb != batch_seqs or gb % (mb * dp):
         raise ValueError("--global-batch-size: not the plan's batch, or not a multiple of "
                          "--micro-batch-size x data-parallel ranks")
@@ -167,7 +178,7 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
         raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {dp} "
                          "data-parallel ranks")
     experts = {"ep": ep, "edp": dp // ep} if "--expert-model-parallel-size" in flags else {}
-    out = {**experts, "tp": tp, "micro_batch": mb, "dp": dp,
+    out = {**experts, "tp": tp, **({"pp": pp} if pp > 1 else {}), "micro_batch": mb, "dp": dp,
            "os": dp // inst if "--use-distributed-optimizer" in flags else 1,
            "recompute_layers": layers,
            **({"recompute_modules": flags["--recompute-modules"]}
@@ -191,3 +202,23 @@ def _check_fp8(flags: dict) -> dict:
     if "--fp8-param-gather" in flags and "--use-distributed-optimizer" not in flags:
         raise ValueError("--fp8-param-gather: needs --use-distributed-optimizer")
     return {"format": fmt, "recipe": recipe, "param_gather": "--fp8-param-gather" in flags}
+
+
+def export_pipeline(job: Job, s: Strategy) -> ExportResult:
+    """A plan with pipeline stages: Megatron runs it as planned when its data-parallel part is
+    one Megatron runs (parameters and gradients whole: DDP or the distributed optimizer, no
+    ZeRO++, the 1F1B or interleaved schedule); refused in one line otherwise."""
+    from amsp_planner.errors import AmspUserError
+    from amsp_planner.strategy_pipeline import schedule_of
+
+    bad = [k for k, v in (("p", s.s_p > 1), ("g", s.s_g > 1), ("hpz", s.hpz > 1),
+                          ("qwz", s.qwz), ("qgz", s.qgz), ("fp8ag", s.fp8ag),
+                          ("pp.sched=gpipe", schedule_of(s.pp, s.vpp, s.pp_sched) == "gpipe"))
+           if v]
+    if bad:
+        raise AmspUserError(
+            f"--to megatron: the plan {s} has {', '.join(bad)}, which Megatron does not run with "
+            "pipeline stages: re-plan with --engine megatron")
+    return ExportResult(target=TARGET, text=render(job, s), exact=True, closest=s, notes=(
+        "the plan prices the busiest (last) stage; Megatron balances stages only by "
+        "--decoder-first/last-pipeline-num-layers",))

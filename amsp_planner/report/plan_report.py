@@ -107,7 +107,9 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
         f"(forward {secs(t.exposed_forward_s)}, backward {secs(t.exposed_backward_s)}, update "
         f"{secs(t.exposed_update_s)}" + (f", TP {secs(t.tp_comm_s)}" if t.tp_comm_s else "")
         + (f", all-to-alls {secs(t.ep_comm_s)}" if t.ep_comm_s else "")
-        + f"); all collectives {secs(t.comm_total_s)}",
+        + (f", pipeline sends {secs(t.p2p_s)}" if t.p2p_s else "") + ")"
+        + (f" + pipeline bubble {secs(t.bubble_s)}" if t.bubble_s else "")
+        + f"; all collectives {secs(t.comm_total_s)}",
         f"{e.tokens_per_s:,.0f} tokens/s (+/-{band * 100:.0f} %), MFU {e.mfu * 100:.1f}%, "
         f"memory {gib(e.memory.total)} (+/-{mband * 100:.0f} %) of {gib(e.memory_limit)} GiB "
         f"per GPU",
@@ -123,5 +125,6 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
         name, b = best_baseline
         lines.append(margin_line(job, f"the best named baseline {name}", e, b, pref))
     else:
-        lines.append("no named baseline fits in memory")
+        lines.append("no named baseline fits in memory" + (" (without pipeline stages)"
+                                                           if e.strategy.pp > 1 else ""))
     return lines

@@ -135,7 +135,7 @@ def memory_grid(e: Evaluation, job=None) -> Grid:
 def inapplicable_line(job, tp: int = 1) -> str | None:
     """The named baselines this job leaves out, each with its reason (None when none is); with
     `tp`, over its data-parallel ranks."""
-    from amsp_planner.strategy import inapplicable_baselines
+    from amsp_planner.strategy_baselines import inapplicable_baselines
 
     out = inapplicable_baselines(job.num_gpus // tp, max(1, job.gpus_per_node // tp))
     if not out:

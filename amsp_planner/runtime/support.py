@@ -49,6 +49,10 @@ def check_tp(strategy, job=None) -> None:
     combination, ZeRO++ included, and every checkpointing setting, on a model whose
     vocabulary, MLP width and sequence length t divides; the rest is refused in one line,
     naming it."""
+    if strategy.pp > 1:  # one line, before anything else: the runtime has no stages
+        raise AmspUserError(
+            f"plan has pp={strategy.pp}: the bundled runtime does not run pipeline parallelism: "
+            "re-plan with --pp 1, or export the plan (amsp export --to megatron)")
     if job is not None:
         check_moe(job)
     if getattr(strategy, "cp", 1) > 1:

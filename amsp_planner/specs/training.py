@@ -75,12 +75,19 @@ class TrainingSpec(BaseModel):
     config's torch_dtype, bf16, and run torch.optim.Adam on it); FSDP2 casts each reduced
     gradient back to the sharded parameter's dtype, so gradient shards are in that dtype too,
     while the reduction's wire stays grad_accum_dtype. cost/memory.py."""
+    sequence_parallel: bool = True
+    """False: tensor parallelism without sequence parallelism (Megatron-LM before Korthikanti
+    et al. 2022, arXiv 2205.05198; Megatron-DeepSpeed's BLOOM): every TP rank runs the norms
+    and residual adds over the whole sequence and holds their activations whole (cost/compute.py,
+    cost/activations.py). The TP collectives are priced as with it: the all-reduce that
+    replaces the all-gather + reduce-scatter pair moves the same bytes."""
 
     # FP8 fields (and the MoE fields, the attention kernel) at their defaults stay out of the
     # dump: plan files and hashes unchanged.
     _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0,
                      "attention_kernel": None, "expert_dispatch": "copies",
-                     "expert_routing": "uniform", "master_weights": True}
+                     "expert_routing": "uniform", "master_weights": True,
+                     "sequence_parallel": True}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")

@@ -1,0 +1,34 @@
+"""Which named baselines a job runs as themselves (``strategy.baseline`` builds each)."""
+
+from __future__ import annotations
+
+from amsp_planner.strategy import BASELINE_NAMES, Strategy, baseline
+
+
+def inapplicable_baselines(num_gpus: int, gpus_per_node: int) -> dict[str, str]:
+    """Named baselines this job cannot run as themselves, each with the reason: they coincide
+    with another baseline here (so they are left out of the comparison, never an error)."""
+    n, r = num_gpus, gpus_per_node
+    out = {}
+    if n == 1:
+        return {name: "one GPU: nothing to shard" for name in BASELINE_NAMES if name != "ddp"}
+    if n <= r:
+        one = f"one node: its shard group would be all {n} GPUs, which is zero3"
+        return {"hsdp": one, "mics": one}
+    m = baseline("mics", n, r)
+    if m.s_p == min(n, r):
+        out["mics"] = (f"its largest shard group that divides {n} GPUs is one node ({m.s_p}), "
+                       "which is hsdp")
+    elif m.s_p == n:
+        out["mics"] = f"its 2-node shard group is the whole job ({n} GPUs), which is zero3"
+    return out
+
+
+def named_baselines(num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
+                    ckpt: bool | int | str = False, tp: int = 1) -> dict[str, Strategy]:
+    """The named baselines this N and R run as themselves (``inapplicable_baselines`` says why
+    the others are left out); on one node zeropp stays, as qwZ + qgZ without hpZ. With `tp`,
+    over the data-parallel ranks of that tensor-parallel degree."""
+    skip = inapplicable_baselines(num_gpus // tp, max(1, gpus_per_node // tp))
+    return {name: baseline(name, num_gpus, gpus_per_node, micro_batch, ckpt, tp)
+            for name in BASELINE_NAMES if name not in skip}

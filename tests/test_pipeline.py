@@ -1,0 +1,142 @@
+"""Pipeline parallelism (pp=, vpp=): the bubble and the sends by hand, the first stage's
+memory by hand, the refusals, and pp=1 unchanged (docs/cost-model.md, "Pipeline parallelism")."""
+
+from __future__ import annotations
+
+import pytest
+from amsp_testlib import assert_user_error, make_job, run_cli, small_model
+
+from amsp_planner.cost.activations import block_bytes_per_token, rope_table_bytes
+from amsp_planner.cost.evaluate import evaluate
+from amsp_planner.cost.pipeline import stage_job
+from amsp_planner.errors import AmspUserError
+from amsp_planner.specs import load_model
+from amsp_planner.strategy import Strategy
+
+
+def _job(gpus=8, layers=4, **kw):
+    """small_model with `layers` blocks (h = 128) at seq 128 on `gpus` DGX-A100 GPUs."""
+    return make_job(gpus, model=small_model(num_layers=layers), **kw)
+
+
+def test_bubble_is_p_minus_1_over_m_of_the_stage_work():
+    # 8 GPUs, pp=2: stages of 4 GPUs, DDP over 4 ranks; batch 16 sequences, mb=1: m = 4.
+    # Narayanan et al. 2021 sec. 2.2.1: the bubble is (p-1)/m of the ideal time, i.e. of the
+    # m micro-batches' forward and backward; interleaving with v chunks divides it by v.
+    job = _job(batch_seqs=16)
+    for vpp, want in ((1, 1 / 4), (2, 1 / 8)):
+        e = evaluate(job, Strategy.parse(f"pp=2,vpp={vpp},mb=1" if vpp > 1 else "pp=2,mb=1"))
+        t = e.time
+        assert e.n_micro == 4
+        assert (t.tp_comm_s, t.kernel_s, t.exposed_forward_s) == (0, 0, 0)
+        assert t.bubble_s == pytest.approx(want * t.compute_s, rel=1e-12)
+
+
+def test_sends_bytes_and_placement_by_hand():
+    # Each micro-batch crosses a boundary forward (its activation) and backward (its gradient):
+    # mb x seq x hidden x 2 bytes = 2 x 128 x 128 x 2 = 65,536 bytes per send; with v chunks
+    # per rank v times as many: 2 v m sends per GPU and step (m = 16 / (4 DP x 2) = 2).
+    job = _job(batch_seqs=16)
+    for vpp in (1, 2):
+        s = Strategy.parse("pp=2,mb=2" + (f",vpp={vpp}" if vpp > 1 else ""))
+        (p2p,) = [x for x in evaluate(job, s).schedule if x.group == "PP"]
+        assert p2p.calls_per_step == 2 * vpp * 2
+        assert p2p.intra_bytes_per_rank_per_step == 2 * vpp * 2 * 65_536  # stages in one node
+        assert p2p.inter_bytes_per_rank_per_step == 0
+    # 16 GPUs, pp=2: a stage is a whole 8-GPU node, its neighbour the other one: the NIC
+    e = evaluate(_job(16, batch_seqs=32), Strategy.parse("pp=2,mb=1"))
+    (p2p,) = [x for x in e.schedule if x.group == "PP"]
+    assert p2p.inter_bytes_per_rank_per_step == 2 * 4 * 32_768 and not p2p.intra_bytes_per_rank_per_step
+    # tensor parallelism splits the send over the TP ranks (Megatron's sequence-parallel shard)
+    e = evaluate(_job(16, batch_seqs=32), Strategy.parse("tp=2,pp=2,mb=1"))
+    (p2p,) = [x for x in e.schedule if x.group == "PP"]
+    assert p2p.inter_bytes_per_rank_per_step == 2 * 8 * 32_768 / 2
+
+
+def test_first_stage_memory_by_hand():
+    # llama-7b (32 blocks) on 16 GPUs, pp=2, DDP over 8 ranks of a stage, no checkpointing,
+    # batch 64, mb=1: m = 8 >= p, so 1F1B's first stage holds p = 2 micro-batches of its 16
+    # blocks; its parameters are the embedding and 16 blocks, in bf16 (padding < 1e-4).
+    job = make_job(16, model=load_model("llama-7b"), seq_len=2048, batch_seqs=64)
+    m = job.model
+    e = evaluate(job, Strategy.parse("pp=2,mb=1"))
+    first = m.embedding_params() + 16 * m.layer_params(0)
+    assert e.memory.params == pytest.approx(2 * first, rel=1e-4)
+    assert e.memory.grads == pytest.approx(2 * first, rel=1e-4)
+    assert e.memory.optimizer == pytest.approx(12 * first, rel=1e-4)  # fp32 master + m + v
+    sj = stage_job(job, Strategy(pp=2))
+    one = 16 * block_bytes_per_token(sj) * 2048 + rope_table_bytes(sj)
+    assert e.memory.activations == pytest.approx(2 * one, rel=1e-9)
+    assert e.memory.loss_peak == 0  # the loss is the last stage's
+    # interleaved (v = 2): p (1 + (p-1)/(p v)) = 2.5 micro-batches' worth (Narayanan sec. 2.2.2)
+    e2 = evaluate(job, Strategy.parse("pp=2,vpp=2,mb=1"))
+    assert e2.memory.activations == pytest.approx(2.5 * one, rel=1e-9)
+
+
+@pytest.mark.parametrize("gpus, strategy, needle", [
+    (16, "pp=3,mb=1", "pp=3 does not divide the 16 GPUs"),
+    (24, "pp=2,mb=1", "stages of 12 GPUs, neither whole 8-GPU nodes"),
+    (16, "pp=16,vpp=4,mb=1", "each (virtual) stage needs a block"),
+    (16, "vpp=2,mb=1", "without pipeline stages"),
+    (16, "pp=2,vpp=3,mb=1", "do not split evenly"),
+    (16, "pp=2,pp.sched=interleaved-1f1b,mb=1", "needs vpp >= 2"),
+    (16, "pp=2,pp.sched=zb,mb=1", "pp.sched=zb: use one of"),
+])
+def test_bad_pipeline_is_one_line_exit_2(gpus, strategy, needle):
+    code, out, err = run_cli(["plan", "--model", "llama-7b", "--gpus", str(gpus), "--strategy",
+                              strategy, "--global-batch-seqs", "96", "-o", "-"])
+    assert_user_error(code, out, err, needle)
+
+
+def test_bad_pp_option_is_one_line_exit_2():
+    code, out, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "16", "--pp", "3", "-o", "-"])
+    assert_user_error(code, out, err, "--pp 3", "does not divide")
+    code, out, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "16", "--pp", "two", "-o", "-"])
+    assert_user_error(code, out, err, "--pp two")
+
+
+def test_more_stages_than_blocks_refused():
+    with pytest.raises(AmspUserError, match="each \\(virtual\\) stage needs a block"):
+        evaluate(_job(16, layers=2, batch_seqs=32), Strategy.parse("pp=4,mb=1"))
+
+
+def test_pp1_strategy_string_and_pricing_unchanged():
+    s = Strategy.parse("tp=2,p=4,g=4,os=4,mb=1")
+    assert str(s) == "tp=2,p=4,g=4,os=4,mb=1" and s.pp == 1
+    assert "bubble_s" not in evaluate(_job(16, batch_seqs=32), s).time.to_dict()
+
+
+def test_pipeline_plan_is_refused_by_the_runtime_and_other_exports(tmp_path):
+    plan = tmp_path / "pp.json"
+    code, out, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "16", "--pp", "2",
+                              "--engine", "megatron", "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["train", str(plan), "--steps", "1"])
+    assert_user_error(code, out, err, "pp=2", "does not run pipeline parallelism")
+    code, out, err = run_cli(["export", str(plan), "--to", "fsdp2", "-o", "-"])
+    assert_user_error(code, out, err, "--to fsdp2", "pipeline parallelism")
+    args = tmp_path / "megatron.sh"
+    code, out, err = run_cli(["export", str(plan), "--to", "megatron", "-o", str(args)])
+    assert code == 0 and "--pipeline-model-parallel-size 2" in args.read_text(), err
+
+
+def test_tp_without_sequence_parallelism_by_hand():
+    # sequence_parallel: false (Megatron before 2022): the two norms and the residual adds,
+    # 28h + 6h = 34h elements of 2 bytes, 34 x 128 x 2 = 8,704 bytes per token forward, run
+    # over every token on every TP rank: at t = 8 each rank reads 7/8 of them more than with
+    # sequence parallelism; fused activations keep 2 LayerNorm inputs (2h a + 8 = 520 bytes
+    # each) and the 2 matmul inputs after them (2h a = 256 each) whole: (2 x 520 + 2 x 256) x 7/8.
+    from amsp_planner.cost.compute import block_compute
+
+    gelu = small_model(num_layers=2, ffn_type="gelu", norm_type="layernorm", num_heads=8)
+    sp = make_job(8, model=gelu, activation_profile="fused")
+    nosp = make_job(8, model=gelu, activation_profile="fused", sequence_parallel=False)
+    tokens = 2 * 128
+    hbm = sp.cluster.gpu.hbm_gbyte_per_s * 1e9
+    extra = tokens * 8_704 * 7 / 8 / hbm
+    a, b = block_compute(sp, 2, False, tp=8), block_compute(nosp, 2, False, tp=8)
+    assert b.forward - a.forward == pytest.approx(extra, rel=1e-9)
+    assert b.backward - a.backward == pytest.approx(2 * extra, rel=1e-9)
+    assert block_bytes_per_token(nosp, 8) - block_bytes_per_token(sp, 8) == pytest.approx(
+        (2 * 520 + 2 * 256) * 7 / 8)
+    assert block_compute(nosp, 2, False, tp=1) == block_compute(sp, 2, False, tp=1)
