@@ -51,6 +51,10 @@ def check_tp(strategy, job=None) -> None:
     naming it."""
     if job is not None:
         check_moe(job)
+        if job.training.optimizer_offload != "none":
+            raise AmspUserError("optimizer_offload cpu: the bundled runtime keeps the optimizer "
+                                "on the GPU: drop --offload-optimizer, or export the plan to "
+                                "DeepSpeed (amsp export PLAN --to deepspeed)")
     t = strategy.tp
     if t == 1 or job is None:
         return

@@ -76,11 +76,17 @@ class TrainingSpec(BaseModel):
     gradient back to the sharded parameter's dtype, so gradient shards are in that dtype too,
     while the reduction's wire stays grad_accum_dtype. cost/memory.py."""
 
+    optimizer_offload: Literal["none", "cpu"] = "none"
+    """'cpu': the optimizer states and the fp32 master live in host memory and the AdamW step
+    runs on the CPU (DeepSpeed's zero_optimization.offload_optimizer {device: cpu}, ZeRO-Offload;
+    cost/offload.py). Only a user sets it (--offload-optimizer): the planner never does."""
+
     # FP8 fields (and the MoE fields, the attention kernel) at their defaults stay out of the
     # dump: plan files and hashes unchanged.
     _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0,
                      "attention_kernel": None, "expert_dispatch": "copies",
-                     "expert_routing": "uniform", "master_weights": True}
+                     "expert_routing": "uniform", "master_weights": True,
+                     "optimizer_offload": "none"}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")
