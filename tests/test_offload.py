@@ -109,3 +109,19 @@ def test_no_stage_0_with_offload():
     triples = PROFILES["deepspeed"].triples(8, 8, t)
     assert (1, 1, 1) not in triples and (8, 8, 8) in triples
     assert (1, 1, 1) in PROFILES["deepspeed"].triples(8, 8, job("none").training)
+
+
+@pytest.mark.parametrize("model,cluster,nodes,frac,objective", [
+    ("llama3-8b", "dgx-h200-ndr", 1, 0.3, "time"),
+    ("llama-7b", "dgx-a100-hdr", 2, 0.15, "time"),
+    ("tiny", "dgx-h100-ndr", 1, 0.5, "comm"),
+    ("llama3-8b", "dgx-a100-hdr", 4, 0.1, "time"),
+])
+def test_ilp_equals_brute_force_with_offload(model, cluster, nodes, frac, objective):
+    # the ILP's memory and optimizer tables take the offload as evaluate does
+    from test_solver import check_against_brute_force, make_job
+
+    j = make_job(model, cluster, 8 * nodes, 1, 2048, engine="deepspeed", layers=2,
+                 optimizer_offload="cpu")
+    ddp = evaluate(j, Strategy(s_os=8 * nodes), float("inf")).memory.total
+    check_against_brute_force(j, ddp * frac, True, objective)
