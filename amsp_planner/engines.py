@@ -93,6 +93,9 @@ class EngineProfile:
     """Its sharded parameters are the fp32 master weights, cast to the compute dtype only in
     the all-gather (FSDP's mixed precision): 4 + 8 bytes per parameter for them and Adam's
     moments, no second copy (cost/memory.py)."""
+    optimizer_offload: bool = False
+    """It runs the optimizer on the host with its states in host memory (``TrainingSpec.
+    optimizer_offload`` 'cpu', cost/offload.py): DeepSpeed's offload_optimizer."""
     op_policy: str = "matmuls"
     """Its op-level selective checkpointing: 'matmuls' keeps every matmul's output,
     'alternate' every second one (torchtitan's policy; cost/activations.py)."""
@@ -117,9 +120,12 @@ class EngineProfile:
         return kind in self.ckpt_kinds
 
     def stage0_allowed(self, training) -> bool:
-        """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation."""
-        return not (self.engine == "deepspeed" and training.precision == "bf16"
-                    and training.grad_accum_dtype == "fp32")
+        """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation, and
+        offloads the optimizer only through a ZeRO optimizer (engine.py
+        _configure_zero_optimizer: stage 0 would hand DeepSpeedCPUAdam the GPU parameters)."""
+        return not (self.engine == "deepspeed" and (
+            training.optimizer_offload == "cpu"
+            or training.precision == "bf16" and training.grad_accum_dtype == "fp32"))
 
     def triples(self, num_gpus: int, gpus_per_node: int, training
                 ) -> tuple[tuple[int, int, int], ...] | None:
@@ -205,7 +211,7 @@ PROFILES = {
     ),
     "deepspeed": EngineProfile(
         name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,
-        qgz_needs_p=True, reduce_dtype=None, expert_rule="stages",
+        qgz_needs_p=True, reduce_dtype=None, expert_rule="stages", optimizer_offload=True,
         gathers="stage 3 fetches parameters per module and prefetches up to "
                 "stage3_prefetch_bucket_size elements within stage3_max_live_parameters; the "
                 "export writes DeepSpeed's defaults, which the memory model replays module by "

@@ -235,6 +235,10 @@ def job_options(f=None, *, precisions: bool = False):
         click.option("--no-master-weights", is_flag=True,
                      help="No fp32 master copy: parameters, gradient shards and Adam's moments "
                           "in bf16 (NeMo AutoModel's MoE recipes; docs/moe.md)."),
+        click.option("--offload-optimizer", is_flag=True,
+                     help="Optimizer states and the fp32 master in host memory, AdamW on the "
+                          "CPU (DeepSpeed offload_optimizer cpu; --engine deepspeed; never "
+                          "chosen by the planner; docs/cost-model.md)."),
         engine_option,
     ]
     for opt in reversed(opts):
@@ -313,7 +317,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
-              expert_routing="uniform", no_master_weights=False, pp=1, **_ignored):
+              expert_routing="uniform", no_master_weights=False, offload_optimizer=False,
+              pp=1, **_ignored):
     """(Job, memory limit in bytes) from the shared options (`pp`: the pipeline stages it is
     planned with, ``Job.create``)."""
     from pydantic import ValidationError
@@ -340,7 +345,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          fp8_recipe=None if fp8_recipe in (None, "auto") else fp8_recipe,
                          fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance,
                          expert_dispatch=expert_dispatch, expert_routing=expert_routing,
-                         master_weights=not no_master_weights)
+                         master_weights=not no_master_weights,
+                         optimizer_offload="cpu" if offload_optimizer else "none")
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":

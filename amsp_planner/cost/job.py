@@ -64,6 +64,21 @@ def check_batch_tokens(tokens: int | None, seq_len: int, micro_batch: int | None
                         f"{_fix(seq_len, micro_batch, False, t / seq_len, num_gpus)}")
 
 
+def _check_offload(model: ModelSpec, cluster: ClusterSpec, engine: str) -> None:
+    """Optimizer offload (cost/offload.py) is priced for DeepSpeed on dense models, on a
+    cluster that gives its host link and host memory bandwidth; refused in one line."""
+    from amsp_planner.cost.offload import check_cluster
+
+    eng = profile(engine)
+    if not eng.optimizer_offload:
+        raise AmspUserError(f"--offload-optimizer: {eng.title} does not offload the optimizer: "
+                            "use --engine deepspeed, or drop --offload-optimizer")
+    if model.is_moe:
+        raise AmspUserError(f"--offload-optimizer: model {model.name} is a mixture of experts, "
+                            "whose offload is not priced: drop --offload-optimizer")
+    check_cluster(cluster)
+
+
 @dataclass(frozen=True)
 class Job:
     """One training job on one cluster. Construct with ``Job.create`` to get checked errors."""
@@ -104,6 +119,8 @@ class Job:
         `pp`: the pipeline stages it is planned with, whose GPUs each stage's data-parallel
         ranks are a 1/pp of (the global batch must split over those, not over all GPUs)."""
         training = profile(engine).training_for(training)
+        if training.optimizer_offload == "cpu":
+            _check_offload(model, cluster, engine)
         if num_gpus < 1:
             raise AmspUserError(f"--gpus: must be at least 1, got {num_gpus}")
         r = cluster.gpus_per_node

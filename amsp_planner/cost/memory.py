@@ -184,10 +184,16 @@ def model_state_bytes(phi: float, s: Strategy, param_bytes: int = 2, grad_bytes:
 
 def job_state_bytes(job: Job, phi: float, s: Strategy) -> dict[str, float]:
     """``model_state_bytes`` with the job's dtypes, its engine's master rule and its
-    ``master_weights`` setting."""
+    ``master_weights`` setting; with the optimizer offloaded (cost/offload.py) the optimizer
+    states, and the gradient shard where gradients are sharded, are in host memory."""
     t = job.training
-    return model_state_bytes(phi, s, t.param_bytes, t.grad_bytes, job.profile.master_params,
-                             pure=not t.master_weights)
+    st = model_state_bytes(phi, s, t.param_bytes, t.grad_bytes, job.profile.master_params,
+                           pure=not t.master_weights)
+    if t.optimizer_offload == "cpu":
+        st["optimizer"] = 0.0
+        if s.s_g > 1:
+            st["grads"] = 0.0
+    return st
 
 
 def activation_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1) -> float:

@@ -85,7 +85,8 @@ class StepTime:
     comm_total_s: float
     """All collective time of the step, overlapped or not."""
     optimizer_s: float = 0.0
-    """The AdamW step on the rank's optimizer shard."""
+    """The AdamW step on the rank's optimizer shard (with the optimizer offloaded: the CPU step
+    and the copy of the updated parameters to the GPU, cost/offload.py)."""
     contention_s: float = 0.0
     """Compute slowed by communication running under it."""
     kernel_s: float = 0.0
@@ -133,6 +134,10 @@ def optimizer_time(job: Job, s_os: int, tp: int = 1) -> float:
     """Seconds of the AdamW step on the Phi / s_os elements of one rank's optimizer shard
     (Phi: one TP rank's padded parameters)."""
     t = job.training
+    if t.optimizer_offload == "cpu":  # the CPU step and the copy back (cost/offload.py)
+        from amsp_planner.cost.offload import host_step_time
+
+        return host_step_time(job, job.tp_phi(tp) / s_os)
     rate = job.cluster.gpu.optimizer_gbyte_per_s * 1e9
     return (job.tp_phi(tp) / s_os * optimizer_bytes_per_element(t.param_bytes, t.grad_bytes)
             / rate)

@@ -113,6 +113,8 @@ def config_dict(job: Job, s: Strategy) -> dict[str, Any]:
     if stage == 3:
         zero.update(zero_hpz_partition_size=s.hpz, zero_quantized_weights=s.qwz,
                     zero_quantized_gradients=s.qgz)
+    if t.optimizer_offload == "cpu":  # DeepSpeedZeroOffloadOptimizerConfig (cost/offload.py)
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     out = {
         "train_batch_size": t.batch_seqs,
         "train_micro_batch_size_per_gpu": s.micro_batch,
@@ -311,10 +313,11 @@ def strategy_from_ds_config(source: str | Path | dict, num_gpus: int, gpus_per_n
         dev = zero.get(key)
         device = dev.get("device", "none") if isinstance(dev, dict) else dev
         if device not in (None, "none"):
-            raise AmspUserError(
-                f"{where}: field 'zero_optimization.{key}': CPU/NVMe offload is not in the cost "
-                "model: remove it to price the on-GPU strategy"
-            )
+            fix = ("remove it and pass --offload-optimizer to price the optimizer on the CPU"
+                   if key == "offload_optimizer" and device == "cpu" else
+                   "this offload is not in the cost model: remove it to price the on-GPU "
+                   "strategy")
+            raise AmspUserError(f"{where}: field 'zero_optimization.{key}': {fix}")
     stage = zero.get("stage", 0)
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise AmspUserError(f"{where}: field 'zero_optimization.stage' is {stage!r}, not a ZeRO "

@@ -55,6 +55,10 @@ def check_tp(strategy, job=None) -> None:
             "re-plan with --pp 1, or export the plan (amsp export --to megatron)")
     if job is not None:
         check_moe(job)
+        if job.training.optimizer_offload != "none":
+            raise AmspUserError("optimizer_offload cpu: the bundled runtime keeps the optimizer "
+                                "on the GPU: drop --offload-optimizer, or export the plan to "
+                                "DeepSpeed (amsp export PLAN --to deepspeed)")
     if getattr(strategy, "cp", 1) > 1:
         raise AmspUserError(
             f"plan has cp={strategy.cp}: the bundled runtime does not run context parallelism "

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from amsp_planner.specs.fields import Flag, Fraction, Int, Maybe, Rate, Real, Text
 
@@ -169,8 +169,23 @@ class ClusterSpec(BaseModel):
     """NVLink SHARP (NVLS, Hopper NVSwitch): in-switch reductions inside the node."""
     ib_sharp: Flag = False
     """InfiniBand SHARP (NCCL CollNet): in-network all-reduce across nodes."""
+    host_link_gbyte_per_s: Maybe(Rate) = None
+    """Host link per GPU (PCIe), one direction, GB/s that pinned host<->device copies reach;
+    None: not known (optimizer offload is refused on this cluster, naming the field)."""
+    host_mem_gbyte_per_s: Maybe(Rate) = None
+    """The node's host memory bandwidth (CPU data sheets: channels x transfer rate x 8 bytes,
+    all sockets), GB/s, shared by the node's ranks' CPU optimizer steps (cost/offload.py);
+    None: not known (optimizer offload is refused on this cluster, naming the field)."""
     measured: list[MeasuredTable] = Field(default_factory=list)
     """Measured bandwidth tables (from `amsp calibrate`) that override the alpha-beta model."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        out = handler(self)
+        for key in ("host_link_gbyte_per_s", "host_mem_gbyte_per_s"):
+            if out.get(key, 0) is None:  # clusters without a host figure dump as before
+                del out[key]
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:

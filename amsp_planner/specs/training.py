@@ -82,12 +82,17 @@ class TrainingSpec(BaseModel):
     cost/activations.py). The TP collectives are priced as with it: the all-reduce that
     replaces the all-gather + reduce-scatter pair moves the same bytes."""
 
+    optimizer_offload: Literal["none", "cpu"] = "none"
+    """'cpu': the optimizer states and the fp32 master live in host memory and the AdamW step
+    runs on the CPU (DeepSpeed's zero_optimization.offload_optimizer {device: cpu}, ZeRO-Offload;
+    cost/offload.py). Only a user sets it (--offload-optimizer): the planner never does."""
+
     # FP8 fields (and the MoE fields, the attention kernel) at their defaults stay out of the
     # dump: plan files and hashes unchanged.
     _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0,
                      "attention_kernel": None, "expert_dispatch": "copies",
                      "expert_routing": "uniform", "master_weights": True,
-                     "sequence_parallel": True}
+                     "sequence_parallel": True, "optimizer_offload": "none"}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")
