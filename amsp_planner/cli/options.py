@@ -198,6 +198,12 @@ def job_options(f=None, *, precisions: bool = False):
                      default="auto", show_default=True,
                      help="Gather FSDP/ZeRO-3 weights in FP8 (--precision fp8): auto lets the "
                           "planner choose where the engine and recipe allow it."),
+        click.option("--tp-overlap", type=click.Choice(["off", "on"]), default="off",
+                     show_default=True,
+                     help="Tensor parallelism: the blocks' TP all-gathers and reduce-scatters "
+                          "pipelined against their matmuls, as torchtitan's asynchronous TP "
+                          "and Megatron's --tp-comm-overlap run them (docs/cost-model.md); "
+                          "off: exposed. Never switched on by the planner."),
         click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
                      show_default=True, help="Gradient shard and reduction dtype."),
         click.option("--memory-limit", type=MEMORY_GIB, default=None,
@@ -295,7 +301,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
-              expert_routing="uniform", no_master_weights=False, **_ignored):
+              expert_routing="uniform", no_master_weights=False, tp_overlap="off", **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -321,7 +327,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          fp8_recipe=None if fp8_recipe in (None, "auto") else fp8_recipe,
                          fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance,
                          expert_dispatch=expert_dispatch, expert_routing=expert_routing,
-                         master_weights=not no_master_weights)
+                         master_weights=not no_master_weights, tp_overlap=tp_overlap == "on")
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":

@@ -77,6 +77,8 @@ def arguments(job: Job, s: Strategy) -> list[str]:
     out = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", "1"]
     if tp > 1:
         out.append("--sequence-parallel")
+        if t.tp_overlap:  # Transformer Engine's userbuffers (cost/tp_overlap.py)
+            out.append("--tp-comm-overlap")
     if s.has_experts and s.ep > 1:
         assert not s.ep_span and (s.ep_p, s.ep_g) == (1, 1), s
         assert s.ep_os == (1 if s.s_os == 1 else job.num_gpus // s.ep), s
@@ -93,6 +95,9 @@ def arguments(job: Job, s: Strategy) -> list[str]:
         out.append("--use-distributed-optimizer")
         if dp // s.s_os > 1:
             out += ["--num-distributed-optimizer-instances", str(dp // s.s_os)]
+    if t.dp_overlap:  # the profile's overlap_flags (engines.py); the gather needs the
+        flags = job.profile.execution.overlap_flags.split()  # distributed optimizer
+        out += flags if s.s_os > 1 else flags[:1]
     if s.ckpt_moe:  # megatron/core/transformer/moe/moe_layer.py at d98e8a6: moe_layer_recompute
         return out + ["--recompute-granularity", "selective", "--recompute-modules", "moe"]
     k = job.model.num_layers if s.ckpt_value is True else int(s.ckpt_value or 0)
@@ -119,6 +124,9 @@ def render(job: Job, s: Strategy) -> str:
 
 def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> ExportResult:
     def notes(s: Strategy) -> list[str]:
+        if job.training.dp_overlap:
+            return ["--overlap-grad-reduce and --overlap-param-gather given (dp_overlap): the "
+                    "plan prices them"]
         return ["Megatron reduce-scatters gradients and all-gathers parameters after backward "
                 "and before the next forward unless --overlap-grad-reduce and "
                 "--overlap-param-gather are given; the plan prices the defaults"]
@@ -152,6 +160,13 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
         raise ValueError(f"--tensor-model-parallel-size {tp} does not divide {num_gpus} GPUs")
     if tp > 1 and flags.get("--sequence-parallel") is not True:
         raise ValueError("--sequence-parallel: needed with tensor parallelism")
+    # megatron/training/arguments.py at f2e5db4 asserts these two
+    if "--tp-comm-overlap" in flags and flags.get("--sequence-parallel") is not True:
+        raise ValueError("--tp-comm-overlap: needs --sequence-parallel")
+    if "--overlap-param-gather" in flags and not {"--use-distributed-optimizer",
+                                                   "--overlap-grad-reduce"} <= set(flags):
+        raise ValueError("--overlap-param-gather: needs --use-distributed-optimizer and "
+                         "--overlap-grad-reduce")
     dp = num_gpus // tp
     if gb != batch_seqs or gb % (mb * dp):
         raise ValueError("--global-batch-size: not the plan's batch, or not a multiple of "
@@ -170,6 +185,8 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
     out = {**experts, "tp": tp, "micro_batch": mb, "dp": dp,
            "os": dp // inst if "--use-distributed-optimizer" in flags else 1,
            "recompute_layers": layers,
+           **({"tp_overlap": True} if "--tp-comm-overlap" in flags else {}),
+           **({"dp_overlap": True} if "--overlap-grad-reduce" in flags else {}),
            **({"recompute_modules": flags["--recompute-modules"]}
               if "--recompute-modules" in flags else {})}
     if "--fp8-format" in flags:
