@@ -108,6 +108,8 @@ def execution_differences(a, b) -> list[str]:
 def _words(v, none: str = "per unit") -> str:
     if v is None:
         return none
+    if v == "":
+        return "none"
     if isinstance(v, bool):
         return "on" if v else "off"
     return f"{v:,}" if isinstance(v, int) else str(v)
