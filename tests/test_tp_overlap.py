@@ -197,3 +197,19 @@ def test_exports_carry_the_overlaps():
     plain = torchtitan.export(job_8b(False), Strategy(s_p=1, s_g=1, s_os=1, micro_batch=1, tp=8))
     assert "--compile.no-enable-async-tensor-parallel" in plain.text
 
+
+
+@pytest.mark.parametrize("model,cluster,engine,limit_frac", [
+    ("llama3-8b", "dgx-h100-ndr", "torchtitan", 0.3),
+    ("llama-7b", "dgx-a100-hdr", "amsp", 0.3),
+    ("llama-13b", "a800-hdr", "megatron", 0.5),
+    ("mistral-7b", "dgx-h100-ndr", "fsdp2", 0.08),  # nothing fits: both say so
+])
+def test_ilp_equals_brute_force_with_tp_overlap(model, cluster, engine, limit_frac):
+    # the ILP's tables read the same (overlapped) TP entries as the exact evaluation
+    from test_solver import check_against_brute_force, make_job
+
+    job = make_job(model, cluster, 16, 2, 2048, engine=engine, layers=3, tp_overlap=True)
+    ddp = evaluate(job, Strategy(), float("inf")).memory.total
+    got = check_against_brute_force(job, ddp * limit_frac, tp=None)
+    assert (got is None) == (model == "mistral-7b")
