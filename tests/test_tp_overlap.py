@@ -213,3 +213,20 @@ def test_ilp_equals_brute_force_with_tp_overlap(model, cluster, engine, limit_fr
     ddp = evaluate(job, Strategy(), float("inf")).memory.total
     got = check_against_brute_force(job, ddp * limit_frac, tp=None)
     assert (got is None) == (model == "mistral-7b")
+
+
+def test_backward_reduce_scatters_hide_only_on_megatron():
+    # torchtitan: the reduce-scatter's input is the sum of the wq, wk, wv (w1, w3) input
+    # gradients, which inductor's micro_pipeline_tp does not fuse: both calls exposed whole.
+    # Megatron (TE bulk overlap beside the wgrad GEMM): max(m + sigma c, c) - m per call.
+    from amsp_planner.cost.tp_overlap import block_call_costs, linear_seconds
+
+    s = Strategy(s_p=1, s_g=1, s_os=1, micro_batch=1, tp=8)
+    tt = {(e.phase, e.op): e for e in evaluate(job_8b(True), s).schedule if e.group == "TP"}
+    c = job_8b(True).topology.collective_time("reduce_scatter", 8, 1, 8192 * 4096 * 2)
+    assert tt["backward", "reduce_scatter"].unit_time_s[1] == pytest.approx(2 * c, rel=1e-12)
+    job = job_8b(True, engine="megatron")
+    mm, sigma = linear_seconds(job, 1, 8), job.cluster.gpu.comm_compute_slowdown
+    want = sum(max(m + sigma * c, c) - m for m in (mm["qkv"], mm["fc1"]))
+    assert block_call_costs(job, 1, 8, "backward", "reduce_scatter", c) == pytest.approx(want)
+    assert want < 2 * c

@@ -13,16 +13,21 @@ chunks (t = the TP degree) and pipeline the chunks against the t - 1 peer transf
   ``_pipelined_produce_and_all2all`` produces the chunk of each peer in turn, sends it while
   the next is produced, the local chunk last, then sums the t partial chunks (a memory-bound
   kernel). torchtitan compiles each TransformerBlock on its own, so only the blocks' four
-  collectives (before QKV, after the output projection, before the MLP, after it) and their
-  backward transposes are fused; the embedding's reduce-scatter, the head's all-gather and
-  the cross-entropy's all-reduces stay plain NCCL calls, exposed.
+  forward collectives (before QKV, after the output projection, before the MLP, after it)
+  and the backward all-gathers (their consumer, the input-gradient mm, takes the gathered
+  gradient as its lhs: ``_find_consumer_matmuls``) are fused. The backward reduce-scatters
+  are not: their input is the sum of the wq, wk, wv (w1, w3) input gradients, an add, and
+  ``_find_producer_matmul`` fuses only a reduce-scatter whose input is an mm (or
+  reshape-mm-reshape) (torch/_inductor/fx_passes/micro_pipeline_tp.py): exposed. So are the
+  embedding's reduce-scatter, the head's all-gather and the cross-entropy's all-reduces.
 - Megatron-Core with Transformer Engine's userbuffers (``--tp-comm-overlap``,
   transformer_engine/pytorch/module/base.py ``initialize_ub``): the column-parallel
   linears' forward all-gather ("qkv_fprop", "fc1_fprop": ring exchange) and the
   row-parallel linears' forward reduce-scatter ("proj_fprop", "fc2_fprop": pipelined) are
   chunked the same way; in backward the transposes ("proj_dgrad", "fc2_dgrad": ring-exchange
-  all-gather) and the dgrad reduce-scatters hidden behind the wgrad GEMM ("qkv_wgrad",
-  "fc1_wgrad": bulk). Megatron's output layer is not a TE module: its collectives stay exposed.
+  all-gather) and the dgrad reduce-scatters run whole beside the wgrad GEMM ("qkv_wgrad",
+  "fc1_wgrad": bulk overlap, no chunks: v = max(m + sigma c, c)). Megatron's output layer is
+  not a TE module: its collectives stay exposed.
 
 The rule, per collective of c seconds (the NCCL price of the same call, ``topology``) next to
 its matmul of m seconds (``cost/compute.py``, FP8 where the linear runs FP8; bf16 QKV as
@@ -49,7 +54,8 @@ forward    reduce-scat. 1  wo (linear_proj)
 forward    all-gather 2    w1, w3 (linear_fc1; GELU: fc1)
 forward    reduce-scat. 2  w2 (linear_fc2; GELU: fc2)
 backward   all-gather      the dgrad of wo, of w2 (as long as their forward)
-backward   reduce-scat.    the dgrad of wq, wk, wv, of w1, w3 (Megatron: their wgrad)
+backward   reduce-scat.    torchtitan: none (exposed); Megatron: the wgrad of linear_qkv,
+                           of linear_fc1 (bulk)
 recompute  as forward
 =========  ==============  ====================================================
 """
@@ -72,10 +78,16 @@ _ROLE = {"wq": "qkv", "wk": "qkv", "wv": "qkv", "linear_qkv": "qkv", "wo": "proj
          "w2": "fc2", "fc2": "fc2", "linear_fc2": "fc2"}
 
 
-def pipelined_cost(comm_s: float, matmul_s: float, t: int, sigma: float) -> float:
+BULK = {"megatron"}
+"""Engines that overlap the backward reduce-scatters (Transformer Engine's bulk overlap with
+the wgrad GEMM); the others (torch's async TP) leave them exposed (module docstring)."""
+
+
+def pipelined_cost(comm_s: float, matmul_s: float, t: int | None, sigma: float) -> float:
     """Seconds a collective of `comm_s` adds to the compute stream when pipelined in `t`
-    chunks against a matmul of `matmul_s` (module docstring): v - m."""
-    v = max(matmul_s + sigma * comm_s, comm_s + matmul_s / t)
+    chunks against a matmul of `matmul_s` (module docstring): v - m; `t` None: a bulk
+    overlap, the collective whole beside the matmul."""
+    v = max(matmul_s + sigma * comm_s, comm_s + (matmul_s / t if t else 0.0))
     return v - matmul_s
 
 
@@ -116,6 +128,11 @@ def block_call_costs(job: Job, micro_batch: int, tp: int, phase: str, op: str,
                      call_s: float) -> float:
     """Seconds on the compute stream of one block's two calls of (phase, op), each of
     `call_s` seconds when exposed, pipelined against its linear (module docstring)."""
+    if (phase, op) == ("backward", "reduce_scatter"):
+        if job.engine not in BULK:
+            return 2 * call_s  # not fused: exposed
+        mm, sigma = linear_seconds(job, micro_batch, tp), job.cluster.gpu.comm_compute_slowdown
+        return sum(pipelined_cost(call_s, mm[role], None, sigma) for role in _PAIRS[phase, op])
     mm = linear_seconds(job, micro_batch, tp)
     sigma = job.cluster.gpu.comm_compute_slowdown
     extra = reduction_s(job, micro_batch, tp) if op == "reduce_scatter" else 0.0
