@@ -58,8 +58,13 @@ class Execution:
     collective per bucket), or 'broadcast' (one broadcast per rank of the group, each of that
     rank's shard of the whole model: NCCL's ring broadcast, its latency paid once per rank)."""
     update_overlap: bool = False
-    """The all-gather of updated parameters after the step overlaps the next forward (True) or
-    runs before it (False: exposed). Every profile's default is False, the only case priced."""
+    """The all-gather of updated parameters after the step overlaps the next forward (True:
+    one bucket in flight, the first exposed, the rest under the first micro-batch's forward,
+    cost/step_time.py ``update_exposed``) or runs before it (False: exposed). Every profile's
+    default is False; ``overlapped`` turns it on."""
+    overlap_flags: str = ""
+    """The engine's opt-in switches that turn on ``sync_overlap`` and ``update_overlap`` both
+    (``training: {dp_overlap: true}``, ``Execution.overlapped``); empty: it has none."""
     launch_us: float = 0.0
     """Host time the engine adds per collective call (hooks, bucket bookkeeping, the launch),
     microseconds: it delays the call."""
@@ -73,6 +78,11 @@ class Execution:
 
     def source(self, name: str) -> str:
         return dict(self.sources).get(name, "")
+
+    def overlapped(self) -> Execution:
+        """This execution with its opt-in overlaps on (``overlap_flags``): the gradient
+        reduction during the last backward, the update all-gather during the next forward."""
+        return dataclasses.replace(self, sync_overlap=True, update_overlap=True)
 
     def reduce_elements(self, dp_ranks: int) -> int | None:
         """Elements per gradient-reduction call with `dp_ranks` data-parallel ranks."""
@@ -98,6 +108,8 @@ def execution_differences(a, b) -> list[str]:
 def _words(v, none: str = "per unit") -> str:
     if v is None:
         return none
+    if v == "":
+        return "none"
     if isinstance(v, bool):
         return "on" if v else "off"
     return f"{v:,}" if isinstance(v, int) else str(v)

@@ -369,7 +369,13 @@ PROFILES = {
         execution=Execution(
             reduce_bucket=40_000_000, reduce_bucket_per_rank=1_000_000,
             update_bucket=40_000_000, sync_overlap=False,
+            overlap_flags="--overlap-grad-reduce --overlap-param-gather",
             sources=(
+                ("overlap_flags", "distributed_data_parallel_config.py overlap_grad_reduce "
+                 "'overlap grad all-reduce / reduce-scatter with backward compute'; "
+                 "megatron/core/optimizer/optimizer_config.py overlap_param_gather 'overlap "
+                 "param all-gather with forward compute in distributed optimizer' (both False "
+                 "by default, at f2e5db4 and now)"),
                 ("reduce_bucket", "megatron/core/distributed/distributed_data_parallel_config.py "
                  "bucket_size: default max(40000000, 1000000 * dp_size) parameters"),
                 ("reduce_bucket_per_rank", "the same: 1000000 * dp_size"),

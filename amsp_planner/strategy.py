@@ -10,20 +10,16 @@ String form (docs/design.md), parsed only here::
   the N/T TP groups, R/T per node (docs/cost-model.md, "Tensor parallelism"). Every rule below
   is then over the data-parallel ranks: the shard factors divide N/T and divide R/T or are
   multiples of it, the mesh is over R/T data-parallel ranks per node, and hpZ divides R/T.
-- ``cp=C``: context parallelism (default 1): each sequence split over C ranks along its tokens
-  (cost/context_parallel.py); the batch splits over N/(T C) ranks, the shard factors over N/T.
-- ``pp=P``, ``vpp=V``, ``pp.sched=NAME`` (dense models): pipeline parallelism over P stages
-  of consecutive blocks, V virtual stages (model chunks) per rank for the interleaved schedule
-  (default 1: 1F1B), ``pp.sched`` one of ``PP_SCHEDULES`` (default ``1f1b``, or
-  ``interleaved-1f1b`` when V > 1). A stage is N/P consecutive GPUs (Megatron's rank order
-  tp-dp-pp): every rule below is then over the N/P GPUs of one stage (docs/cost-model.md,
-  "Pipeline parallelism"; ``cost/pipeline.py`` prices it).
+- ``cp=C``: context parallelism (cost/context_parallel.py): batch over N/(T C) ranks, factors N/T.
+- ``pp=P``, ``vpp=V``, ``pp.sched=NAME`` (dense models): P pipeline stages, V model chunks per
+  rank (interleaved when V > 1), ``pp.sched`` one of ``PP_SCHEDULES`` (strategy_pipeline.py). A
+  stage is N/P consecutive GPUs (Megatron's tp-dp-pp order): every rule below is then over one
+  stage's N/P GPUs (docs/cost-model.md, "Pipeline parallelism"; ``cost/pipeline.py``).
 - ``p``, ``g``, ``os``: shard factors s_P, s_G, s_OS (default 1). AMSP's rules: each divides the
   GPU count; each divides R (GPUs per node) or is a multiple of R ("intra-node first"), so the
   mesh is (s0, s1) = (min(s, R), max(1, s/R)); s_P | s_G | s_OS, hence s_P <= s_G <= s_OS per
   mesh dimension.
-- ``qwz`` / ``qwz=BLOCK``: INT8 block-quantized parameter all-gather (one fp32 scale per BLOCK
-  elements, default 256; the block must divide 256, the padding quantum).
+- ``qwz`` / ``qwz=BLOCK``: INT8 block-quantized all-gather (an fp32 scale per BLOCK | 256 elements).
 - ``fp8ag``: FP8 parameter all-gather (``--precision fp8`` only; docs/fp8.md); not with qwz.
 - ``hpz=H``: hpZ secondary bf16 copy sharded over H GPUs inside the node (H | R, H < s_P, H | s_P);
   the backward all-gather runs over those H GPUs.

@@ -30,6 +30,15 @@ PUBLISHED = [
     ("tt-h100-l3-70b-tp8-fp8row", "tt-h100-l3-70b-tp8", 599.6 / 597.3),
     ("tt-h100-l3-8b-tp8-fp8", "tt-h100-l3-8b-tp8", 5078.1 / 4378),
     ("tt-h100-l3-8b-tp8-fp8row", "tt-h100-l3-8b-tp8", 3708.5 / 4378),
+    # the same file, async TP column (tp_overlap), against the bf16 async TP row
+    ("tt-h100-l3-70b-tp8-fp8-async", "tt-h100-l3-70b-tp8-async", 942.4 / 652.4),
+    ("tt-h100-l3-70b-tp8-fp8row-async", "tt-h100-l3-70b-tp8-async", 624.8 / 652.4),
+    ("tt-h100-l3-8b-tp8-fp8-async", "tt-h100-l3-8b-tp8-async", 5570.1 / 4809.4),
+    ("tt-h100-l3-8b-tp8-fp8row-async", "tt-h100-l3-8b-tp8-async", 3914.9 / 4809.4),
+    # torchtitan docs/performance.md: Llama 3.1 405B on 128 H100, bf16 109, Float8 177,
+    # Float8 + async TP 185 tokens/s/GPU
+    ("tt-h100-l31-405b-tp8-fp8", "tt-h100-l31-405b-tp8", 177 / 109),
+    ("tt-h100-l31-405b-tp8-fp8-async", "tt-h100-l31-405b-tp8", 185 / 109),
     # torchao/float8/README.md Llama-3-8B table: bf16 6150, tensorwise + FP8 all-gather
     # 7689.5, rowwise 6768
     ("torchao-h100-l3-8b-fp8", "torchao-h100-l3-8b-bf16", 7689.5 / 6150),

@@ -216,6 +216,12 @@ def job_options(f=None, *, precisions: bool = False):
                      default="auto", show_default=True,
                      help="Gather FSDP/ZeRO-3 weights in FP8 (--precision fp8): auto lets the "
                           "planner choose where the engine and recipe allow it."),
+        click.option("--tp-overlap", type=click.Choice(["off", "on"]), default="off",
+                     show_default=True,
+                     help="Tensor parallelism: the blocks' TP all-gathers and reduce-scatters "
+                          "pipelined against their matmuls, as torchtitan's asynchronous TP "
+                          "and Megatron's --tp-comm-overlap run them (docs/cost-model.md); "
+                          "off: exposed. Never switched on by the planner."),
         click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
                      show_default=True, help="Gradient shard and reduction dtype."),
         click.option("--memory-limit", type=MEMORY_GIB, default=None,
@@ -318,7 +324,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
               expert_routing="uniform", no_master_weights=False, offload_optimizer=False,
-              pp=1, **_ignored):
+              tp_overlap="off", pp=1, **_ignored):
     """(Job, memory limit in bytes) from the shared options (`pp`: the pipeline stages it is
     planned with, ``Job.create``)."""
     from pydantic import ValidationError
@@ -346,7 +352,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance,
                          expert_dispatch=expert_dispatch, expert_routing=expert_routing,
                          master_weights=not no_master_weights,
-                         optimizer_offload="cpu" if offload_optimizer else "none")
+                         optimizer_offload="cpu" if offload_optimizer else "none",
+                         tp_overlap=tp_overlap == "on")
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":

@@ -45,12 +45,15 @@ and micro-batch:
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule_entry import ScheduleEntry, algorithm_name
 from amsp_planner.errors import AmspUserError
 from amsp_planner.strategy import Strategy, checkpointed_blocks
 from amsp_planner.topology import split_bytes
+
+if TYPE_CHECKING:  # annotations only: cost/job.py checks cp= through check_cp
+    from amsp_planner.cost.job import Job
 
 KINDS = {"torchtitan": "ring", "fsdp2": "ring", "deepspeed": "ulysses"}
 """The context-parallel attention each engine runs (module docstring); others run none."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -121,6 +122,8 @@ class Job:
         training = profile(engine).training_for(training)
         if training.optimizer_offload == "cpu":
             _check_offload(model, cluster, engine)
+        if training.dp_overlap:
+            _overlapped(engine)
         if num_gpus < 1:
             raise AmspUserError(f"--gpus: must be at least 1, got {num_gpus}")
         r = cluster.gpus_per_node
@@ -176,6 +179,9 @@ class Job:
 
     @property
     def profile(self) -> EngineProfile:
+        """The engine's profile; with ``training.dp_overlap`` its opt-in overlaps on."""
+        if self.training.dp_overlap:
+            return _overlapped(self.engine)
         return profile(self.engine)
 
     # ----- derived --------------------------------------------------------------------------
@@ -323,3 +329,16 @@ class Job:
                 f"--strategy {strategy}: ckpt={strategy.ckpt_blocks} exceeds the model's {L} "
                 f"blocks: use ckpt=K with K from 0 to {L}, or ckpt=op"
             )
+
+
+@functools.cache
+def _overlapped(engine: str) -> EngineProfile:
+    """`engine`'s profile with its opt-in data-parallel overlaps on (``dp_overlap``); a user
+    error naming the field where the engine has no such switch."""
+    import dataclasses
+
+    p = profile(engine)
+    if not p.execution.overlap_flags:
+        raise AmspUserError(f"dp_overlap: {p.title} has no opt-in overlap of its gradient "
+                            "reduction and parameter all-gather: drop dp_overlap")
+    return dataclasses.replace(p, execution=p.execution.overlapped())

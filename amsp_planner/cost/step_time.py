@@ -42,9 +42,10 @@ units it is the pipeline C/U + T + (U-1)/U max(0, C - T) per phase.
 Tensor parallelism (``tp=T``): the TP collectives (group ``TP``, cost/schedule.py) sit between
 a unit's matmuls, each consuming the previous kernel's output and feeding the next, so they are
 on the compute stream's critical path: their seconds are added to the unit's c (forward, or
-backward, where the recomputed forward's also go) and none of them is hidden (no asynchronous
-TP: torchtitan's ``enable_async_tensor_parallel`` is off in the export, Megatron's TP overlap is
-not modelled). The data-parallel collectives in flight during the unit overlap all of it, TP
+backward, where the recomputed forward's also go); with ``tp_overlap`` (torchtitan's async TP,
+Megatron's --tp-comm-overlap) a block's all-gathers and reduce-scatters add only what
+cost/tp_overlap.py's pipelined rule leaves exposed. The data-parallel collectives in flight
+during the unit overlap all of it, TP
 collectives included, and slow it by sigma as they do compute. ``StepTime.tp_comm_s`` reports
 them apart, and ``exposed_comm_s`` includes them.
 
@@ -325,11 +326,36 @@ def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro
     tp_s = sum(e.time_s for e in schedule if e.group == "TP")
     ep_s = sum(e.time_s for e in schedule if e.group == "EP")
     cp_s = sum(e.time_s for e in schedule if e.group == "CP")
-    update = sum(e.time_s for e in schedule if entry_role(e) is None)
+    update, slowed = update_exposed(job, schedule, qty)
     return StepTime(
         compute_s=p.compute - kernels - tp_s - ep_s - cp_s, exposed_forward_s=p.exposed_forward,
         exposed_backward_s=p.exposed_backward, exposed_update_s=update,
         comm_total_s=sum(e.time_s for e in schedule),
         optimizer_s=optimizer_time(job, s_os, tp) + expert_optimizer_time(job, ep, ep_os),
-        contention_s=p.contention, kernel_s=kernels,
+        contention_s=p.contention + slowed, kernel_s=kernels,
         tp_comm_s=tp_s, ep_comm_s=ep_s, cp_comm_s=cp_s)
+
+
+def update_exposed(job: Job, schedule: tuple[ScheduleEntry, ...],
+                   qty: dict[tuple[str, str], float]) -> tuple[float, float]:
+    """(exposed seconds, contention seconds) of the update phase. Exposed as a whole, unless
+    the engine overlaps the updated parameters' all-gather with the next forward
+    (``Execution.update_overlap``: Megatron's --overlap-param-gather, distrib_optimizer.py at
+    f2e5db4: the first bucket's all-gather is launched before the forward, each next one when
+    the forward's pre-hook waits on the one before, one bucket in flight). Then, with U the
+    all-gather's seconds, u its first bucket (one call) and F one micro-batch's forward:
+    exposed u + max(0, U - u - F), and the forward slowed by sigma min(U - u, F)."""
+    update = [e for e in schedule if entry_role(e) is None]
+    total = sum(e.time_s for e in update)
+    ex = job.profile.execution
+    if not ex.update_overlap or job.cluster.overlap_efficiency < 1.0:
+        return total, 0.0
+    gathers = [e for e in update if e.op == "all_gather" and e.calls_per_step]
+    U = sum(e.time_s for e in gathers)
+    if not U:
+        return total, 0.0
+    first = max(e.time_s / e.calls_per_step for e in gathers)
+    forward = qty["fwd", "embedding"] + job.model.num_layers * qty["fwd", "block"] \
+        + qty["fwd", "head"]
+    hidden = min(U - first, forward)
+    return total - hidden, job.cluster.gpu.comm_compute_slowdown * hidden

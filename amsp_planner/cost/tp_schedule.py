@@ -23,7 +23,10 @@ forward    all_reduce  TP     3 head (the vocabulary-parallel cross-entropy: the
 =========  ==========  =====  ===============================================================
 
 They run on the compute stream, between the matmuls that need them: the step model
-(cost/step_time.py) adds them to their unit's compute, none of it hidden.
+(cost/step_time.py) adds them to their unit's compute, none of it hidden, unless the engine
+overlaps them (``training.tp_overlap``: torchtitan's asynchronous TP, Megatron's
+--tp-comm-overlap): then a block's all-gathers and reduce-scatters cost only what the
+pipelined rule of cost/tp_overlap.py leaves exposed (their ``time_s`` is that cost).
 
 FP8 (``--precision fp8``, ``cost/fp8_bytes.py: fp8_tp_wire``): with torchao's tensorwise
 recipe the blocks' all-gathers (forward, recomputed forward, and backward) move 1 byte per
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule_entry import ScheduleEntry, algorithm_name
+from amsp_planner.cost.tp_overlap import OVERLAPPED, block_call_costs, overlapped
 from amsp_planner.topology import split_bytes
 
 TP_CALLS = {
@@ -50,9 +54,11 @@ forward (Megatron's: the logits' maximum, the target logit, the sum of exponenti
 
 
 def _tp_entry(job: Job, phase: str, op: str, tp: int, dtype: str, calls: tuple,
-              per_call: tuple, n_micro: int) -> ScheduleEntry | None:
+              per_call: tuple, n_micro: int, micro_batch: int = 0) -> ScheduleEntry | None:
     """One TP entry: calls[c] calls of per_call[c] bytes per unit of class c and micro-batch
-    (a block's count may be fractional: the average over the L blocks, as compute is)."""
+    (a block's count may be fractional: the average over the L blocks, as compute is). With
+    ``tp_overlap`` on, a block's all-gathers and reduce-scatters cost what the pipelined rule
+    leaves on the compute stream (cost/tp_overlap.py); `micro_batch` sizes their matmuls."""
     topo = job.topology
     counts = (1, job.model.num_layers, 1)
     total_calls = round(n_micro * sum(c * k for c, k in zip(counts, calls, strict=True)))
@@ -61,6 +67,10 @@ def _tp_entry(job: Job, phase: str, op: str, tp: int, dtype: str, calls: tuple,
     lay = topo.layout(tp, 1)
     unit_t = tuple(k * topo.collective_time(op, tp, 1, b) if k else 0.0
                    for k, b in zip(calls, per_call, strict=True))
+    if calls[1] and micro_batch and op in OVERLAPPED and overlapped(job, tp):
+        call_s = topo.collective_time(op, tp, 1, per_call[1])
+        block = block_call_costs(job, micro_batch, tp, phase, op, call_s) * calls[1] / 2
+        unit_t = (unit_t[0], block, unit_t[2])
     total = round(n_micro * sum(c * k * b for c, k, b in zip(counts, calls, per_call, strict=True)))
     intra, inter = split_bytes(op, total, lay)
     time = n_micro * sum(c * u for c, u in zip(counts, unit_t, strict=True))
@@ -94,7 +104,7 @@ def tp_entries(job: Job, tp: int, micro_batch: int, ckpt, n_micro: int) -> list[
     gathers = (act, elems * gb, act)
     gdtype = "fp8" if gb < t.param_bytes else t.dtype_name
     out = [_tp_entry(job, phase, op, tp, gdtype if op == "all_gather" else t.dtype_name, calls,
-                     gathers if op == "all_gather" else acts, n_micro)
+                     gathers if op == "all_gather" else acts, n_micro, micro_batch)
            for (phase, op), calls in TP_CALLS.items()]
     # the vocabulary-parallel cross-entropy: max, target logit, sum of exponentials per token
     ce = 4 * micro_batch * t.seq_len
@@ -104,7 +114,7 @@ def tp_entries(job: Job, tp: int, micro_batch: int, ckpt, n_micro: int) -> list[
     frac = (0, 2 * k / m.num_layers, 0) if k and not op_level else (0, 0, 0)
     if k and not op_level:
         out += [_tp_entry(job, "recompute", o, tp, gdtype if o == "all_gather" else t.dtype_name,
-                          frac, gathers if o == "all_gather" else acts, n_micro)
+                          frac, gathers if o == "all_gather" else acts, n_micro, micro_batch)
                 for o in ("all_gather", "reduce_scatter")]
     if amax:  # one fp32 amax all-reduce before each FP8 all-gather of a block
         for phase, per in (("forward", TP_CALLS[("forward", "all_gather")][1]),
@@ -126,9 +136,14 @@ def tp_block_forward_s(job: Job, micro_batch: int, tp: int) -> float:
     elems = micro_batch * t.seq_len * m.hidden_size
     gb, amax = _block_gather_bytes(job)
     topo = job.topology
-    return 2 * (topo.collective_time("all_gather", tp, 1, elems * gb)
-                + topo.collective_time("reduce_scatter", tp, 1, elems * t.param_bytes)
-                + amax * topo.collective_time("all_reduce", tp, 1, 4))
+    ag = topo.collective_time("all_gather", tp, 1, elems * gb)
+    rs = topo.collective_time("reduce_scatter", tp, 1, elems * t.param_bytes)
+    amax_s = 2 * amax * topo.collective_time("all_reduce", tp, 1, 4)
+    if overlapped(job, tp):  # what the pipelined rule leaves exposed (cost/tp_overlap.py)
+        return (block_call_costs(job, micro_batch, tp, "recompute", "all_gather", ag)
+                + block_call_costs(job, micro_batch, tp, "recompute", "reduce_scatter", rs)
+                + amax_s)
+    return 2 * (ag + rs) + amax_s
 
 
 def tp_recompute_s(job: Job, micro_batch: int, ckpt, tp: int) -> float:

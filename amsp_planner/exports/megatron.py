@@ -80,6 +80,8 @@ def arguments(job: Job, s: Strategy) -> list[str]:
                 str(job.model.num_layers // (s.pp * s.vpp))]
     if tp > 1 and t.sequence_parallel:
         out.append("--sequence-parallel")
+        if t.tp_overlap:  # Transformer Engine's userbuffers (cost/tp_overlap.py)
+            out.append("--tp-comm-overlap")
     if s.has_experts and s.ep > 1:
         assert not s.ep_span and (s.ep_p, s.ep_g) == (1, 1), s
         assert s.ep_os == (1 if s.s_os == 1 else job.num_gpus // s.ep), s
@@ -96,6 +98,9 @@ def arguments(job: Job, s: Strategy) -> list[str]:
         out.append("--use-distributed-optimizer")
         if dp // s.s_os > 1:
             out += ["--num-distributed-optimizer-instances", str(dp // s.s_os)]
+    if t.dp_overlap:  # the profile's overlap_flags (engines.py); the gather needs the
+        flags = job.profile.execution.overlap_flags.split()  # distributed optimizer
+        out += flags if s.s_os > 1 else flags[:1]
     if s.ckpt_moe:  # megatron/core/transformer/moe/moe_layer.py at d98e8a6: moe_layer_recompute
         return out + ["--recompute-granularity", "selective", "--recompute-modules", "moe"]
     # --recompute-num-layers counts the blocks of one (virtual) pipeline stage
@@ -126,6 +131,9 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
         return export_pipeline(job, strategy)
 
     def notes(s: Strategy) -> list[str]:
+        if job.training.dp_overlap:
+            return ["--overlap-grad-reduce and --overlap-param-gather given (dp_overlap): the "
+                    "plan prices them"]
         return ["Megatron reduce-scatters gradients and all-gathers parameters after backward "
                 "and before the next forward unless --overlap-grad-reduce and "
                 "--overlap-param-gather are given; the plan prices the defaults"]
@@ -159,6 +167,13 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
         raise ValueError(f"--tensor-model-parallel-size {tp} does not divide {num_gpus} GPUs")
     if flags.get("--sequence-parallel", True) is not True:
         raise ValueError("--sequence-parallel: takes no value")
+    # megatron/training/arguments.py at f2e5db4 asserts these two
+    if "--tp-comm-overlap" in flags and flags.get("--sequence-parallel") is not True:
+        raise ValueError("--tp-comm-overlap: needs --sequence-parallel")
+    if "--overlap-param-gather" in flags and not {"--use-distributed-optimizer",
+                                                   "--overlap-grad-reduce"} <= set(flags):
+        raise ValueError("--overlap-param-gather: needs --use-distributed-optimizer and "
+                         "--overlap-grad-reduce")
     pp = num("--pipeline-model-parallel-size", 1)
     if num_gpus % (tp * pp):
         raise ValueError(f"--pipeline-model-parallel-size {pp} x --tensor-model-parallel-size "
@@ -181,6 +196,8 @@ def check(text: str, num_gpus: int, batch_seqs: int) -> dict:
     out = {**experts, "tp": tp, **({"pp": pp} if pp > 1 else {}), "micro_batch": mb, "dp": dp,
            "os": dp // inst if "--use-distributed-optimizer" in flags else 1,
            "recompute_layers": layers,
+           **({"tp_overlap": True} if "--tp-comm-overlap" in flags else {}),
+           **({"dp_overlap": True} if "--overlap-grad-reduce" in flags else {}),
            **({"recompute_modules": flags["--recompute-modules"]}
               if "--recompute-modules" in flags else {})}
     if "--fp8-format" in flags:

@@ -23,7 +23,9 @@ Tensor parallelism (a plan with tp = T > 1): ``parallelism.tensor_parallel_degre
 puts TP innermost on the mesh, so a TP group is T consecutive ranks of one node, as the plan's
 layout), with sequence parallelism on (``--parallelism.enable-sequence-parallel``, its default)
 and asynchronous TP off (``--compile.no-enable-async-tensor-parallel``: the plan prices TP
-collectives exposed); replicate x shard = N/T data-parallel ranks.
+collectives exposed), or on with torch.compile where the plan has ``tp_overlap``
+(``--compile.enable-async-tensor-parallel --compile.enable``: the pipelined overlap of
+cost/tp_overlap.py); replicate x shard = N/T data-parallel ranks.
 
 Mixture of experts (a plan with ``ep=E``): ``parallelism.expert_parallel_degree=E``. torchtitan
 takes the EP group from the FSDP ranks, innermost on the mesh (E consecutive ranks), and shards
@@ -86,6 +88,12 @@ CHECK_BASE = ("--module", "llama3", "--config", "llama3_debugmodel")
 TP_FLAGS = {"--parallelism.enable-sequence-parallel": ("enable_sequence_parallel", True),
             "--compile.no-enable-async-tensor-parallel": ("enable_async_tensor_parallel", False)}
 """The flags a tensor-parallel export writes: (the torchtitan field, the value it sets)."""
+ASYNC_TP_FLAGS = {"--parallelism.enable-sequence-parallel": ("enable_sequence_parallel", True),
+                  "--compile.enable-async-tensor-parallel": ("enable_async_tensor_parallel",
+                                                             True),
+                  "--compile.enable": ("enable", True)}
+"""The flags of a plan with ``tp_overlap`` (cost/tp_overlap.py): asynchronous TP, which runs
+as torch._inductor's micro_pipeline_tp pass, so with torch.compile on."""
 FP8_FLAGS = {"--compile.enable": ("enable", True)}
 """The flag an FP8 export writes: torch.compile on (torchao's casts fused; the published FP8
 speed-ups the plan prices are measured compiled; model_compile_enabled in the converter)."""
@@ -140,11 +148,11 @@ def render(job: Job, s: Strategy) -> str:
     for name, fields in sections(job, s).items():
         lines += [f"--{name}.{k}={v}" for k, v in fields.items()]
     if s.tp > 1:
-        lines += list(TP_FLAGS)
+        lines += list(ASYNC_TP_FLAGS if job.training.tp_overlap else TP_FLAGS)
     if job.training.precision == "fp8":
         from amsp_planner.exports.fp8 import torchtitan_lines
 
-        lines += list(FP8_FLAGS)
+        lines += [f for f in FP8_FLAGS if f not in lines]
         lines[4:4] = torchtitan_lines(job)  # after the header
     lines.append(f"{AC}:{AC_MODES[s.ckpt_value]}")
     return "\n".join(lines) + "\n"
@@ -181,8 +189,8 @@ def check(text: str, num_gpus: int) -> dict:
         if arg.startswith(f"{AC}:"):
             doc["activation_checkpoint"] = arg.split(":", 1)[1]
             continue
-        if arg in TP_FLAGS:
-            field, value = TP_FLAGS[arg]
+        if arg in TP_FLAGS or arg in ASYNC_TP_FLAGS and arg not in FP8_FLAGS:
+            field, value = {**TP_FLAGS, **ASYNC_TP_FLAGS}[arg]
             doc.setdefault("tp_flags", {})[field] = value
             continue
         if arg in FP8_FLAGS:
@@ -212,8 +220,12 @@ def check(text: str, num_gpus: int) -> dict:
     if dp * tp != num_gpus:
         what = "replicate x shard degree" + (" x tensor_parallel_degree" if tp > 1 else "")
         raise ValueError(f"{what} {dp * tp} != {num_gpus} GPUs")
-    if tp > 1 and doc.get("tp_flags") != dict(TP_FLAGS.values()):
+    if tp > 1 and doc.get("tp_flags") not in (dict(TP_FLAGS.values()),
+                                              dict(list(ASYNC_TP_FLAGS.values())[:2])):
         raise ValueError(f"tensor_parallel_degree={tp} needs {' and '.join(TP_FLAGS)}")
+    if tp > 1 and doc["tp_flags"]["enable_async_tensor_parallel"] \
+            and not doc.get("compile_enable"):
+        raise ValueError("--compile.enable-async-tensor-parallel needs --compile.enable")
     if tr["global_batch_size"] % (tr["local_batch_size"] * dp):
         raise ValueError("global_batch_size is not a multiple of local_batch_size x DP degree")
     ep = par.setdefault("expert_parallel_degree", 1)

@@ -12,7 +12,7 @@ OPTION_OF = {"seq_len": "--seq-len", "global_batch_tokens": "--global-batch",
              "activation_checkpointing": "--activation-checkpointing",
              "precision": "--precision", "grad_accum_dtype": "--grad-accum-dtype",
              "activation_profile": "--activation-profile", "fp8_recipe": "--fp8-recipe",
-             "fp8_all_gather": "--fp8-all-gather"}
+             "fp8_all_gather": "--fp8-all-gather", "tp_overlap": "--tp-overlap"}
 """The option that sets each TrainingSpec field."""
 _FIELD = re.compile(r"\b(" + "|".join(OPTION_OF) + r")\b")
 

@@ -69,6 +69,16 @@ class TrainingSpec(BaseModel):
     Megatron-Core's --moe-router-force-load-balancing, which routes on random logits) or
     'round_robin' (NeMo AutoModel's FakeBalancedGate: slot j of token t goes to expert
     (t k + j) mod E). docs/moe.md."""
+    tp_overlap: Flag = False
+    """Tensor parallelism: the blocks' TP all-gathers and reduce-scatters pipelined against
+    their matmuls (torchtitan's compile.enable_async_tensor_parallel, Megatron's
+    --tp-comm-overlap; cost/tp_overlap.py), or exposed (false). Only the user or a row sets it:
+    the planner never turns it on. Left out of the dump at its default."""
+    dp_overlap: Flag = False
+    """The engine's opt-in overlaps of the data-parallel collectives on (its
+    ``Execution.overlap_flags``: Megatron's --overlap-grad-reduce --overlap-param-gather): the
+    gradient reduction during the last backward, the updated parameters' all-gather during the
+    next forward. False: the engine's defaults. Left out of the dump at its default."""
     master_weights: bool = True
     """False: the model is held in its compute dtype with no fp32 master copy and the optimizer
     keeps Adam's moments in that dtype (NeMo AutoModel's MoE recipes cast the model to its
@@ -92,7 +102,8 @@ class TrainingSpec(BaseModel):
     _OMIT_DEFAULT = {"fp8_recipe": None, "fp8_all_gather": "auto", "expert_imbalance": 1.0,
                      "attention_kernel": None, "expert_dispatch": "copies",
                      "expert_routing": "uniform", "master_weights": True,
-                     "sequence_parallel": True, "optimizer_offload": "none"}
+                     "sequence_parallel": True, "optimizer_offload": "none",
+                     "tp_overlap": False, "dp_overlap": False}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")
