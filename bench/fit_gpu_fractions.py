@@ -35,8 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amsp_planner.specs import load_cluster  # noqa: E402
-from amsp_planner.validation import BUCKETS, cluster_ref, load_rows, predict_rows  # noqa: E402
-from amsp_planner.validation import scale_bucket  # noqa: E402
+from amsp_planner.validation import (  # noqa: E402
+    BUCKETS,
+    cluster_ref,
+    load_rows,
+    predict_rows,
+    scale_bucket,
+)
 
 GRID_A = [round(0.40 + 0.02 * i, 2) for i in range(26)]
 GRID_B = [round(0.20 + 0.02 * i, 2) for i in range(21)]

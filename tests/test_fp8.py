@@ -136,6 +136,24 @@ def test_cast_bytes_by_hand():
         8 * x + 8 for x in (8 * 16, 16 * 32, 8 * 32))
 
 
+def test_compiled_cast_bytes_follow_torchaos_kernel_list():
+    """torchao/testing/training/roofline_utils.py (0598012), fusion modelling on, per element:
+    tensorwise activation [0 (amax fused), 2 + 2 x 1]; weight [2, 0, 2 + 1, 2 + 1];
+    rowwise activation [1 + 2, 2 + 1]; weight [2 + 1, 2 x 2, 2 + 1]; plus the scales."""
+    e = 1024 * 4096
+    t, r = fp8.RECIPE["tensorwise"], fp8.RECIPE["rowwise"]
+    assert fp8_casts.cast_bytes(t, 1024, 4096, "torchao", compiled=True) == 4 * e + 2 * 4
+    assert fp8_casts.cast_bytes(t, 1024, 4096, "torchao", weight=True, compiled=True) \
+        == 8 * e + 2 * 4
+    assert fp8_casts.cast_bytes(r, 1024, 4096, "torchao", compiled=True) \
+        == 6 * e + (1024 + 4096) * 4
+    assert fp8_casts.cast_bytes(r, 1024, 4096, "torchao", weight=True, compiled=True) \
+        == 10 * e + (1024 + 4096) * 4
+    # Transformer Engine's kernels are its own, compiled or not
+    assert fp8_casts.cast_bytes(t, 64, 64, "te", compiled=True) \
+        == fp8_casts.cast_bytes(t, 64, 64, "te")
+
+
 def test_fp8_all_gather_bytes_by_hand():
     m = load_model("llama3-8b")
     f = fp8.fp8_matmuls(m, "tensorwise", "torchtitan")
