@@ -188,6 +188,10 @@ def job_options(f=None, *, precisions: bool = False):
                      help="What autograd saves (docs/memory.md): eager PyTorch, torchtitan's "
                           "Llama, torch.compile, fused kernels (Megatron/TE, Liger); auto: the "
                           "engine's default."),
+        click.option("--compile", "compile_", is_flag=True,
+                     help="The blocks run under torch.compile: elementwise kernels and torchao's "
+                          "FP8 casts priced fused (docs/cost-model.md); torchtitan's FP8 export "
+                          "turns compile on."),
         prec,
         click.option("--fp8-recipe", type=click.Choice(
                          ["auto", "tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]),
@@ -295,7 +299,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               activation_checkpointing, no_flash_attention, precision, grad_accum_dtype,
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
-              expert_routing="uniform", no_master_weights=False, **_ignored):
+              expert_routing="uniform", no_master_weights=False, compile_=False, **_ignored):
     """(Job, memory limit in bytes) from the shared options."""
     from pydantic import ValidationError
 
@@ -321,7 +325,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          fp8_recipe=None if fp8_recipe in (None, "auto") else fp8_recipe,
                          fp8_all_gather=fp8_all_gather, expert_imbalance=expert_imbalance,
                          expert_dispatch=expert_dispatch, expert_routing=expert_routing,
-                         master_weights=not no_master_weights)
+                         master_weights=not no_master_weights, compile=compile_)
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":
