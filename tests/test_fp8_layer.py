@@ -94,3 +94,15 @@ def test_compile_option_reaches_the_plan_and_stays_out_by_default(tmp_path):
     assert docs[1]["inputs"]["training"]["compile"] is True
     # compiled elementwise kernels move less memory: the same strategy runs faster
     assert docs[1]["predictions"]["tokens_per_s"] > docs[0]["predictions"]["tokens_per_s"]
+
+
+def test_a_compiled_plan_exports_torchtitan_with_compile_on():
+    from amsp_testlib import make_job
+
+    from amsp_planner.exports.torchtitan import FP8_FLAGS, render
+    from amsp_planner.strategy import parse_strategy_or_baseline
+
+    for compile_, want in ((False, False), (True, True)):
+        job = make_job(16, cluster="dgx-h100-ndr", compile=compile_)
+        text = render(job, parse_strategy_or_baseline("zero3,mb=1", 16, 8))
+        assert all(flag in text.split("\n") for flag in FP8_FLAGS) == want

@@ -87,8 +87,9 @@ TP_FLAGS = {"--parallelism.enable-sequence-parallel": ("enable_sequence_parallel
             "--compile.no-enable-async-tensor-parallel": ("enable_async_tensor_parallel", False)}
 """The flags a tensor-parallel export writes: (the torchtitan field, the value it sets)."""
 FP8_FLAGS = {"--compile.enable": ("enable", True)}
-"""The flag an FP8 export writes: torch.compile on (torchao's casts fused; the published FP8
-speed-ups the plan prices are measured compiled; model_compile_enabled in the converter)."""
+"""The flag an FP8 export, or one of a plan priced with ``--compile`` (``training.compile``),
+writes: torch.compile on (torchao's casts fused; the published FP8 speed-ups the plan prices are
+measured compiled; model_compile_enabled in the converter)."""
 """A config function the overrides are parsed onto (theirs is the user's own)."""
 
 
@@ -141,10 +142,11 @@ def render(job: Job, s: Strategy) -> str:
         lines += [f"--{name}.{k}={v}" for k, v in fields.items()]
     if s.tp > 1:
         lines += list(TP_FLAGS)
+    if job.training.precision == "fp8" or job.training.compile:
+        lines += list(FP8_FLAGS)  # torch.compile on: the plan priced it compiled (--compile)
     if job.training.precision == "fp8":
         from amsp_planner.exports.fp8 import torchtitan_lines
 
-        lines += list(FP8_FLAGS)
         lines[4:4] = torchtitan_lines(job)  # after the header
     lines.append(f"{AC}:{AC_MODES[s.ckpt_value]}")
     return "\n".join(lines) + "\n"
