@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from amsp_planner.cost import fp8, fp8_bytes
+from amsp_planner.cost import fp8, fp8_bytes, fp8_casts
 from amsp_planner.errors import AmspUserError
 from amsp_planner.specs import load_model
 from amsp_planner.specs.cluster import GpuSpec, gpu_presets
@@ -124,16 +124,34 @@ def test_cast_bytes_by_hand():
     e = 1024 * 4096
     t, r, b, mx = (fp8.RECIPE[x] for x in ("tensorwise", "rowwise", "blockwise", "mxfp8"))
     # torchao tensorwise: amax read 2e, two casts each read 2e write 1e, two fp32 scales
-    assert fp8.cast_bytes(t, 1024, 4096, "torchao") == 2 * e + 2 * 3 * e + 2 * 4
+    assert fp8_casts.cast_bytes(t, 1024, 4096, "torchao") == 2 * e + 2 * 3 * e + 2 * 4
     # torchao rowwise: no amax pass; scales per row: 1024 + 4096 fp32
-    assert fp8.cast_bytes(r, 1024, 4096, "torchao") == 6 * e + (1024 + 4096) * 4
+    assert fp8_casts.cast_bytes(r, 1024, 4096, "torchao") == 6 * e + (1024 + 4096) * 4
     # TE blockwise weight 256 x 256: fused cast-transpose (read 2e, write 2 x 1e); 2 x 2 blocks
     # of 128 x 128 per layout, fp32
-    assert fp8.cast_bytes(b, 256, 256, "te", weight=True) == 4 * 256 * 256 + 2 * 4 * 4
+    assert fp8_casts.cast_bytes(b, 256, 256, "te", weight=True) == 4 * 256 * 256 + 2 * 4 * 4
     # TE mxfp8 64 x 64: 64 rows x 2 blocks of 32 per layout, one E8M0 byte each
-    assert fp8.cast_bytes(mx, 64, 64, "te") == 4 * 64 * 64 + 2 * 128
-    assert fp8.linear_cast_bytes(t, 8, 16, 32, "torchao") == sum(
+    assert fp8_casts.cast_bytes(mx, 64, 64, "te") == 4 * 64 * 64 + 2 * 128
+    assert fp8_casts.linear_cast_bytes(t, 8, 16, 32, "torchao") == sum(
         8 * x + 8 for x in (8 * 16, 16 * 32, 8 * 32))
+
+
+def test_compiled_cast_bytes_follow_torchaos_kernel_list():
+    """torchao/testing/training/roofline_utils.py (0598012), fusion modelling on, per element:
+    tensorwise activation [0 (amax fused), 2 + 2 x 1]; weight [2, 0, 2 + 1, 2 + 1];
+    rowwise activation [1 + 2, 2 + 1]; weight [2 + 1, 2 x 2, 2 + 1]; plus the scales."""
+    e = 1024 * 4096
+    t, r = fp8.RECIPE["tensorwise"], fp8.RECIPE["rowwise"]
+    assert fp8_casts.cast_bytes(t, 1024, 4096, "torchao", compiled=True) == 4 * e + 2 * 4
+    assert fp8_casts.cast_bytes(t, 1024, 4096, "torchao", weight=True, compiled=True) \
+        == 8 * e + 2 * 4
+    assert fp8_casts.cast_bytes(r, 1024, 4096, "torchao", compiled=True) \
+        == 6 * e + (1024 + 4096) * 4
+    assert fp8_casts.cast_bytes(r, 1024, 4096, "torchao", weight=True, compiled=True) \
+        == 10 * e + (1024 + 4096) * 4
+    # Transformer Engine's kernels are its own, compiled or not
+    assert fp8_casts.cast_bytes(t, 64, 64, "te", compiled=True) \
+        == fp8_casts.cast_bytes(t, 64, 64, "te")
 
 
 def test_fp8_all_gather_bytes_by_hand():
@@ -172,7 +190,8 @@ def test_tp_wire_bytes():
 def test_tensorwise_tp_casts_each_gathered_input_once_on_its_shard():
     """torchao's Float8 TP classes (float8_tensor_parallel.py): the input of wq/wk/wv is cast
     once, on its sequence shard, before the FP8 all-gather; wo's output gradient likewise."""
-    from amsp_planner.cost.fp8 import RECIPE, tp_cast_bytes
+    from amsp_planner.cost.fp8 import RECIPE
+    from amsp_planner.cost.fp8_casts import tp_cast_bytes
 
     r = RECIPE["tensorwise"]
     m, k, n, tp = 1024, 512, 256, 4

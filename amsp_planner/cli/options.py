@@ -206,6 +206,10 @@ def job_options(f=None, *, precisions: bool = False):
                      help="What autograd saves (docs/memory.md): eager PyTorch, torchtitan's "
                           "Llama, torch.compile, fused kernels (Megatron/TE, Liger); auto: the "
                           "engine's default."),
+        click.option("--compile", "compile_", is_flag=True,
+                     help="The blocks run under torch.compile: elementwise kernels and torchao's "
+                          "FP8 casts priced fused (docs/cost-model.md); torchtitan's FP8 export "
+                          "turns compile on."),
         prec,
         click.option("--fp8-recipe", type=click.Choice(
                          ["auto", "tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]),
@@ -324,7 +328,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
               expert_routing="uniform", no_master_weights=False, offload_optimizer=False,
-              tp_overlap="off", pp=1, **_ignored):
+              tp_overlap="off", compile_=False, pp=1, **_ignored):
     """(Job, memory limit in bytes) from the shared options (`pp`: the pipeline stages it is
     planned with, ``Job.create``)."""
     from pydantic import ValidationError
@@ -353,7 +357,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          expert_dispatch=expert_dispatch, expert_routing=expert_routing,
                          master_weights=not no_master_weights,
                          optimizer_offload="cpu" if offload_optimizer else "none",
-                         tp_overlap=tp_overlap == "on")
+                         tp_overlap=tp_overlap == "on", compile=compile_)
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":

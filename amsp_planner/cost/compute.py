@@ -7,7 +7,7 @@ per-kernel overhead (in the spirit of Calculon's size-dependent matmul efficienc
   attention (flash, causal):  2 x T x s x h forward (QK^T and PV over the causal half),
                               2.5x that backward (recomputed scores, dV, dP, dQ, dK), at
                               peak x e_attn
-  elementwise (norms, RoPE, SwiGLU's product, residual adds; eager PyTorch): bytes / hbm
+  elementwise (norms, RoPE, SwiGLU's product, residual adds): bytes / hbm, eager or compiled
 
 T = tokens of one micro-batch (micro-batch x sequence), peak = the GPU's peak in the job's
 dtype (fp32 jobs: the fp32 peak; PyTorch runs fp32 matmuls without TF32 by default), e_mm =
@@ -32,6 +32,11 @@ forward of wk, wo and w3 (GELU: wk, wo and fc2).
 Elementwise bytes per token and block, forward (eager, a = activation bytes per element):
   2 RMSNorms 2 x 14h a  (upcast to fp32, variance, normalise, downcast, weight: ~7 passes of h)
   RoPE on q and k 6(h + d_kv) a,  2 residual adds 6h a,  SwiGLU SiLU + product 5f a (GELU 2f a)
+Under torch.compile (``training.compile``) Inductor fuses each residual add into the norm after
+it and RoPE's pointwise ops and SwiGLU's into one kernel each, so every tensor is read and
+written once (the rate stays ``hbm``):
+  2 add + RMSNorm 2 x 4h a  (read the residual stream and the branch output, write their sum
+  and the normalised output),  RoPE 2(h + d_kv) a,  SwiGLU 3f a (read gate and up, write)
 backward twice the forward. Head: cross-entropy in fp32, 12V bytes per token forward and
 18V backward (bf16 logits upcast, log-softmax, its gradient).
 
@@ -90,13 +95,22 @@ def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
     return sum(_matmul(r, t, *shape[n]) for n in names)
 
 
+def _act_elements(job: Job) -> int:
+    """Forward elements per token of the MLP's activation: SwiGLU 5f eager (SiLU read and
+    write, the product read two and write), 3f compiled (one kernel reads the gate and up
+    outputs and writes their product); GELU 2f."""
+    f = job.model.ffn_hidden_size
+    return (3 if job.training.compile else 5) * f if job.model.ffn_matrices == 3 else 2 * f
+
+
 def _elementwise_block(job: Job) -> float:
     """Forward elementwise bytes per token of one block (module docstring)."""
     m = job.model
-    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
+    h, kv = m.hidden_size, m.kv_dim
     a = job.training.param_bytes
-    act = 5 * f if m.ffn_matrices == 3 else 2 * f
-    return (28 * h + 6 * (h + kv) + 6 * h + act) * a
+    if job.training.compile:  # add + norm one kernel each (read 2h, write 2h), RoPE fused
+        return (2 * 4 * h + 2 * (h + kv) + _act_elements(job)) * a
+    return (28 * h + 6 * (h + kv) + 6 * h + _act_elements(job)) * a
 
 
 def _unsplit_elementwise(job: Job, tokens: int, tp: int) -> float:
@@ -128,7 +142,7 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
 
         mats = _block_matmuls(job)[-m.ffn_matrices:]
         dense_mlp = sum(_matmul(r, t, k, n) for k, n in mats)
-        dense_el = (5 if m.ffn_matrices == 3 else 2) * m.ffn_hidden_size
+        dense_el = _act_elements(job)
         mlp_s, mlp_el = mean_mlp(job, r, t, ep, dense_mlp, dense_el,
                                   profile_of(job) in KORTHIKANTI)
         mm += mlp_s - dense_mlp

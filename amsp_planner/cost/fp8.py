@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from amsp_planner.cost.fp8_casts import linear_cast_bytes, tp_cast_bytes
 from amsp_planner.errors import AmspUserError
 
 RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
@@ -205,42 +206,6 @@ def fp8_matmuls(model, recipe: str, engine: str, tp: int = 1, auto_filter: bool 
     return Fp8Matmuls(tuple(out), bf16_layers=min(model.num_layers, start + end))
 
 
-# ----- casting and scaling overhead ----------------------------------------------------------
-def scale_count(recipe: Fp8Recipe, rows: int, cols: int, weight: bool) -> int:
-    """Scales of a (rows x cols) tensor scaled along its rows (contiguous cols share one)."""
-    if recipe.block is None:
-        return 1
-    if recipe.block == 0:
-        return rows
-    if weight and recipe.weight_block:
-        return math.ceil(rows / recipe.weight_block) * math.ceil(cols / recipe.weight_block)
-    return rows * math.ceil(cols / recipe.block)
-
-
-def cast_bytes(recipe: Fp8Recipe, rows: int, cols: int, family: str, weight: bool = False) -> int:
-    """HBM bytes to bring one bf16 (rows x cols) operand into FP8 in both layouts an FP8
-    linear needs (scaled along its rows for one GEMM, along its columns for the other).
-
-    amax pass (tensorwise): read 2 B/element. torchao: each layout is its own cast kernel
-    (read 2 B, write 1 B per element, write its scales). te: one fused cast-transpose
-    kernel reads once and writes both layouts (read 2, write 2 x 1 B), plus the scales. Scales
-    along the columns of a 2-D weight tile are the same tiles: counted once more anyway."""
-    e = rows * cols
-    amax = 2 * e if recipe.amax_pass else 0
-    scales = (scale_count(recipe, rows, cols, weight) + scale_count(recipe, cols, rows, weight)) \
-        * recipe.scale_bytes
-    data = 2 * (2 * e + e) if family == "torchao" else 2 * e + 2 * e
-    return amax + data + scales
-
-
-def linear_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, family: str) -> int:
-    """Cast bytes of one FP8 linear's forward + backward, (m x k) @ (k x n): the input x,
-    the weight W and the output gradient dy, each in both layouts (x: forward and weight
-    gradient; W: forward and input gradient; dy: input and weight gradients)."""
-    return (cast_bytes(recipe, m, k, family) + cast_bytes(recipe, k, n, family, weight=True)
-            + cast_bytes(recipe, m, n, family))
-
-
 # ----- speed-up of one linear ----------------------------------------------------------------
 @dataclass(frozen=True)
 class Speedup:
@@ -299,12 +264,13 @@ def grid_speedup(g: dict, m: int, k: int, n: int) -> tuple[float, bool]:
 
 
 def roofline_linear_s(gpu, m: int, k: int, n: int, fp8: Fp8Recipe | None,
-                      family: str = "torchao", casts: float | None = None) -> float:
+                      family: str = "torchao", casts: float | None = None,
+                      compiled: bool = False) -> float:
     """Seconds of one linear's forward + backward (3 GEMMs of 2mkn FLOPs each) on `gpu`:
     per GEMM max(FLOPs / (peak x achievable_fraction), bytes / hbm) + kernel overhead, the
     same roofline as cost/compute.py; FP8 at FP8_PEAK_RATIO x gemm_fraction x the bf16 rate,
     1-byte inputs and a bf16 output, plus the casts at the HBM rate (`casts`: their bytes,
-    default linear_cast_bytes)."""
+    default linear_cast_bytes, eager or `compiled`)."""
     ratio = 1.0 if fp8 is None else FP8_PEAK_RATIO[gpu.arch] * fp8.gemm_fraction
     peak = gpu.peak_bf16_tflop_per_s * 1e12 * ratio * gpu.achievable_fraction
     hbm = (gpu.hbm_gbyte_per_s or math.inf) * 1e9
@@ -314,45 +280,21 @@ def roofline_linear_s(gpu, m: int, k: int, n: int, fp8: Fp8Recipe | None,
         t += max(2.0 * a * b * c / peak, (ib * (a * b + b * c) + 2 * a * c) / hbm)
         t += gpu.kernel_overhead_us * 1e-6
     if fp8 is not None:
-        t += (linear_cast_bytes(fp8, m, k, n, family) if casts is None else casts) / hbm
+        t += (linear_cast_bytes(fp8, m, k, n, family, compiled) if casts is None
+              else casts) / hbm
     return t
 
 
-ROW_PARALLEL = ("wo", "w2", "fc2")
-"""Row-parallel linears under TP: their output is reduce-scattered (sequence parallel)."""
-SHARES_INPUT = {"wk": "wq", "wv": "wq", "w3": "w1"}
-"""Linears that take the same gathered input as an earlier one of the block."""
-
-
-def tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int) -> float:
-    """Cast bytes of one linear under torchao's tensorwise tensor parallelism
-    (torchao/float8/float8_tensor_parallel.py at 36027d8, applied by torchtitan for
-    tensorwise): PrepareFloat8ModuleInput / Float8ColwiseParallel cast the sequence-sharded
-    input once per module, before the all-gather ("if there are multiple float8 users of the
-    input activation, we perform fp8 allgather only once"), so wq/wk/wv and w1/w3 share one
-    amax + cast of m/tp rows; Float8RowwiseParallel's NoopFwToFloat8BwDynamic casts the output
-    gradient of wo/w2 on its sequence shard before the backward all-gather. Each user still
-    lays the gathered FP8 tensor out for its weight-gradient GEMM (a transposed copy: read 1,
-    write 1 byte per element). The other operands as ``cast_bytes``."""
-    def sharded(rows: int, cols: int) -> float:
-        return (2 + 2 + 1) * rows * cols / tp + 2 * rows * cols
-
-    w = cast_bytes(recipe, k, n, "torchao", weight=True)
-    if name in ROW_PARALLEL:
-        return cast_bytes(recipe, m, k, "torchao") + sharded(m, n) + w
-    x = 2 * m * k if name in SHARES_INPUT else sharded(m, k)
-    return x + cast_bytes(recipe, m, n, "torchao") + w
-
-
 def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
-                   engine: str = "torchtitan") -> Speedup:
+                   engine: str = "torchtitan", compiled: bool = False) -> Speedup:
     """Speed-up of one FP8 linear over bf16, forward + backward, at forward shape (m, k, n).
 
     A published grid for the GPU's architecture, recipe and engine family (torchao's H100
     rowwise table; H200 reads the H100 table: the same SM90 tensor cores, more HBM
     bandwidth, so the casts there are if anything cheaper) is interpolated (grid_speedup).
-    Otherwise the roofline (roofline_linear_s) prices both. The grid's values include
-    torchao's casts and the LayerNorm and Sigmoid around the linear (docs/fp8.md)."""
+    Otherwise the roofline (roofline_linear_s) prices both, the casts as the engine runs them
+    (`compiled`: under torch.compile, ``cast_bytes``). The grid's values include torchao's
+    compiled casts and the LayerNorm and Sigmoid around the linear (docs/fp8.md)."""
     fam = family_of(engine)
     r = recipe_for(recipe, engine, gpu.arch)
     g = _grid(gpu.arch, recipe, fam)
@@ -360,7 +302,8 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
         v, clamped = grid_speedup(g, m, k, n)
         return Speedup(v, "table, clamped to its edge" if clamped else "table", g["id"])
     bf16 = roofline_linear_s(gpu, m, k, n, None)
-    return Speedup(bf16 / roofline_linear_s(gpu, m, k, n, r, fam), "roofline")
+    return Speedup(bf16 / roofline_linear_s(gpu, m, k, n, r, fam, compiled=compiled),
+                   "roofline")
 
 
 def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
@@ -382,12 +325,12 @@ def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
 
 def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> float:
     """linear_speedup, or under torchao tensorwise TP the roofline with tp_cast_bytes."""
-    gpu = job.cluster.gpu
+    gpu, compiled = job.cluster.gpu, job.training.compile
     if tp > 1 and recipe == "tensorwise" and family_of(job.engine) == "torchao":
-        casts = tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp)
+        casts = tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp, compiled)
         return (roofline_linear_s(gpu, tokens, x.k, x.n, None)
                 / roofline_linear_s(gpu, tokens, x.k, x.n, RECIPE[recipe], casts=casts))
-    return linear_speedup(gpu, recipe, tokens, x.k, x.n, job.engine).value
+    return linear_speedup(gpu, recipe, tokens, x.k, x.n, job.engine, compiled).value
 
 
 def named_matmuls_s(job, tokens: int, tp: int, names, bf16_s) -> float:

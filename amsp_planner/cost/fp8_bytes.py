@@ -13,8 +13,8 @@ from amsp_planner.cost.fp8 import (
     fp8_all_gather_supported,
     fp8_matmuls,
     recipe_for,
-    scale_count,
 )
+from amsp_planner.cost.fp8_casts import scale_count
 
 
 # ----- FP8 weight all-gather -----------------------------------------------------------------

@@ -95,8 +95,9 @@ ASYNC_TP_FLAGS = {"--parallelism.enable-sequence-parallel": ("enable_sequence_pa
 """The flags of a plan with ``tp_overlap`` (cost/tp_overlap.py): asynchronous TP, which runs
 as torch._inductor's micro_pipeline_tp pass, so with torch.compile on."""
 FP8_FLAGS = {"--compile.enable": ("enable", True)}
-"""The flag an FP8 export writes: torch.compile on (torchao's casts fused; the published FP8
-speed-ups the plan prices are measured compiled; model_compile_enabled in the converter)."""
+"""The flag an FP8 export, or one of a plan priced with ``--compile`` (``training.compile``),
+writes: torch.compile on (torchao's casts fused; the published FP8 speed-ups the plan prices are
+measured compiled; model_compile_enabled in the converter)."""
 """A config function the overrides are parsed onto (theirs is the user's own)."""
 
 
@@ -149,10 +150,12 @@ def render(job: Job, s: Strategy) -> str:
         lines += [f"--{name}.{k}={v}" for k, v in fields.items()]
     if s.tp > 1:
         lines += list(ASYNC_TP_FLAGS if job.training.tp_overlap else TP_FLAGS)
+    if job.training.precision == "fp8" or job.training.compile:
+        # torch.compile on: the plan priced it compiled (--compile), or FP8 (torchao's casts)
+        lines += [f for f in FP8_FLAGS if f not in lines]
     if job.training.precision == "fp8":
         from amsp_planner.exports.fp8 import torchtitan_lines
 
-        lines += [f for f in FP8_FLAGS if f not in lines]
         lines[4:4] = torchtitan_lines(job)  # after the header
     lines.append(f"{AC}:{AC_MODES[s.ckpt_value]}")
     return "\n".join(lines) + "\n"

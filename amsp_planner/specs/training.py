@@ -35,6 +35,11 @@ class TrainingSpec(BaseModel):
     bundled runtime, FSDP2 and DeepSpeed on Hugging Face models), torchtitan's Llama code,
     torch.compile'd blocks and loss, or fused kernels (Megatron-Core with Transformer Engine,
     Liger, flash-attn's ops); None: the engine's default (``EngineProfile.activation_profile``)."""
+    compile: bool = False
+    """The blocks run under torch.compile (torchtitan's ``compile``, FSDP with torch.compile):
+    Inductor fuses the elementwise kernels (norms with their residual adds, RoPE, SwiGLU) and
+    torchao's FP8 casts, which cost/compute.py and cost/fp8.py then price as fused kernels.
+    Memory follows ``activation_profile``. Left out of the dump at its default."""
     attention_kernel: Literal["flash2", "flash1", "triton"] | None = None
     """The attention kernel (cost/attention_kernel.py): flash2 (FlashAttention-2 or SDPA's
     flash kernel, the GPU's ``attention_fraction``), flash1 (FlashAttention v1) or triton
@@ -103,7 +108,7 @@ class TrainingSpec(BaseModel):
                      "attention_kernel": None, "expert_dispatch": "copies",
                      "expert_routing": "uniform", "master_weights": True,
                      "sequence_parallel": True, "optimizer_offload": "none",
-                     "tp_overlap": False, "dp_overlap": False}
+                     "tp_overlap": False, "dp_overlap": False, "compile": False}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")
