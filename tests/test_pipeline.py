@@ -140,3 +140,25 @@ def test_tp_without_sequence_parallelism_by_hand():
     assert block_bytes_per_token(nosp, 8) - block_bytes_per_token(sp, 8) == pytest.approx(
         (2 * 520 + 2 * 256) * 7 / 8)
     assert block_compute(nosp, 2, False, tp=1) == block_compute(sp, 2, False, tp=1)
+
+
+@pytest.mark.parametrize("usable_gib", [30, 60])
+def test_pipeline_search_equals_brute_force(usable_gib):
+    # the search bisects block checkpointing in each group of otherwise equal candidates; a
+    # brute force over every candidate of the stage finds the same step time
+    from amsp_planner.solver.pipeline_search import solve_pipeline
+    from amsp_planner.solver.space import SearchSpace
+
+    job = make_job(32, model=load_model("llama-7b"), seq_len=2048, batch_seqs=128)
+    usable = usable_gib * 2**30
+    best = solve_pipeline(job, 2, None, usable)[0]
+    sj = stage_job(job, Strategy(pp=2))
+    fits = []
+    for c in SearchSpace.for_job(sj).candidates(sj):
+        try:
+            e = evaluate(job, c.with_(pp=2))
+        except AmspUserError:
+            continue
+        if e.memory.total <= usable:
+            fits.append(e.step_s)
+    assert fits and best.step_s == pytest.approx(min(fits), rel=1e-12)

@@ -59,11 +59,22 @@ def flat(s: Strategy) -> Strategy:
     return s.with_(pp=1, vpp=1, pp_sched=None)
 
 
+_STAGE_JOBS: dict[tuple[int, int], tuple[Job, Job]] = {}
+"""(id of the job, P) -> (the job, its stage job): a search prices many strategies of one job."""
+
+
 def stage_job(job: Job, s: Strategy) -> Job:
     """The job of one stage: ceil(L/P) blocks on N/P GPUs, the same batch and engine."""
+    hit = _STAGE_JOBS.get((id(job), s.pp))
+    if hit is not None and hit[0] is job:
+        return hit[1]
     blocks = stage_blocks(job.model.num_layers, s.pp)
     model = job.model.model_copy(update={"num_layers": blocks})
-    return Job.create(model, job.cluster, job.training, job.num_gpus // s.pp, job.engine)
+    sj = Job.create(model, job.cluster, job.training, job.num_gpus // s.pp, job.engine)
+    if len(_STAGE_JOBS) > 16:
+        _STAGE_JOBS.clear()
+    _STAGE_JOBS[id(job), s.pp] = (job, sj)
+    return sj
 
 
 def check(job: Job, s: Strategy) -> None:

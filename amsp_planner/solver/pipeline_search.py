@@ -7,7 +7,9 @@ checkpointing as the engine runs them), each candidate is priced with ``pp=P`` b
 (bubble, sends and the first stage's activations of the micro-batches in flight included) and
 the fastest that fits the usable memory wins (less memory, then the string, on equal time).
 The ILP does not hold the bubble, which depends on the micro-batch count, nor the in-flight
-activations, so the search enumerates; with P = 1 the planner's ILP runs as before.
+activations, so the search enumerates, bisecting block checkpointing (none, the first K blocks,
+full) in each group of otherwise equal candidates: memory falls and time rises along it, so the
+first that fits is the group's fastest. With P = 1 the planner's ILP runs as before.
 """
 
 from __future__ import annotations
@@ -39,11 +41,26 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
     sj = stage_job(job, Strategy(pp=pp))
     space = SearchSpace.for_job(sj, zeropp=zeropp, quantization=quantization, tp=tp)
     evals, cache = [], {}
-    for c in space.candidates(sj):
+
+    def price(c: Strategy) -> Evaluation | None:
         try:
-            evals.append(evaluate(job, c.with_(pp=pp), memory_limit, cache))
+            e = evaluate(job, c.with_(pp=pp), memory_limit, cache)
         except AmspUserError:
-            continue  # e.g. a micro-batch count the schedule refuses
+            return None  # e.g. a micro-batch count the schedule refuses
+        evals.append(e)
+        return e
+
+    for ladder in _ckpt_ladders(space.candidates(sj)):
+        # block checkpointing none < K=1 < ... < full: memory falls and time rises along the
+        # ladder, so the first that fits is the group's fastest: bisect for it
+        lo, hi = 0, len(ladder) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            e = price(ladder[mid])
+            if e is not None and e.memory.total <= usable:
+                hi = mid - 1
+            else:
+                lo = mid + 1
     fit = sorted((e for e in evals if e.memory.total <= usable),
                  key=lambda e: (e.step_s, e.memory.total, str(e.strategy)))
     if not fit:
@@ -53,3 +70,18 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
                               f"the least memory any strategy needs is {need}; try another "
                               "--pp, more GPUs or a smaller --micro-batch")
     return fit[:1 + runners_up]
+
+
+def _ckpt_ladders(candidates) -> list[list[Strategy]]:
+    """The candidates grouped by everything but block checkpointing, each group ordered from
+    none through the first K blocks to full; op-level checkpointing is a ladder of its own."""
+    groups: dict[tuple, list[Strategy]] = {}
+    for c in candidates:
+        op = c.ckpt_value == "op"
+        groups.setdefault((c.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False), op), []).append(c)
+
+    def rank(c: Strategy) -> int:
+        v = c.ckpt_value
+        return 0 if v is False else 10**9 if v is True else int(v) if not isinstance(v, str) else 0
+
+    return [sorted(g, key=rank) for g in groups.values()]
