@@ -35,10 +35,6 @@ PUBLISHED = [
     ("tt-h100-l3-70b-tp8-fp8row-async", "tt-h100-l3-70b-tp8-async", 624.8 / 652.4),
     ("tt-h100-l3-8b-tp8-fp8-async", "tt-h100-l3-8b-tp8-async", 5570.1 / 4809.4),
     ("tt-h100-l3-8b-tp8-fp8row-async", "tt-h100-l3-8b-tp8-async", 3914.9 / 4809.4),
-    # torchtitan docs/performance.md: Llama 3.1 405B on 128 H100, bf16 109, Float8 177,
-    # Float8 + async TP 185 tokens/s/GPU
-    ("tt-h100-l31-405b-tp8-fp8", "tt-h100-l31-405b-tp8", 177 / 109),
-    ("tt-h100-l31-405b-tp8-fp8-async", "tt-h100-l31-405b-tp8", 185 / 109),
     # torchao/float8/README.md Llama-3-8B table: bf16 6150, tensorwise + FP8 all-gather
     # 7689.5, rowwise 6768
     ("torchao-h100-l3-8b-fp8", "torchao-h100-l3-8b-bf16", 7689.5 / 6150),
@@ -60,6 +56,19 @@ def test_the_fp8_rows_name_their_recipe(pairs):
     assert recipes["torchao-h100-l3-8b-fp8row"] == "rowwise"
     assert recipes["tt-h100-l3-8b-8-fp8"] == "tensorwise"
     assert set(pairs) == {p[0] for p in PUBLISHED}
+
+
+def test_the_405b_float8_rows_have_no_bf16_row_of_their_job(doc, pairs):
+    """torchtitan docs/performance.md (9515a140, 3faaa1a): the 405B "None" row (109, first
+    published as 118) ran the toml before 9515a140, compile = false; the Float8 rows the
+    commit's toml, compile on with FP8 FSDP all-gathers. Not one job, so not paired."""
+    rows = {r["id"]: r for r in doc["rows"]}
+    bf16 = rows["tt-h100-l31-405b-tp8"]
+    assert bf16["value"] == 109 and not bf16["training"].get("compile", False)
+    for rid, value in (("tt-h100-l31-405b-tp8-fp8", 177), ("tt-h100-l31-405b-tp8-fp8-async", 185)):
+        r = rows[rid]
+        assert r["value"] == value and "bf16_row" not in r and rid not in pairs
+        assert r["training"]["compile"] and r["training"]["fp8_all_gather"] == "on"
 
 
 @pytest.mark.parametrize("change,says", [
