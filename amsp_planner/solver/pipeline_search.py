@@ -14,6 +14,7 @@ first that fits is the group's fastest. With P = 1 the planner's ILP runs as bef
 
 from __future__ import annotations
 
+from amsp_planner.ckpt_setting import checkpointed_blocks
 from amsp_planner.cost.evaluate import Evaluation, evaluate
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError, InfeasibleError
@@ -50,7 +51,7 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
         evals.append(e)
         return e
 
-    for ladder in _ckpt_ladders(space.candidates(sj)):
+    for ladder in _ckpt_ladders(space.candidates(sj), sj.model.num_layers):
         # block checkpointing none < K=1 < ... < full: memory falls and time rises along the
         # ladder, so the first that fits is the group's fastest: bisect for it
         lo, hi = 0, len(ladder) - 1
@@ -72,16 +73,13 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
     return fit[:1 + runners_up]
 
 
-def _ckpt_ladders(candidates) -> list[list[Strategy]]:
-    """The candidates grouped by everything but block checkpointing, each group ordered from
-    none through the first K blocks to full; op-level checkpointing is a ladder of its own."""
-    groups: dict[tuple, list[Strategy]] = {}
+def _ckpt_ladders(candidates, num_layers: int) -> list[list[Strategy]]:
+    """The candidates grouped by everything but block checkpointing, each group ordered by
+    the blocks it checkpoints (``checkpointed_blocks``: none, the first K, full); op-level
+    checkpointing is a ladder of its own."""
+    groups: dict[tuple, list[tuple[int, Strategy]]] = {}
     for c in candidates:
-        op = c.ckpt_value == "op"
-        groups.setdefault((c.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False), op), []).append(c)
-
-    def rank(c: Strategy) -> int:
-        v = c.ckpt_value
-        return 0 if v is False else 10**9 if v is True else int(v) if not isinstance(v, str) else 0
-
-    return [sorted(g, key=rank) for g in groups.values()]
+        k, op = checkpointed_blocks(c.ckpt_value, num_layers)
+        key = (c.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False), op)
+        groups.setdefault(key, []).append((k, c))
+    return [[c for _, c in sorted(g, key=lambda kc: kc[0])] for g in groups.values()]
