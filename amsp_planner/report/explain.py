@@ -255,10 +255,13 @@ def _add_sensitivity(p, opts: dict, facts: dict, lines: list[str], progress, wor
                          f"({c['margin'] * 100:+.2f}%), {c['memory_gib']:.2f} GiB")
     given = p.doc["inputs"].get("search", {}).get("given_strategy")
     resolved = _decision(r.best.strategy) if r is not None else None
-    if given or resolved != chosen:
+    pp = kw.get("pp", 1)
+    if given or resolved != chosen or pp > 1:
         why = (f"the plan evaluates the given strategy {given}" if given else
                f"re-solving the plan's inputs picks {resolved or 'nothing'}, not the plan's "
-               "strategy (a plan from another amsp version?)")
+               "strategy (a plan from another amsp version?)" if resolved != chosen else
+               f"each re-solve of a --pp {pp} plan enumerates every stage strategy (tens of "
+               "seconds); scan one assumption with amsp whatif --set instead")
         facts["sensitivity"] = {"skipped": why}
         lines.append(f"sensitivity: skipped: {why}")
         return

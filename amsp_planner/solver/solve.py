@@ -66,7 +66,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
           solver: str = "highs", zeropp: bool = True, micro_batch: int | None = None,
           ckpt: bool | int | str | None = None, runners_up: int = 3, time_limit_s: float = 30.0,
           preference: Preference | None = None, tp: int | None = None,
-          idle: Callable[[], object] | None = None, ep: int | None = None) -> SolveResult:
+          idle: Callable[[], object] | None = None, ep: int | None = None,
+          pp: int = 1) -> SolveResult:
     """The preferred strategy for `job` under `memory_limit` bytes (default: the GPU's memory)
     by `preference` (default ``Preference.default``: the validated relative band, 10 % headroom,
     lossless unless quantization wins beyond the band, fewer process groups, less memory).
@@ -74,6 +75,9 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     `tp` pins the tensor-parallel degree (None: every degree the job admits, one ILP each,
     the rule applied across them: ``solve_models``); `ep` a mixture of experts'
     expert-parallel degree (None: every degree, both placements, one ILP each).
+
+    `pp` > 1 runs the planner at that pipeline degree (``solver/pipeline_search.py``, the
+    search ``amsp plan --pp`` runs): a plan's re-solves (``amsp explain``) repeat its search.
 
     `idle`: work the caller does next, independent of the solves, run by this thread while
     the ILP's second round of solves runs in its solver threads (``solve_models``).
@@ -88,6 +92,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     pref = Preference.default(job=job) if preference is None else preference
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     usable = pref.usable(limit)
+    if pp > 1:
+        return _solve_pipeline(job, pp, limit, usable, objective, zeropp, tp, runners_up, pref)
     space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,
                                 quantization=pref.quantization != "off", tp=tp, ep=ep)
     notes = []
@@ -118,6 +124,22 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
                                    evals[0].strategy.ckpt_value, evals[0].strategy.tp)
     return SolveResult(evals[0], evals[1:], baselines, stats, objective, space, limit, notes,
                        pref, ref.get("fastest"), ref.get("fastest_lossless"))
+
+
+def _solve_pipeline(job: Job, pp: int, limit: float, usable: float, objective: str,
+                    zeropp: bool, tp: int | None, runners_up: int, pref: Preference) -> SolveResult:
+    """``solve`` at a fixed pipeline degree: the enumeration of ``solve_pipeline``, its named
+    baselines data parallel (pp=1) at the best plan's tp, micro-batch and checkpointing, as
+    ``amsp plan --pp`` reports them."""
+    from amsp_planner.solver.pipeline_search import solve_pipeline
+
+    found = solve_pipeline(job, pp, limit, usable, zeropp=zeropp,
+                           quantization=pref.quantization != "off", tp=tp, runners_up=runners_up)
+    s = found[0].strategy
+    baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
+    stats = IlpStats(solver="pipeline", status="Optimal")
+    return SolveResult(found[0], found[1:], baselines, stats, objective, SearchSpace.for_job(job, zeropp=zeropp, tp=tp), limit, [],
+                       pref)
 
 
 def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",
