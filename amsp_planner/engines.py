@@ -140,7 +140,9 @@ PROFILES = {
                  "-> allreduce_bucket flattens up to reduce_bucket_size elements and "
                  "dist.all_reduce's them; allreduce_and_copy_with_multiple_ranks copies back "
                  "only the slices of the rank's own partition (not stage3.py's "
-                 "reduce_scatter_coalesced: no per-rank interleave)"),
+                 "reduce_scatter_coalesced: no per-rank interleave); on the reduction stream "
+                 "with overlap_comm, which the export writes (exports/deepspeed.py): overlapped "
+                 "with backward"),
                 ("sync_overlap", "deepspeed/runtime/zero/config.py overlap_comm_valid: overlap_comm "
                  "defaults to stage == 3, so stages 1-2 reduce on the current stream; "
                  "deepspeed/runtime/engine.py allreduce_gradients: stage 1 reduces at the "
