@@ -50,6 +50,12 @@ class Execution:
     (s_G > 1): 'reduce_scatter', or 'all_reduce' (every rank receives the whole reduced
     gradient and keeps its slice: twice the bytes; the bucket is flattened into one buffer and
     copied back, two copies of it)."""
+    zero2_reduce: str = "reduce_scatter"
+    """How each micro-batch's gradients reach their G shard where gradients are sharded and
+    parameters are not (s_P = 1 < s_G: ZeRO-2): 'reduce_scatter', or 'all_reduce' (each
+    bucket is flattened into one buffer, all-reduced, and every rank copies back only the
+    slices of its own partition: twice a reduce-scatter's bytes, one copy of the bucket and
+    1/s_G of one more on the compute stream). ZeRO-3 (s_P > 1) is ``sharded_reduce``."""
     sync_overlap: bool = True
     """The once-per-step gradient reduction runs during the last backward, overlapped with it
     (True), or after backward, before the step (False: exposed)."""

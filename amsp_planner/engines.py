@@ -105,7 +105,7 @@ PROFILES = {
             gather_grouping="module", persistence_threshold=100_000, prefetch_bucket=50_000_000,
             max_live_params=1_000_000_000,
             reduce_bucket=500_000_000, update_bucket=500_000_000, replicated_reduce="all_reduce",
-            sync_overlap=False, reduce_host_us=REDUCE_HOST_US,
+            zero2_reduce="all_reduce", sync_overlap=False, reduce_host_us=REDUCE_HOST_US,
             sources=(
                 ("reduce_host_us", "deepspeed/runtime/comm/coalesced_collectives.py "
                  "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
@@ -134,6 +134,15 @@ PROFILES = {
                 ("replicated_reduce", "deepspeed/runtime/zero/config.py "
                  "use_multi_rank_bucket_allreduce = True; stage_1_and_2.py average_tensor: the "
                  "bucket is all-reduced (allreduce_and_scatter), each rank keeps its partition"),
+                ("zero2_reduce", "deepspeed/runtime/zero/stage_1_and_2.py (0.19.8) average_tensor: "
+                 "with use_multi_rank_bucket_allreduce (config.py default True) every slice of "
+                 "the IPG bucket goes to the ('allreduce', group) bucket: allreduce_and_scatter "
+                 "-> allreduce_bucket flattens up to reduce_bucket_size elements and "
+                 "dist.all_reduce's them; allreduce_and_copy_with_multiple_ranks copies back "
+                 "only the slices of the rank's own partition (not stage3.py's "
+                 "reduce_scatter_coalesced: no per-rank interleave); on the reduction stream "
+                 "with overlap_comm, which the export writes (exports/deepspeed.py): overlapped "
+                 "with backward"),
                 ("sync_overlap", "deepspeed/runtime/zero/config.py overlap_comm_valid: overlap_comm "
                  "defaults to stage == 3, so stages 1-2 reduce on the current stream; "
                  "deepspeed/runtime/engine.py allreduce_gradients: stage 1 reduces at the "

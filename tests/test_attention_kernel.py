@@ -22,6 +22,10 @@ def test_rates_are_the_published_statements():
     assert t["flash1"]["hopper"] == pytest.approx(0.35 / 2)
     # flash_attn_triton.py: "slightly slower" than the CUDA v1 overall, not quantified
     assert t["triton"] == t["flash1"]
+    # FlashAttention-3 abstract: "1.5-2.0x" over FlashAttention-2's 35 % on H100 (the middle,
+    # 1.75x), under its "up to ... 75% utilization"; Hopper only (wgmma/TMA)
+    assert t["flash3"] == {"hopper": pytest.approx(0.35 * 1.75, abs=0.005)}
+    assert 0.35 * 1.5 <= t["flash3"]["hopper"] <= min(0.35 * 2.0, 0.75)
 
 
 def _job(cluster: str, kernel: str | None, seq: int = 4096):
@@ -74,8 +78,29 @@ def test_an_unknown_kernel_is_refused():
 
 def test_only_rows_whose_source_states_the_kernel_set_it():
     """llm-foundry's benchmark script defaulted to attn_impl triton at the commits that published
-    its tables; no other source states a kernel other than FlashAttention-2 / SDPA."""
+    its tables; S. Bekman's benchmark.py (stas-h200) picks Hugging Face's flash_attention_3 on
+    Hopper (its H200 rows) and flash_attention_4 on Blackwell (its B200 rows, out of scope:
+    FlashAttention-4 has no rate); no other source states a kernel other than
+    FlashAttention-2 / SDPA."""
     rows = yaml.safe_load(ROWS_FILE.read_text())["rows"]
     kernels = {(r["source"], r.get("training", {}).get("attention_kernel")) for r in rows}
     assert {k for s, k in kernels if s == "llm-foundry"} == {"triton"}
-    assert {k for s, k in kernels if s != "llm-foundry"} == {None}
+    stas = {(r["cluster"], r["training"].get("attention_kernel")) for r in rows
+            if r["source"] == "stas-h200" and "training" in r}
+    assert stas == {("dgx-h200-ndr", "flash3"), ("dgx-b200", None)}
+    assert all("FlashAttention-4" in r["scope"] for r in rows
+               if r["source"] == "stas-h200" and r.get("cluster", "dgx-b200") == "dgx-b200"
+               and r["metric"] != "memory")
+    assert {k for s, k in kernels if s not in ("llm-foundry", "stas-h200")} == {None}
+
+
+def test_flash3_prices_the_h200_rows_attention_at_its_rate():
+    """llama-7b at s = 4096 on H100: FlashAttention-3's attention forward by hand, and refused
+    off Hopper (no published rate on Ampere)."""
+    flops, peak = 2 * 4096 ** 3, 989e12
+    fa2 = block_compute(_job("dgx-h100-ndr", None), 1, False)
+    fa3 = block_compute(_job("dgx-h100-ndr", "flash3"), 1, False)
+    assert fa2.forward - fa3.forward == pytest.approx(flops / (peak * 0.32)
+                                                      - flops / (peak * 0.61), rel=1e-9)
+    with pytest.raises(AmspUserError, match="flash3 has no published rate on ampere"):
+        block_compute(_job("dgx-a100-hdr", "flash3"), 1, False)

@@ -3,8 +3,9 @@ reaches.
 
 ``training.attention_kernel``: ``flash2`` (the default; every engine profile runs
 FlashAttention-2 or PyTorch's SDPA flash kernel) prices attention at the GPU table's
-``attention_fraction`` (presets/gpus.yaml). ``flash1`` (FlashAttention v1, CUDA) and ``triton``
-(flash-attn's experimental Triton FlashAttention, llm-foundry's ``attn_impl: triton``) read
+``attention_fraction`` (presets/gpus.yaml). ``flash1`` (FlashAttention v1, CUDA), ``triton``
+(flash-attn's experimental Triton FlashAttention, llm-foundry's ``attn_impl: triton``) and
+``flash3`` (FlashAttention-3, Hopper only; transformers' ``flash_attention_3``) read
 their rates per GPU generation from ``presets/attention_kernels.yaml``, where each value states
 its published source and derivation. A generation with no published rate is refused.
 """

@@ -36,12 +36,14 @@ ADAM_HOST_BYTES = 28
 """Host memory bytes per element of DeepSpeed's CPU Adam step: read the fp32 master, gradient,
 exp_avg, exp_avg_sq (16), write the master and both moments (12) (csrc/includes/cpu_adam.h)."""
 
-CPU_ADAM_FRACTION = 0.28
+CPU_ADAM_FRACTION = 0.26
 """Fraction of the node's data-sheet host memory bandwidth that the ranks' CPU Adam steps and
 the copy of the master into the 16-bit parameters reach together. CALIBRATED, one value: to
 the published run stas-h200-8b-offload-8k (presets/validation.yaml; DGX H200, 8 ranks of
-1.0e9 elements each, step 2.99 s measured against 1.35 s priced without the offload), the only
-row of its source where the optimizer's share of the step is large; checked against
+1.0e9 elements each, step 2.99 s measured against 1.22 s priced without the offload, its
+attention priced as the FlashAttention-3 it ran: 0.28 while it was priced with
+FlashAttention-2), the only row of its source where the optimizer's share of the step is
+large; checked against
 azure-1t-1024 (another host, another model, 1,024 GPUs; docs/validation.md). For scale:
 DeepSpeed's launcher binds no cores by default, so 8 processes' OpenMP threads share the
 sockets (deepspeed PR #7474: --bind_cores_to_rank gave 1.3x on a CPU Adam-bound step)."""

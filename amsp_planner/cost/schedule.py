@@ -214,7 +214,8 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
            per_unit: int, n_micro: int, full: Callable[[int], int],
            kernel_elements: Callable[[int], int] | None = None,
            copies: bool = False, tp: int = 1, role: str = "gather",
-           exposed: bool = False, by_class: tuple[float, ...] | None = None) -> ScheduleEntry:
+           exposed: bool = False, by_class: tuple[float, ...] | None = None,
+           copy_back: float = 1.0) -> ScheduleEntry:
     """One entry: `per_unit` calls per unit and micro-batch (``n_micro`` of them), each call
     moving ``full(unit elements)`` bytes; ``kernel_elements(unit elements)``: the 16-bit
     elements the (de)quantization kernels read or write per call, at the GPU's
@@ -229,7 +230,7 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     step; their seconds are charged to the embedding, the last unit of backward, whose
     reduction the step model exposes whole (cost/step_time.py). `by_class`: bytes per call of
     each unit class, in place of ``full`` (the FP8 all-gather; a class of 0 bytes issues no
-    call)."""
+    call). `copy_back`: of an all-reduce's buffer, the share copied back out after it."""
     topo, gpu = job.topology, job.cluster.gpu
     rate = gpu.quant_gbyte_per_s * 1e9
     lay = topo.layout(size, stride)
@@ -278,7 +279,7 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
         if copies and gpu.hbm_gbyte_per_s and op in ("all_gather", "reduce_scatter"):
             return 2 * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in
         if copies and gpu.hbm_gbyte_per_s and op == "all_reduce":  # flatten in, copy back out
-            return 4 * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)
+            return 2 * (1 + copy_back) * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)
         return 0.0
 
     unit_k = tuple(kernel(u, c) * per_unit + d for c, (u, d) in enumerate(zip(sizes, demand,
@@ -321,13 +322,15 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
 
     ex = job.profile.execution
 
-    def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True, by=None):
+    def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True, by=None,
+            copy_back=1.0):
         role = {"forward": "gather", "backward": "gather" if op == "all_gather" else "reduce",
                 "grad_sync": "reduce", "update": "update"}[phase]
         out.append(_entry(job, phase, op, group, size, stride * tp, dtype, 1,
                           n_micro if per_mb else 1, full, kernel, copies=per_mb, tp=tp,
                           role="amax" if by and not per_mb else role,
-                          exposed=phase == "grad_sync" and not ex.sync_overlap, by_class=by))
+                          exposed=phase == "grad_sync" and not ex.sync_overlap, by_class=by,
+                          copy_back=copy_back))
 
     fp8 = fp8_gathers(job, tp) if gathers_fp8(job, s) else None
     if s.s_p > 1 and per_micro_batch:
@@ -354,8 +357,10 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
             if s1 > 1:
                 add("backward", "all_to_all", "G_inter", s1, R, "int4+scales",
                     lambda u: quantized_bytes(u // s0, 4, blk), lambda u: 2 * u // s0)
-        else:
-            add("backward", ex.sharded_reduce, "G", s.s_g, 1, gdt, lambda u: u * gb)
+        else:  # ZeRO-2 (s_P = 1): the engine's zero2_reduce; ZeRO-3: its sharded_reduce
+            z2 = s.s_p == 1
+            add("backward", ex.zero2_reduce if z2 else ex.sharded_reduce, "G", s.s_g, 1, gdt,
+                lambda u: u * gb, copy_back=1 / s.s_g if z2 else 1.0)
     k = s.s_os // s.s_g
     if k > 1:  # unsharded gradients: the engine's replicated_reduce (engines.Execution)
         add("grad_sync", ex.replicated_reduce if s.s_g == 1 else "reduce_scatter", "OS_shard",
@@ -377,8 +382,6 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     if job.num_gpus > 1:
         out.append(_world_entry(job))
     return tuple(out)
-
-
 
 
 def gathers_fp8(job: Job, s: Strategy) -> bool:

@@ -97,6 +97,10 @@ class Configs:
         """Gathers fetched on demand per unit call, forward + backward (the 'comm' objective)."""
         self.red = np.where(qg, _by_factor(T.qgz, fi)[gi], _by_factor(T.rs, fi)[gi])
         self.kr = np.where(qg, _by_factor(T.kg, fi)[gi], _by_factor(T.krs, fi)[gi])
+        if T.rs2:  # ZeRO-2 (s_P = 1, G not quantized): the engine's own reduction (tables.py)
+            z2 = ((self.p == 1) & ~self.qg)[:, None]
+            self.red = np.where(z2, _by_factor({**T.rs, **T.rs2}, fi)[gi], self.red)
+            self.kr = np.where(z2, _by_factor({**T.krs, **T.krs2}, fi)[gi], self.kr)
         pairs = {k: i for i, k in enumerate(T.osrs)}
         go = np.array([pairs[int(g), int(o)] for g, o in zip(self.g, self.o, strict=True)],
                       dtype=np.int64)

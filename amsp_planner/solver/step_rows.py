@@ -61,6 +61,10 @@ class StepRows:
         def col(d, vars_, i):
             return dot(pulp, ((v, d[k][i]) for k, v in vars_.items()))
 
+        def zero2(d2, d, i):  # ZeRO-2 (pair P = 1, G = g): the table d2's in place of d's
+            return dot(pulp, ((self.zPG[1, g], x[i] - d[g][i]) for g, x in (d2 or {}).items()
+                              if (1, g) in self.zPG))
+
         q: dict = {}
         qx: dict = {}  # the compute-stream parts that are not the options' compute
         for c, i in idx.items():
@@ -71,10 +75,12 @@ class StepRows:
             k_bwd = col(T.ka, vn, i) + col(T.kq, vq, i) + col(T.khz, self.h, i)
             q["gather_fwd", c] = fwd_gather
             q["gather_bwd", c] = bwd_gather
-            q["reduce", c] = col(T.rs, self.xGn, i) + col(T.qgz, self.xGq, i)
+            q["reduce", c] = (col(T.rs, self.xGn, i) + col(T.qgz, self.xGq, i)
+                              + zero2(T.rs2, T.rs, i))
             q["sync", c] = col(T.osrs, self.zGO, i) + col(T.ar, self.xO, i)
             qx["fwd", c] = fwd_kernel
-            qx["bwd", c] = k_bwd + col(T.krs, self.xGn, i) + col(T.kg, self.xGq, i)
+            qx["bwd", c] = (k_bwd + col(T.krs, self.xGn, i) + col(T.kg, self.xGq, i)
+                            + zero2(T.krs2, T.krs, i))
             q["fwd", c] = col(T.fwd, self.y, i) + fwd_kernel
             q["bwd", c] = col(T.bwd, self.y, i) + col(T.dbwd, self.k, i) + qx["bwd", c]
         self._expert_time(q, qx, CLASSES)  # a mixture of experts' class (solver/expert_rows.py)
@@ -185,10 +191,10 @@ class StepRows:
             top = functools.partial(_top, i)
             out["gather_fwd", c] = top(T.ag, T.agq)
             out["gather_bwd", c] = top(T.ag, T.agq, T.hpz)
-            out["reduce", c] = top(T.rs, T.qgz)
+            out["reduce", c] = top(T.rs, T.qgz, T.rs2 or {})
             out["sync", c] = top(T.osrs) + top(T.ar)
             out["fwd", c] = top(T.fwd) + top(T.ka, T.kq)
-            out["bwd", c] = top(T.bwd, T.bwd_hi) + top(T.ka, T.kq, T.khz) + top(T.krs, T.kg)
+            out["bwd", c] = top(T.bwd, T.bwd_hi) + top(T.ka, T.kq, T.khz) + top(T.krs, T.kg, T.krs2 or {})
         self._expert_qmax(out, CLASSES)
         return out
 

@@ -138,6 +138,11 @@ class Tables:
     stream: the 'comm' objective counts them); dmq of kq, dmh of khz."""
     dmq: dict | None = None
     dmh: dict | None = None
+    rs2: dict | None = None
+    """ZeRO-2 (s_P = 1 < s_G): G factor -> the gradient reduction per unit call where it is not
+    ``rs``'s (the engine's ``Execution.zero2_reduce``: DeepSpeed all-reduces); krs2 its kernels.
+    Only the factors where it differs; the step rows add the difference on the pair P = 1."""
+    krs2: dict | None = None
 
     def get(self, name: str):
         """A table by name: the expert class's ('e_...') or a field."""
@@ -158,9 +163,16 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     mem_p, mem_g, mem_o = {}, {}, {}
     buf_ag, buf_agq, buf_gr, buf_grq = {}, {}, {}, {}
     metrics = 0.0
+    rs2, krs2 = {}, {}
     for f in F:
         base = Strategy(s_p=f, s_g=f, s_os=f)
         e = _entries(job, base)
+        z2 = _entries(job, Strategy(s_p=1, s_g=f, s_os=f)).get(("backward", "G"))
+        if f > 1 and (_unit(z2), _unit(z2, True)) != (_unit(e.get(("backward", "G"))),
+                                                      _unit(e.get(("backward", "G")), True)):
+            if True in sp.qgz and not job.profile.qgz_needs_p:  # qgZ at P = 1: not tabulated
+                raise NotImplementedError("a ZeRO-2 reduction of its own with qgZ at s_P = 1")
+            rs2[f], krs2[f] = _unit(z2), _unit(z2, True)
         ag[f], ka[f] = _unit(e.get(("forward", "P"))), _unit(e.get(("forward", "P")), True)
         dm[f] = _demand(e.get(("forward", "P")))
         rs[f], krs[f] = _unit(e.get(("backward", "G"))), _unit(e.get(("backward", "G")), True)
@@ -263,7 +275,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
                for j in fwd) or 1.0
     opt = {o: optimizer_time(job, o, tp) / unit for o in F}
     for d in (ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, fwd, bwd, bwd_hi, dbwd,
-              dm, dmq, dmh):
+              dm, dmq, dmh, rs2, krs2):
         for k in d:
             d[k] = tuple(x / unit for x in d[k])
     for k in upd:
@@ -273,6 +285,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
                      act, opt)
     tables.krange, tables.bwd_hi, tables.dbwd, tables.dact = krange, bwd_hi, dbwd, dact
     tables.dm, tables.dmq, tables.dmh = dm, dmq, dmh
+    tables.rs2, tables.krs2 = rs2, krs2
     tables.rec = {j: v / unit for j, v in rec.items()}
     tables.tpc = {j: v / unit for j, v in tpc.items()}
     tables.dtpc = {j: v / unit for j, v in dtpc.items()}

@@ -40,10 +40,11 @@ class TrainingSpec(BaseModel):
     Inductor fuses the elementwise kernels (norms with their residual adds, RoPE, SwiGLU) and
     torchao's FP8 casts, which cost/compute.py and cost/fp8.py then price as fused kernels.
     Memory follows ``activation_profile``. Left out of the dump at its default."""
-    attention_kernel: Literal["flash2", "flash1", "triton"] | None = None
+    attention_kernel: Literal["flash2", "flash1", "triton", "flash3"] | None = None
     """The attention kernel (cost/attention_kernel.py): flash2 (FlashAttention-2 or SDPA's
-    flash kernel, the GPU's ``attention_fraction``), flash1 (FlashAttention v1) or triton
-    (flash-attn's Triton FlashAttention: llm-foundry's ``attn_impl: triton``), their rates in
+    flash kernel, the GPU's ``attention_fraction``), flash1 (FlashAttention v1), triton
+    (flash-attn's Triton FlashAttention: llm-foundry's ``attn_impl: triton``) or flash3
+    (FlashAttention-3, Hopper only: transformers' ``flash_attention_3``), their rates in
     presets/attention_kernels.yaml; None: flash2. Left out of the dump at its default."""
     precision: Literal["bf16", "fp32", "fp8"] = "bf16"
     """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests).
