@@ -71,6 +71,17 @@ class Execution:
     overlap_flags: str = ""
     """The engine's opt-in switches that turn on ``sync_overlap`` and ``update_overlap`` both
     (``training: {dp_overlap: true}``, ``Execution.overlapped``); empty: it has none."""
+    gather_copy_out: bool = True
+    """Each micro-batch's parameter all-gathers end with a copy of the gathered buffer out to
+    the parameters (FSDP2's ``foreach_all_gather_copy_out``: read + write of the gathered
+    unit at HBM bandwidth, on the compute stream). False: the engine gathers straight into
+    the unsharded tensor the parameters are views of (FSDP1's FlatParameter)."""
+    backward_prefetch: str = "pre"
+    """When the next unit's backward all-gather is issued: 'pre' (before the current unit's
+    gradient computation) or 'post' (after it, in its post-backward hook: FSDP1's
+    BACKWARD_POST). Both are priced alike, the next gather in flight during the current
+    unit's backward (docs/cost-model.md "FSDP1"): the collectives reach the one NCCL stream in
+    the same order, and the CPU issues them ahead of the GPU."""
     launch_us: float = 0.0
     """Host time the engine adds per collective call (hooks, bucket bookkeeping, the launch),
     microseconds: it delays the call."""

@@ -268,6 +268,50 @@ PROFILES = {
 }
 
 
+_FSDP1 = "torch 2.13 torch/distributed/fsdp/"
+PROFILES["fsdp"] = dataclasses.replace(
+    PROFILES["fsdp2"], name="fsdp", title="FSDP1 (FullyShardedDataParallel)", tp=False,
+    tp_note="the published FSDP1 rows run no tensor parallelism; plan with --engine fsdp2",
+    gathers="one FlatParameter per FSDP unit (each block, then the root): one all-gather "
+            "straight into its padded unsharded flat tensor, the parameters views of it; the "
+            "next unit's all-gather in flight during the current unit's compute",
+    sources=(f"{_FSDP1}fully_sharded_data_parallel.py (FullyShardedDataParallel: "
+             "backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True, "
+             "forward_prefetch=False by default)",
+             f"{_FSDP1}_flat_param.py (FlatParamHandle.unshard, _all_gather_flat_param)",
+             f"{_FSDP1}_runtime_utils.py (_pre_backward_hook, _post_backward_reshard, "
+             "_prefetch_handle, _unshard's rate limiter)"),
+    execution=Execution(
+        gather_copy_out=False, backward_prefetch="pre",
+        sources=(
+            ("gather_grouping", f"{_FSDP1}_flat_param.py: one FlatParameter per wrapped "
+             "module (FlatParamHandle), one all-gather per handle"),
+            ("gather_copy_out", f"{_FSDP1}_flat_param.py FlatParamHandle.unshard -> "
+             "_all_gather_flat_param: dist.all_gather_single(padded_unsharded_flat_param, "
+             "sharded_flat_param) then _use_unsharded_views: the original parameters are "
+             "views of the gathered tensor, nothing copied out (FSDP2: _fsdp_collectives.py "
+             "foreach_all_gather_copy_out, split_with_sizes_copy into each parameter)"),
+            ("backward_prefetch", f"{_FSDP1}fully_sharded_data_parallel.py: backward_prefetch "
+             "defaults to BackwardPrefetch.BACKWARD_PRE (_runtime_utils.py _pre_backward_hook "
+             "-> _prefetch_handle); BACKWARD_POST (Composer's default, composer/trainer/"
+             "dist_strategy.py: fsdp_config.get('backward_prefetch', 'BACKWARD_POST')) issues "
+             "it from _post_backward_reshard instead, before the unit's reduce-scatter: the "
+             "same order on the process group's one NCCL stream (api.py BackwardPrefetch), "
+             "priced alike"),
+            ("prefetch_depth", f"{_FSDP1}_runtime_utils.py _unshard: with limit_all_gathers "
+             "the CPU waits for the free event of the unit two back (_limiter_utils.py "
+             "_FreeEventQueue, 2 all-gathers in flight); forward_prefetch off: the next "
+             "forward all-gather is issued when the CPU, running ahead, reaches that unit"),
+            ("sync_overlap", f"{_FSDP1}_runtime_utils.py _post_backward_hook: the "
+             "reduce-scatter on _post_backward_stream, after the unit's gradient computation, "
+             "overlapping the next unit's backward")),
+    ),
+)
+PRICED_ONLY = ("fsdp",)
+"""Profiles that price published rows of engines the planner does not offer (``--engine``
+takes ``ENGINES``): FSDP1, which the published llm-foundry, IBM and FSDP-paper rows ran."""
+
+
 def _versioned() -> dict[str, EngineProfile]:
     """The past releases' profiles (engine_versions.py): the current one with their fields."""
     from amsp_planner.engine_versions import VERSIONS

@@ -99,22 +99,23 @@ def scale_bucket(gpus: int) -> str:
 
 
 # Engines the published rows ran that have no execution profile of their own: priced with the
-# profile of the engine that executes the same way (FSDP1 and Composer's FSDP as FSDP2;
+# profile of the engine that executes the same way (FairScale's FSDP as FSDP2; FSDP1 and
+# Composer's FSDP have their own, engines.PRICED_ONLY;
 # Megatron-DeepSpeed, Megatron's tensor and pipeline parallelism with DeepSpeed's ZeRO-1, as
 # Megatron-Core: its distributed optimizer moves a ZeRO-1 step's bytes, reduce-scatter +
 # all-gather = the all-reduce of DeepSpeed's BF16_Optimizer).
-PRICED_AS = {"fsdp": "fsdp2", "fairscale": "fsdp2", "megatron-deepspeed": "megatron"}
+PRICED_AS = {"fairscale": "fsdp2", "megatron-deepspeed": "megatron"}
 
 
 def pricing_engine(engine: str, version: str | None = None) -> tuple[str, str]:
     """The engine profile a row is priced with, and why when it is not the row's own: the
     profile of the release the row ran (`version`, its ``engine_version``) where
     engine_versions.py has one, else the engine's current one."""
-    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES, VERSIONED
+    from amsp_planner.engines import DEFAULT_ENGINE, ENGINES, PRICED_ONLY, VERSIONED
 
     if version and f"{engine}@{version}" in VERSIONED:
         return f"{engine}@{version}", ""
-    if engine in ENGINES:
+    if engine in ENGINES or engine in PRICED_ONLY:
         return engine, (f"{engine} {version} has no profile: priced as the current release"
                         if version else "")
     alt = PRICED_AS.get(engine, DEFAULT_ENGINE)

@@ -276,7 +276,8 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
         if host and op == "reduce_scatter" and copies:  # the engine's per-rank interleave
             return host * tensors[c] + (2 * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)
                                         if gpu.hbm_gbyte_per_s else 0.0)
-        if copies and gpu.hbm_gbyte_per_s and op in ("all_gather", "reduce_scatter"):
+        if copies and gpu.hbm_gbyte_per_s and (op == "reduce_scatter" or op == "all_gather"
+                                               and job.profile.execution.gather_copy_out):
             return 2 * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)  # copy-out / copy-in
         if copies and gpu.hbm_gbyte_per_s and op == "all_reduce":  # flatten in, copy back out
             return 2 * (1 + copy_back) * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)
