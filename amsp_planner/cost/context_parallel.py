@@ -60,7 +60,9 @@ KINDS = {"torchtitan": "ring", "fsdp2": "ring", "deepspeed": "ulysses"}
 
 
 def cp_kind(job: Job) -> str | None:
-    return KINDS.get(job.engine.partition("@")[0])
+    from amsp_planner.engines import runs_as
+
+    return KINDS.get(runs_as(job.engine).partition("@")[0])
 
 
 def check_cp(job: Job, s: Strategy) -> None:
