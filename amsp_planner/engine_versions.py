@@ -73,7 +73,9 @@ launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml and examples/trainin
   ``bias_dropout_add_fusion``, ``persist_layer_norm``, ``masked_softmax_fusion`` for GPT-3;
   ``apply_rope_fusion: true`` for Llama and Nemotron; ``cross_entropy_loss_fusion: true``
   for Nemotron). The megatron profile keeps eager pricing: there the same rule moves its
-  rows both ways (docs/cost-model.md).
+  rows both ways (docs/cost-model.md). What autograd saves follows the same kernels
+  (``activation_profile`` 'fused': cost/activations.py's Megatron-Core with Transformer
+  Engine).
 - not priced (no published row measures them): the bucket size (``optim.bucket_cap_mb``
   400 / 220 / 125 / 100 MB per model; the profile keeps Megatron's bucket) and the master
   weights kept as 16-bit remainders of the bf16 parameters (``store_param_remainders``:
@@ -138,6 +140,7 @@ VERSIONS: dict[str, dict] = {
         "title": "NeMo 24.07 (Megatron-Core)",
         "reduce_dtype": None,
         "fused_elementwise": True,
+        "activation_profile": "fused",
         "gathers": "Apex DistributedFusedAdam (optim.name distributed_fused_adam): optimizer "
                    "states sharded over the data-parallel ranks, gradients reduce-scattered and "
                    "updated parameters all-gathered in buckets, once per step",
