@@ -66,6 +66,7 @@ from amsp_planner.cost.roofline import (  # noqa: F401 (_Rates, fp8_linears: re-
     _rates,
     fp8_linears,
 )
+from amsp_planner.engines import profile
 from amsp_planner.strategy import checkpointed_blocks
 
 
@@ -98,7 +99,7 @@ def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
 def fused_elementwise(job: Job) -> bool:
     """The elementwise kernels priced fused: under torch.compile, or where the engine's own
     kernels fuse them (``EngineProfile.fused_elementwise``)."""
-    return job.training.compile or job.profile.fused_elementwise
+    return job.training.compile or profile(job.engine).fused_elementwise
 
 
 def _act_elements(job: Job) -> int:
