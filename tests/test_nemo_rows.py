@@ -46,10 +46,11 @@ SHAPES = {
     "nemo-llama2-7b": (32, 4096, 32, None, 11008, 32000),
     "nemo-llama2-13b": (40, 5120, 40, None, 13824, 32000),
     "nemo-llama2-70b": (80, 8192, 64, 8, 28672, 32000),
+    "nemo-llama3-70b": (80, 8192, 64, 8, 28672, 128256),
     "nemo-nemotron-8b": (32, 4096, 32, None, 16384, 256000),
     "nemo-nemotron-22b": (40, 6144, 48, None, 24576, 256000),
 }
-UB_OVERLAP = {"nemo2407-gpt3-20b-64": True, "nemo2407-gpt3-175b-128": False,
+UB_OVERLAP = {"nemo2407-llama3-70b-64": True, "nemo2407-gpt3-20b-64": True, "nemo2407-gpt3-175b-128": False,
               "nemo2407-gpt3-175b-512": False, "nemo2407-llama2-70b-64": True,
               "nemo2407-nemotron-8b-64": True, "nemo2407-nemotron-22b-64": True}
 
@@ -70,17 +71,14 @@ def test_nemo_rows_carry_the_published_setup(doc, rid):
     assert (r["source"], r["engine"], r["engine_version"]) == ("nemo-24.07", "nemo", "24.07")
     assert (r["gpus"], r["seq_len"], r["value"], r["metric"]) == (gpus, seq, value,
                                                                    "tps_per_gpu")
-    if cp > 1 or rid.endswith("340b-128"):
-        # CP 2 (Megatron-Core's TE ring) and selective recomputation are not modelled
-        assert r["scope"] != "in"
-        assert ("context parallelism" in r["scope"]) == (cp > 1)
-        assert ("selective recomputation" in r["scope"]) == (cp == 1)
+    if rid.endswith("340b-128"):  # Megatron's selective recomputation is not modelled
+        assert r["scope"].startswith("selective recomputation")
         return
     assert r["scope"] == "in" and r["global_batch_seqs"] == gbs
     s = parse_strategy_or_baseline(r["strategy"], gpus, 8)
-    assert (s.tp, s.pp, s.vpp, s.micro_batch) == (tp, pp, vp, mbs)
-    # distributed_fused_adam: optimizer states over the DP ranks, gradients and parameters
-    # whole on each (the megatron shape 'os')
+    assert (s.tp, s.pp, s.vpp, s.cp, s.micro_batch) == (tp, pp, vp, cp, mbs)
+    # distributed_fused_adam: optimizer states over the data-parallel group with context
+    # parallelism (DP x CP ranks), gradients and parameters whole on each ('os')
     assert (s.s_p, s.s_g, s.s_os) == (1, 1, gpus // (tp * pp))
     t = r["training"]
     assert (t["precision"], t["fp8_recipe"], t["dp_overlap"]) == ("fp8", "delayed", True)
@@ -168,3 +166,32 @@ def test_megatron_readme_rows_carry_the_table(doc, size, heads, hidden, layers, 
     assert (s.tp, s.pp, s.s_os, tp * pp * dp) == (tp, pp, dp, gpus)
     # the micro-batch, interleaving and recomputation are not published
     assert r["scope"].startswith("setup not published")
+
+
+def test_megatron_context_parallelism_is_the_te_ring_by_hand(doc):
+    # Llama 3 8B, CP 2 on one DGX H100 node, micro-batch 1 of 8192 tokens: each rank holds
+    # t_l = 4096 tokens; a hop carries K and V, 2 d_kv a_b t_l = 2 x 1024 x 2 x 4096 bytes,
+    # over NVLink (latency + bytes / bandwidth); the forward hides its one hop behind one ring
+    # step (the block's attention / 2); backward: the K, V + dK, dV hop behind a step of the
+    # attention backward, the last dK, dV hop whole
+    from amsp_planner.cost.context_parallel import cp_kind, cp_view, p2p_hop_seconds
+    from amsp_planner.cost.evaluate import evaluate
+
+    job, s, engine, _ = priced_job(_row(doc, "nemo2407-llama3-8b-8"), doc["models"])
+    assert engine == "nemo@24.07" and cp_kind(job) == "p2p"
+    view, c = cp_view(job, 2), job.cluster
+    kv = 2 * 1024 * 2 * 4096
+    hop = c.intra_latency_us * 1e-6 + kv / c.intra_bytes_per_s
+    assert p2p_hop_seconds(view, s, kv) == pytest.approx(hop)
+    gpu = c.gpu  # attention in bf16 (TE's FP8 covers the linears), at the GPU's flash rate
+    assert job.training.dtype_name == "bf16"
+    attn = 2.0 * 4096 * 8192 * 4096 / (gpu.peak_flop_per_s("bf16") * gpu.attention_fraction)
+    ev = evaluate(job, s)
+    cp = {e.phase: e for e in ev.schedule if e.group == "CP"}
+    per_step = ev.n_micro * 32
+    fwd = max(0.0, hop - attn / 2)
+    hop2 = c.intra_latency_us * 1e-6 + 2 * kv / c.intra_bytes_per_s
+    bwd = max(0.0, hop2 - 2.5 * attn / 2) + hop
+    assert cp["forward"].time_s == pytest.approx(per_step * fwd)
+    assert cp["backward"].time_s == pytest.approx(per_step * bwd)
+    assert "recompute" not in cp  # no recomputation
