@@ -185,11 +185,12 @@ def p2p_hop_seconds(view: Job, s: Strategy, bytes_: float) -> float:
 def _p2p_entries(view: Job, s: Strategy, n_micro: int, again: float) -> list[ScheduleEntry]:
     """Transformer Engine's K/V ring (module docstring): the seconds its hops add to the
     compute stream, max(0, hop - ring step) each."""
-    from amsp_planner.cost.roofline import _div, _rates
+    from amsp_planner.cost.attention_kernel import attention_fraction
 
     m, t, c = view.model, view.training, view.cp
     tokens, ab = s.micro_batch * t.seq_len, t.param_bytes
-    attn = _div(2.0 * tokens * t.seq_len * c * m.num_heads * m.head_dim, s.tp) / _rates(view).attn
+    rate = view.cluster.gpu.peak_flop_per_s(t.dtype_name) * attention_fraction(view)
+    attn = 2.0 * tokens * t.seq_len * c * m.num_heads * m.head_dim / s.tp / rate  # compute.py's
     kv = 2 * m.kv_dim * ab * tokens / s.tp
     hop, hop2 = p2p_hop_seconds(view, s, kv), p2p_hop_seconds(view, s, 2 * kv)
     fwd = (c - 1) * max(0.0, hop - attn / c)
