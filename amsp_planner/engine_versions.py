@@ -44,7 +44,8 @@ NeMo 24.07 (``nemo@24.07``: the container of NVIDIA/NeMo docs/source/performance
 performance_summary.md at 9c5c5e9, the rows of source nemo-24.07). NeMo's LLM pre-training
 runs Megatron-Core's GPT (``mcore_gpt: True``) with Transformer Engine, so the profile is the
 megatron one (tensor + sequence parallelism, the 1F1B and interleaved pipeline schedules,
-TP communication overlap through TE userbuffers, FP8 through TE: cost/fp8.py family 'te');
+TP communication overlap through TE userbuffers, FP8 through TE: cost/fp8.py family 'te',
+context parallelism through TE's K/V ring: cost/context_parallel.py kind 'p2p');
 ``engines.runs_as`` maps the key to megatron for those rules. What differs, read from the
 training configs of NVIDIA/NeMo-Framework-Launcher at tag 24.07 (8325688d,
 launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml and examples/training/*/h100/
@@ -54,6 +55,8 @@ launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml and examples/trainin
 - the data-parallel optimizer is Apex's DistributedFusedAdam (``optim.name:
   distributed_fused_adam``, NeMo's MegatronDistributedFusedAdam), not Megatron-Core's
   distributed optimizer: the same shape (Adam states sharded over the data-parallel ranks,
+  with context parallelism the DP x CP ranks: distributed_adam.py takes
+  ``get_data_parallel_group(with_context_parallel=True)``;
   gradients reduce-scattered, updated parameters all-gathered, in buckets: 'os'), the same
   schedule (megatron_gpt_model.py ``fwd_bwd_step`` hands the optimizer's ``no_sync``,
   ``reduce_overlap_gradients`` and ``sync_overlap_parameters`` to Megatron-Core's pipeline
@@ -72,7 +75,7 @@ launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml and examples/trainin
   the fusions every 24.07 training config switches on (``bias_activation_fusion``,
   ``bias_dropout_add_fusion``, ``persist_layer_norm``, ``masked_softmax_fusion`` for GPT-3;
   ``apply_rope_fusion: true`` for Llama and Nemotron; ``cross_entropy_loss_fusion: true``
-  for Nemotron). The megatron profile keeps eager pricing: there the same rule moves its
+  for Llama 3 and Nemotron). The megatron profile keeps eager pricing: there the same rule moves its
   rows both ways (docs/cost-model.md). What autograd saves follows the same kernels
   (``activation_profile`` 'fused': cost/activations.py's Megatron-Core with Transformer
   Engine).
