@@ -60,6 +60,11 @@ class EngineProfile:
     op_policy: str = "matmuls"
     """Its op-level selective checkpointing: 'matmuls' keeps every matmul's output,
     'alternate' every second one (torchtitan's policy; cost/activations.py)."""
+    fused_elementwise: bool = False
+    """Its model code runs the blocks' elementwise kernels fused (norm with residual add, RoPE,
+    the activation, each one kernel), priced as cost/compute.py prices a compiled block
+    (``training.compile``) without torch.compile: NeMo 24.07's Transformer Engine modules with
+    its fusion switches (engine_versions.py)."""
     expert_rule: str = "any"
     """Mixture of experts: the expert settings (e, placement, expert triple) it runs with a
     dense triple, a rule of engine_experts.py ('any', 'tied', 'stages', 'titan', 'os',

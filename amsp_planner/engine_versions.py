@@ -39,6 +39,50 @@ profile, for ZeRO-3:
 
 Only stage 3 is profiled (``shapes`` 'zero3'): stages 1 and 2 of that release (stage1.py,
 stage2.py) are other code, not read here.
+
+NeMo 24.07 (``nemo@24.07``: the container of NVIDIA/NeMo docs/source/performance/
+performance_summary.md at 9c5c5e9, the rows of source nemo-24.07). NeMo's LLM pre-training
+runs Megatron-Core's GPT (``mcore_gpt: True``) with Transformer Engine, so the profile is the
+megatron one (tensor + sequence parallelism, the 1F1B and interleaved pipeline schedules,
+TP communication overlap through TE userbuffers, FP8 through TE: cost/fp8.py family 'te',
+context parallelism through TE's K/V ring: cost/context_parallel.py kind 'p2p');
+``engines.runs_as`` maps the key to megatron for those rules. What differs, read from the
+training configs of NVIDIA/NeMo-Framework-Launcher at tag 24.07 (8325688d,
+launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml and examples/training/*/h100/
+*_fp8.sh) and NeMo's model code (branch r2.0.0rc1, db624485, the release of that container
+[inf]):
+
+- the data-parallel optimizer is Apex's DistributedFusedAdam (``optim.name:
+  distributed_fused_adam``, NeMo's MegatronDistributedFusedAdam), not Megatron-Core's
+  distributed optimizer: the same shape (Adam states sharded over the data-parallel ranks,
+  with context parallelism the DP x CP ranks: distributed_adam.py takes
+  ``get_data_parallel_group(with_context_parallel=True)``;
+  gradients reduce-scattered, updated parameters all-gathered, in buckets: 'os'), the same
+  schedule (megatron_gpt_model.py ``fwd_bwd_step`` hands the optimizer's ``no_sync``,
+  ``reduce_overlap_gradients`` and ``sync_overlap_parameters`` to Megatron-Core's pipeline
+  schedules as ``no_sync_func``, ``grad_sync_func``, ``param_sync_func``: the gradients are
+  reduced during the last micro-batch's backward, the parameters gathered during the next
+  forward), switched on by ``optim.overlap_grad_sync`` / ``overlap_param_sync`` (True in
+  every 24.07 training config: rows ``dp_overlap: true``).
+- the gradient-reduction dtype is a setting, ``optim.grad_sync_dtype``, not Megatron's
+  forced fp32 (``reduce_dtype`` None: the row's ``grad_accum_dtype``): Apex's default is the
+  optimizer dtype, fp32 (megatron_base_model.py ``setup_optimization``: ``dtype`` float32);
+  the FP8 recipes of the release set ``+training.model.optim.grad_sync_dtype=bf16``
+  (examples/training/gpt/h100/*_fp8*.sh, llama/h100/*_fp8.sh; not the nemotron ones).
+- the elementwise kernels fused (``fused_elementwise``, priced as cost/compute.py prices a
+  compiled block): Megatron-Core's Transformer Engine layer spec (``transformer_engine:
+  True``: TE's LayerNormLinear / LayerNormMLP run the norms inside the linear modules) with
+  the fusions every 24.07 training config switches on (``bias_activation_fusion``,
+  ``bias_dropout_add_fusion``, ``persist_layer_norm``, ``masked_softmax_fusion`` for GPT-3;
+  ``apply_rope_fusion: true`` for Llama and Nemotron; ``cross_entropy_loss_fusion: true``
+  for Llama 3 and Nemotron). The megatron profile keeps eager pricing: there the same rule moves its
+  rows both ways (docs/cost-model.md). What autograd saves follows the same kernels
+  (``activation_profile`` 'fused': cost/activations.py's Megatron-Core with Transformer
+  Engine).
+- not priced (no published row measures them): the bucket size (``optim.bucket_cap_mb``
+  400 / 220 / 125 / 100 MB per model; the profile keeps Megatron's bucket) and the master
+  weights kept as 16-bit remainders of the bf16 parameters (``store_param_remainders``:
+  2 bytes per parameter less optimizer memory than Megatron's fp32 copy).
 """
 
 from __future__ import annotations
@@ -46,6 +90,8 @@ from __future__ import annotations
 from amsp_planner.engine_execution import Execution
 
 _DS_0_3_14 = "github.com/microsoft/DeepSpeed v0.3.14 (0cd9abf2)"
+_NEMO_LAUNCHER = "github.com/NVIDIA/NeMo-Framework-Launcher tag 24.07 (8325688d)"
+_NEMO = "github.com/NVIDIA/NeMo branch r2.0.0rc1 (db624485)"
 
 VERSIONS: dict[str, dict] = {
     "deepspeed@0.3.14": {
@@ -90,6 +136,48 @@ VERSIONS: dict[str, dict] = {
                  "ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT = False; stage3.py "
                  "reduce_ipg_grads -> buffered_reduce_fallback -> allreduce_and_copy: the "
                  "bucket flattened, dist.all_reduce, copied back")),
+        ),
+    },
+    "nemo@24.07": {
+        "base": "megatron",
+        "title": "NeMo 24.07 (Megatron-Core)",
+        "reduce_dtype": None,
+        "fused_elementwise": True,
+        "activation_profile": "fused",
+        "gathers": "Apex DistributedFusedAdam (optim.name distributed_fused_adam): optimizer "
+                   "states sharded over the data-parallel ranks, gradients reduce-scattered and "
+                   "updated parameters all-gathered in buckets, once per step",
+        "sources": (
+            f"{_NEMO_LAUNCHER} launcher_scripts/conf/training/gpt3/*.yaml, llama/*.yaml, "
+            "nemotron/*.yaml (mcore_gpt, transformer_engine, optim: distributed_fused_adam, "
+            "overlap_grad_sync, overlap_param_sync, bucket_cap_mb)",
+            f"{_NEMO_LAUNCHER} examples/training/*/h100/*_fp8.sh "
+            "(+training.model.optim.grad_sync_dtype=bf16)",
+            f"{_NEMO} nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py "
+            "fwd_bwd_step (no_sync_func, grad_sync_func, param_sync_func into Megatron-Core's "
+            "schedules)",
+            f"{_NEMO} nemo/collections/nlp/models/language_modeling/megatron_base_model.py "
+            "setup_optimization (optimizer dtype float32, param_sync_dtype the model dtype)",
+            f"{_NEMO_LAUNCHER} launcher_scripts/conf/training/*.yaml (fused_elementwise: "
+            "transformer_engine, bias_activation_fusion, bias_dropout_add_fusion, "
+            "persist_layer_norm, apply_rope_fusion, cross_entropy_loss_fusion)"),
+        "execution": Execution(
+            reduce_bucket=40_000_000, reduce_bucket_per_rank=1_000_000,
+            update_bucket=40_000_000, sync_overlap=False,
+            overlap_flags="optim.overlap_grad_sync optim.overlap_param_sync",
+            sources=(
+                ("overlap_flags", f"{_NEMO} megatron_gpt_model.py fwd_bwd_step: with "
+                 "distributed_fused_adam the optimizer's no_sync / reduce_overlap_gradients / "
+                 "sync_overlap_parameters become Megatron-Core's no_sync_func / grad_sync_func "
+                 "/ param_sync_func; on in every 24.07 training config "
+                 f"({_NEMO_LAUNCHER} launcher_scripts/conf/training/*: overlap_grad_sync "
+                 "True, overlap_param_sync true)"),
+                ("reduce_bucket", "not NeMo's (optim.bucket_cap_mb, 100-400 MB per model): "
+                 "Megatron-Core's default bucket kept, no published row measures the size"),
+                ("reduce_bucket_per_rank", "the same"),
+                ("update_bucket", "the same buffer's buckets (Apex contiguous_param_buffer)"),
+                ("sync_overlap", "off unless optim.overlap_grad_sync (the opt-in above)"),
+                ("update_overlap", "off unless optim.overlap_param_sync (the opt-in above)")),
         ),
     },
 }

@@ -328,6 +328,15 @@ VERSIONED = tuple(k for k in PROFILES if "@" in k)
 """Profiles of past releases, for pricing published runs (never a choice of --engine)."""
 
 
+def runs_as(engine: str) -> str:
+    """The engine whose code a profile key runs, for the rules keyed by engine (FP8 family,
+    TP-overlap kind, context-parallel attention): a past release's ``base``
+    (engine_versions.py: ``nemo@24.07`` runs Megatron-Core, ``megatron``), else the key."""
+    from amsp_planner.engine_versions import VERSIONS
+
+    return VERSIONS[engine]["base"] if engine in VERSIONS else engine
+
+
 def profile(engine: str) -> EngineProfile:
     """The profile of an engine name; AmspUserError naming --engine and the choices."""
     try:

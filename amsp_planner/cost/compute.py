@@ -66,6 +66,7 @@ from amsp_planner.cost.roofline import (  # noqa: F401 (_Rates, fp8_linears: re-
     _rates,
     fp8_linears,
 )
+from amsp_planner.engines import profile
 from amsp_planner.strategy import checkpointed_blocks
 
 
@@ -95,12 +96,18 @@ def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
     return sum(_matmul(r, t, *shape[n]) for n in names)
 
 
+def fused_elementwise(job: Job) -> bool:
+    """The elementwise kernels priced fused: under torch.compile, or where the engine's own
+    kernels fuse them (``EngineProfile.fused_elementwise``)."""
+    return job.training.compile or profile(job.engine).fused_elementwise
+
+
 def _act_elements(job: Job) -> int:
     """Forward elements per token of the MLP's activation: SwiGLU 5f eager (SiLU read and
     write, the product read two and write), 3f compiled (one kernel reads the gate and up
     outputs and writes their product); GELU 2f."""
     f = job.model.ffn_hidden_size
-    return (3 if job.training.compile else 5) * f if job.model.ffn_matrices == 3 else 2 * f
+    return (3 if fused_elementwise(job) else 5) * f if job.model.ffn_matrices == 3 else 2 * f
 
 
 def _elementwise_block(job: Job) -> float:
@@ -108,7 +115,7 @@ def _elementwise_block(job: Job) -> float:
     m = job.model
     h, kv = m.hidden_size, m.kv_dim
     a = job.training.param_bytes
-    if job.training.compile:  # add + norm one kernel each (read 2h, write 2h), RoPE fused
+    if fused_elementwise(job):  # add + norm one kernel each (read 2h, write 2h), RoPE fused
         return (2 * 4 * h + 2 * (h + kv) + _act_elements(job)) * a
     return (28 * h + 6 * (h + kv) + 6 * h + _act_elements(job)) * a
 

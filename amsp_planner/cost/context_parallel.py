@@ -10,6 +10,13 @@ runs over the whole sequence through the engine's exchange (``KINDS``):
   ranks once per attention call and merges C sub-SDPAs' outputs and log-sum-exps in fp32;
   backward all-gathers K and V again, accumulates dQ, dK, dV in fp32 and passes the fp32 dK, dV
   partial sums around the ring (``permute_tensor``, C sends).
+- ``p2p`` (Megatron-Core, and NeMo on it: Transformer Engine's ``AttnFuncWithCPAndKVP2P``,
+  ``cp_comm_type`` p2p, the default; transformer_engine/pytorch/attention.py): the same 2C-chunk
+  load balancing; the K and V of each rank go round the ring by point-to-point send/recv, one
+  hop per step, C steps, the transfer of step i + 1's K, V issued before step i's attention
+  and overlapped with it ("overlap current-step compute with next-step communication");
+  backward the same ring with K, V and the partial dK, dV passed on in one buffer, the last dK,
+  dV hop waited for after the loop.
 - ``ulysses`` (DeepSpeed-Ulysses, deepspeed/sequence/layer.py ``DistributedAttention``): an
   all-to-all of each of q, k, v (sequence-sharded to head-sharded) before attention and one of
   its output after; backward the four transposed all-to-alls.
@@ -27,6 +34,7 @@ call (``cp_buffer_bytes``), per token of the rank, per TP rank 1/t of them:
   ring     backward, the larger phase: the gathered K and V of the C ranks 2 C d_kv a_b, the
            fp32 dQ, dK, dV accumulators 4 (h + 2 d_kv), one sub-SDPA's dQ, dK, dV
            (h + 2 d_kv) a_b, the fp32 dK, dV sent and received 2 x 8 d_kv;
+  p2p      backward, the larger phase: two ring buffers of K, V and dK, dV, 2 x 4 d_kv a_b;
   ulysses  the all-to-alls' inputs and outputs of q, k, v: 2 (h + 2 d_kv) a_b.
 
 Time: compute of s/C tokens per sequence with attention over s (C times the view's attention
@@ -38,6 +46,13 @@ and micro-batch:
            recomputed forward of a checkpointed block; backward: one all-gather of K and V and
            the C - 1 passes of the fp32 dK, dV (8 d_kv t_l each) priced as one all-gather that
            moves as many bytes per rank;
+  p2p      send/recv hops of 2 d_kv a_b t_l bytes (K and V) between neighbours of the CP
+           group, each priced as a pipeline send (cost/pipeline.py: latency + bytes over NVLink,
+           or the NIC's share per GPU across nodes) and hidden behind one ring step of the
+           attention, the block's attention / C (forward) or 2.5 x that (backward), so a hop
+           costs max(0, hop - step): forward C - 1 hops, again in a recomputed forward;
+           backward C - 1 hops of K, V with dK, dV (twice the bytes) and the last dK, dV hop
+           whole;
   ulysses  forward 4 all-to-alls (q h, k and v d_kv, the output h; a_b t_l per rank), backward
            4, the recomputed forward 4 more.
 """
@@ -55,12 +70,14 @@ from amsp_planner.topology import split_bytes
 if TYPE_CHECKING:  # annotations only: cost/job.py checks cp= through check_cp
     from amsp_planner.cost.job import Job
 
-KINDS = {"torchtitan": "ring", "fsdp2": "ring", "deepspeed": "ulysses"}
+KINDS = {"torchtitan": "ring", "fsdp2": "ring", "deepspeed": "ulysses", "megatron": "p2p"}
 """The context-parallel attention each engine runs (module docstring); others run none."""
 
 
 def cp_kind(job: Job) -> str | None:
-    return KINDS.get(job.engine.partition("@")[0])
+    from amsp_planner.engines import runs_as
+
+    return KINDS.get(runs_as(job.engine).partition("@")[0])
 
 
 def check_cp(job: Job, s: Strategy) -> None:
@@ -69,8 +86,8 @@ def check_cp(job: Job, s: Strategy) -> None:
     head = f"--strategy {s}: cp={c}"
     if kind is None:
         raise AmspUserError(f"{head}: {job.profile.title} does not run context parallelism here: "
-                            "use cp=1, or --engine torchtitan / fsdp2 / deepspeed")
-    chunks = 2 * c if kind == "ring" else c  # the ring's load balancing: 2C chunks
+                            "use cp=1, or --engine torchtitan / fsdp2 / deepspeed / megatron")
+    chunks = 2 * c if kind in ("ring", "p2p") else c  # the ring's load balancing: 2C chunks
     if t.seq_len % chunks:
         raise AmspUserError(f"{head} cuts each sequence into {chunks} equal chunks ({kind} "
                             f"attention): use a --seq-len that is a multiple of {chunks}")
@@ -106,6 +123,8 @@ def cp_buffer_bytes(view: Job, s: Strategy) -> float:
     tokens = s.micro_batch * view.training.seq_len
     if cp_kind(view) == "ring":
         per = 2 * c * kv * ab + 4 * (h + 2 * kv) + (h + 2 * kv) * ab + 2 * 8 * kv
+    elif cp_kind(view) == "p2p":
+        per = 2 * 4 * kv * ab
     else:
         per = 2 * (h + 2 * kv) * ab
     return per * tokens / s.tp
@@ -145,8 +164,51 @@ def cp_entries(view: Job, s: Strategy, n_micro: int) -> list[ScheduleEntry]:
                _entry(view, "recompute", "all_gather", s, dt, kv, again, n_micro),
                _entry(view, "backward", "all_gather", s, dt, kv, 1, n_micro),
                _entry(view, "backward", "all_gather", s, "fp32", dkv, 1, n_micro)]
+    elif cp_kind(view) == "p2p":
+        return _p2p_entries(view, s, n_micro, again)
     else:
         each = (2 * m.hidden_size + 2 * m.kv_dim) / 4 * ab * tokens  # q, k, v, out: the mean
         out = [_entry(view, ph, "all_to_all", s, dt, each, 4 * n, n_micro)
                for ph, n in (("forward", 1), ("recompute", again), ("backward", 1))]
     return [e for e in out if e is not None]
+
+
+def p2p_hop_seconds(view: Job, s: Strategy, bytes_: float) -> float:
+    """One send/recv hop of `bytes_` per rank between CP neighbours, as a pipeline send
+    (cost/pipeline.py ``send_seconds``): NVLink inside a node, the NIC's share across nodes."""
+    c = view.cluster
+    if view.topology.layout(view.cp, s.tp).members_per_node >= view.cp:
+        return c.intra_latency_us * 1e-6 + bytes_ / c.intra_bytes_per_s
+    return c.inter_latency_us * 1e-6 + bytes_ / (c.node_nic_bytes_per_s / c.gpus_per_node)
+
+
+def _p2p_entries(view: Job, s: Strategy, n_micro: int, again: float) -> list[ScheduleEntry]:
+    """Transformer Engine's K/V ring (module docstring): the seconds its hops add to the
+    compute stream, max(0, hop - ring step) each."""
+    from amsp_planner.cost.attention_kernel import attention_fraction
+
+    m, t, c = view.model, view.training, view.cp
+    tokens, ab = s.micro_batch * t.seq_len, t.param_bytes
+    rate = view.cluster.gpu.peak_flop_per_s(t.dtype_name) * attention_fraction(view)
+    attn = 2.0 * tokens * t.seq_len * c * m.num_heads * m.head_dim / s.tp / rate  # compute.py's
+    kv = 2 * m.kv_dim * ab * tokens / s.tp
+    hop, hop2 = p2p_hop_seconds(view, s, kv), p2p_hop_seconds(view, s, 2 * kv)
+    fwd = (c - 1) * max(0.0, hop - attn / c)
+    bwd = (c - 1) * max(0.0, hop2 - 2.5 * attn / c) + hop
+    per_block = {"forward": fwd, "recompute": again * fwd, "backward": bwd}
+    sends = {"forward": (c - 1) * kv, "recompute": again * (c - 1) * kv,
+             "backward": (c - 1) * 2 * kv + kv}
+    lay = view.topology.layout(c, s.tp)
+    out = []
+    for phase, sec in per_block.items():
+        per_step = n_micro * m.num_layers
+        b = sends[phase] * per_step
+        if not b:
+            continue
+        intra = lay.members_per_node >= c
+        out.append(ScheduleEntry(phase, "send_recv", "CP", c, s.tp, lay.members_per_node,
+                                 t.dtype_name, round(per_step * (c - 1 if phase != "backward"
+                                                                 else c)), int(b * c),
+                                 b if intra else 0.0, 0.0 if intra else b, per_step * sec, 0.0,
+                                 (0.0, sec, 0.0), (0.0, 0.0, 0.0)))
+    return out

@@ -86,8 +86,11 @@ RECIPE = {
 
 def family_of(engine: str) -> str:
     """The engine's FP8 implementation ('torchao' or 'te'); a user error if it has none."""
+    from amsp_planner.engines import runs_as
+
     if engine in GATHER_ONLY:
         return GATHER_ONLY[engine]
+    engine = runs_as(engine)
     if engine not in FAMILY:
         raise AmspUserError(f"--precision fp8: engine {engine} has no FP8 path in the planner; "
                             f"use --engine {', '.join(sorted(FAMILY))}, or --precision bf16")

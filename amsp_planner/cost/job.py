@@ -143,7 +143,8 @@ class Job:
         eng = profile(engine)
         tps = model.tp_degrees(min(r, num_gpus)) if eng.tp else [1]
         n = num_gpus // pp if pp > 1 and num_gpus % pp == 0 else num_gpus  # one stage's GPUs
-        tp_ok = [t for t in tps if b >= n // t and b % (n // t) == 0]
+        tp_ok = [t for t in tps if t <= n and b >= n // t and b % (n // t) == 0]  # a stage
+        # of n < r GPUs (pp) holds no TP degree above n
         if (b < n or b % n) and not tp_ok:
             tmax = max(tps)
             why = ("with data parallelism only each GPU needs whole sequences" if tmax == 1 else

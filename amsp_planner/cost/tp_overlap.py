@@ -63,6 +63,7 @@ recompute  as forward
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
+from amsp_planner.engines import runs_as
 
 OVERLAPPED = ("all_gather", "reduce_scatter")
 """The block collectives the rule hides (module docstring); every other TP call is exposed."""
@@ -129,7 +130,7 @@ def block_call_costs(job: Job, micro_batch: int, tp: int, phase: str, op: str,
     """Seconds on the compute stream of one block's two calls of (phase, op), each of
     `call_s` seconds when exposed, pipelined against its linear (module docstring)."""
     if (phase, op) == ("backward", "reduce_scatter"):
-        if job.engine not in BULK:
+        if runs_as(job.engine) not in BULK:
             return 2 * call_s  # not fused: exposed
         mm, sigma = linear_seconds(job, micro_batch, tp), job.cluster.gpu.comm_compute_slowdown
         return sum(pipelined_cost(call_s, mm[role], None, sigma) for role in _PAIRS[phase, op])

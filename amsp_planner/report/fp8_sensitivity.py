@@ -76,7 +76,9 @@ def applicable(job) -> str | None:
 
     if job.engine in GATHER_ONLY:
         return f"engine {job.engine} runs FP8 in its all-gathers only, no FP8 matmuls"
-    if job.engine not in FAMILY:
+    from amsp_planner.engines import runs_as
+
+    if runs_as(job.engine) not in FAMILY:
         return f"engine {job.engine} has no FP8 path here"
     if getattr(job.model, "num_experts", 0):
         return "FP8 experts (grouped GEMMs) are not modelled"
