@@ -165,6 +165,11 @@ class ClusterSpec(BaseModel):
     overlap_efficiency: Real(0, 1) = 1.0
     """Fraction of compute time that can hide communication: 1 when collectives run on their own
     engines (GPUs with NCCL), 0 when they compete for the same cores (CPU processes)."""
+    rank_jitter: Real(0, 1) = 0.0
+    """Coefficient of variation of one rank's compute time per step: the step waits for the
+    slowest rank, ``rank_jitter x compute x E[max of N standard normals]`` more
+    (cost/straggler.py). 0 (the default): not priced; docs/cost-model.md, "Collectives at
+    scale", says why."""
     nvlink_sharp: Flag = False
     """NVLink SHARP (NVLS, Hopper NVSwitch): in-switch reductions inside the node."""
     ib_sharp: Flag = False
@@ -185,6 +190,8 @@ class ClusterSpec(BaseModel):
         for key in ("host_link_gbyte_per_s", "host_mem_gbyte_per_s"):
             if out.get(key, 0) is None:  # clusters without a host figure dump as before
                 del out[key]
+        if out.get("rank_jitter", 1.0) == 0.0:  # clusters without jitter dump as before
+            del out["rank_jitter"]
         return out
 
     @model_validator(mode="after")
