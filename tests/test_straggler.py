@@ -1,6 +1,7 @@
-"""The slowest rank sets the pace (cost/straggler.py): E[max of N standard normals] against its
-closed forms and Harter's published table, the term at 1 and N ranks by hand, the pipeline's N
-(every rank, not the stage's), and a cluster without jitter priced and written as before."""
+"""Waiting on the other ranks (cost/straggler.py): E[max of N standard normals] against its
+closed forms and Harter's published table, the jitter term at 1 and N ranks by hand, the
+pipeline's N (every rank, not the stage's), the per-(call, rank) sync term by counting calls
+by hand, and a cluster without either priced and written as before."""
 
 from __future__ import annotations
 
@@ -73,6 +74,40 @@ def test_pipeline_waits_for_every_rank_not_the_stage():
 def test_no_jitter_is_the_default_and_is_not_written():
     c = load_cluster("dgx-a100-hdr")
     assert c.rank_jitter == 0.0 and "rank_jitter" not in c.model_dump()
+    assert c.collective_rank_us == 0.0 and "collective_rank_us" not in c.model_dump()
     assert "rank_jitter" in c.model_copy(update={"rank_jitter": 0.01}).model_dump()
     t = evaluate(make_job(16), Strategy.parse("p=16,g=16,os=16,mb=1")).time
     assert "straggler_s" not in t.to_dict()
+
+
+def _with_sync(job, us):
+    return replace(job, cluster=job.cluster.model_copy(update={"collective_rank_us": us}))
+
+
+@pytest.mark.parametrize("strategy, rank_calls", [
+    # ZeRO-3 over 16 GPUs, 32 sequences at mb=1: 2 micro-batches; 4 units (embedding, 2 blocks,
+    # head), each gathered in forward and backward and reduce-scattered per micro-batch: 24
+    # calls of 16 ranks, plus the step's gradient-norm all-reduce over the 16: 25 x 16 = 400
+    ("p=16,g=16,os=16,mb=1", 400),
+    # DDP: one all-reduce per unit on the last micro-batch (4) and the norm's (1): 5 x 16 = 80
+    ("p=1,g=1,os=1,mb=1", 80),
+    # HSDP 8 x 2: 24 calls of 8 ranks, 4 replica all-reduces of 2, the norm's of 16: 216
+    ("p=8,g=8,os=8,mb=1", 216),
+])
+def test_sync_is_microseconds_per_rank_of_every_data_parallel_call(strategy, rank_calls):
+    job, s = make_job(16), Strategy.parse(strategy)
+    base = evaluate(job, s).time
+    t = evaluate(_with_sync(job, 2.0), s).time
+    assert base.sync_s == 0.0 and "sync_s" not in base.to_dict()
+    assert t.sync_s == pytest.approx(2e-6 * rank_calls)
+    assert t.step_s == pytest.approx(base.step_s + t.sync_s)
+
+
+def test_sync_leaves_tensor_parallel_calls_alone():
+    # tp=2 x DDP 8: the TP all-reduces are on the critical path already; only the data-parallel
+    # ones count, so the term equals DDP-over-8's count: 4 unit all-reduces of 8 on the last
+    # micro-batch and the norm's over all 16
+    job = make_job(16)
+    t = evaluate(_with_sync(job, 1.0), Strategy.parse("tp=2,p=1,g=1,os=1,mb=1")).time
+    assert t.tp_comm_s > 0
+    assert t.sync_s == pytest.approx(1e-6 * (4 * 8 + 16))

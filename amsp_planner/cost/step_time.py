@@ -71,7 +71,7 @@ from amsp_planner.cost.compute import unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import OPTIMIZER_BYTES
 from amsp_planner.cost.schedule_entry import CLASSES, ScheduleEntry
-from amsp_planner.cost.straggler import straggler_seconds
+from amsp_planner.cost.straggler import straggler_seconds, sync_seconds
 from amsp_planner.cost.tp_schedule import tp_entries
 
 ROLES = ("gather_fwd", "gather_bwd", "reduce", "sync")
@@ -106,6 +106,9 @@ class StepTime:
     straggler_s: float = 0.0
     """Waiting for the slowest of the job's ranks: the cluster's ``rank_jitter`` x the rank's
     compute x E[max of N standard normals] (cost/straggler.py; 0 when the jitter is 0)."""
+    sync_s: float = 0.0
+    """The cluster's ``collective_rank_us`` x the ranks of every data-parallel collective call
+    of the step, not hidden by compute (cost/straggler.py; 0 when that is 0)."""
 
     @property
     def exposed_comm_s(self) -> float:
@@ -115,13 +118,14 @@ class StepTime:
     @property
     def step_s(self) -> float:
         return (self.compute_s + self.kernel_s + self.optimizer_s + self.contention_s
-                + self.exposed_comm_s + self.bubble_s + self.straggler_s)
+                + self.exposed_comm_s + self.bubble_s + self.straggler_s
+                + self.sync_s)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if not self.tp_comm_s:
             del d["tp_comm_s"]  # plans without TP keep their fields
-        for key in ("ep_comm_s", "cp_comm_s", "bubble_s", "p2p_s", "straggler_s"):
+        for key in ("ep_comm_s", "cp_comm_s", "bubble_s", "p2p_s", "straggler_s", "sync_s"):
             if not d[key]:
                 del d[key]  # plans without them keep their fields
         d.update(exposed_comm_s=self.exposed_comm_s, step_s=self.step_s)
@@ -339,7 +343,8 @@ def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro
         optimizer_s=optimizer_time(job, s_os, tp) + expert_optimizer_time(job, ep, ep_os),
         contention_s=p.contention + slowed, kernel_s=kernels,
         tp_comm_s=tp_s, ep_comm_s=ep_s, cp_comm_s=cp_s,
-        straggler_s=straggler_seconds(compute + kernels, job.num_gpus, job.cluster.rank_jitter))
+        straggler_s=straggler_seconds(compute + kernels, job.num_gpus, job.cluster.rank_jitter),
+        sync_s=sync_seconds(schedule, job.cluster.collective_rank_us))
 
 
 def update_exposed(job: Job, schedule: tuple[ScheduleEntry, ...],

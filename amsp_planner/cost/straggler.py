@@ -20,8 +20,16 @@ what the network does at scale stays in ``collectives.scale_factor``. One sync p
 priced (jitter independent from step to step, its segments between the step's collectives
 correlated): the blocking collectives inside a step add no separate term.
 
-``bench/fit_rank_jitter.py`` fits cv to the published runs of one job at several scales
-(docs/cost-model.md, "Collectives at scale": the fit, and why the default stays 0).
+The second reading, ``sync_s`` (cluster ``collective_rank_us``, default 0: not priced): each
+data-parallel collective call costs ``u`` microseconds per rank of its group that no compute
+hides, ``sync_s = u x sum over calls of the group's ranks``: linear in N as a ring's steps are
+(NCCL's ring pays 2(N-1) or N-1 per-hop latencies per call, ``src/graph/tuning.cc``: 0.6-3.4
+us a hop in a node, 2.7-14 us across nodes), where the jitter above grows as sqrt(2 ln N).
+Tensor-, expert-, context-parallel and pipeline calls (groups TP, EP, CP, PP) are not counted:
+they are on the compute stream's critical path already, priced whole.
+
+``bench/fit_rank_jitter.py`` fits cv and u to the published runs of one job at several scales
+(docs/cost-model.md, "Collectives at scale": the fits, and why both defaults stay 0).
 """
 
 from __future__ import annotations
@@ -64,3 +72,17 @@ def straggler_seconds(busy_s: float, ranks: int, jitter: float) -> float:
     if jitter <= 0.0 or ranks <= 1:
         return 0.0
     return jitter * busy_s * expected_max_normal(ranks)
+
+
+CRITICAL_PATH_GROUPS = ("TP", "EP", "CP", "PP")
+"""Groups whose calls are priced whole on the critical path (not counted by ``sync_seconds``)."""
+
+
+def sync_seconds(schedule, us_per_rank: float) -> float:
+    """``us_per_rank`` microseconds x the ranks of every data-parallel collective call of the
+    step (module docstring); 0 when it is 0. `schedule`: ScheduleEntry items."""
+    if us_per_rank <= 0.0:
+        return 0.0
+    rank_calls = sum(e.calls_per_step * e.group_size for e in schedule
+                     if e.group not in CRITICAL_PATH_GROUPS and e.group_size > 1)
+    return us_per_rank * 1e-6 * rank_calls

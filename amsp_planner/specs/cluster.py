@@ -170,6 +170,10 @@ class ClusterSpec(BaseModel):
     slowest rank, ``rank_jitter x compute x E[max of N standard normals]`` more
     (cost/straggler.py). 0 (the default): not priced; docs/cost-model.md, "Collectives at
     scale", says why."""
+    collective_rank_us: Real(0, 1e3) = 0.0
+    """Microseconds per rank of its group that each data-parallel collective call adds to the
+    step, hidden by no compute (cost/straggler.py ``sync_seconds``). 0 (the default): not
+    priced; docs/cost-model.md, "Collectives at scale", says why."""
     nvlink_sharp: Flag = False
     """NVLink SHARP (NVLS, Hopper NVSwitch): in-switch reductions inside the node."""
     ib_sharp: Flag = False
@@ -190,8 +194,9 @@ class ClusterSpec(BaseModel):
         for key in ("host_link_gbyte_per_s", "host_mem_gbyte_per_s"):
             if out.get(key, 0) is None:  # clusters without a host figure dump as before
                 del out[key]
-        if out.get("rank_jitter", 1.0) == 0.0:  # clusters without jitter dump as before
-            del out["rank_jitter"]
+        for key in ("rank_jitter", "collective_rank_us"):
+            if out.get(key, 1.0) == 0.0:  # clusters without them dump as before
+                del out[key]
         return out
 
     @model_validator(mode="after")
