@@ -43,6 +43,7 @@ from dataclasses import replace
 
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule_entry import ScheduleEntry
+from amsp_planner.cost.straggler import straggler_seconds
 from amsp_planner.errors import AmspUserError
 from amsp_planner.strategy import Strategy
 from amsp_planner.strategy_pipeline import (
@@ -129,7 +130,11 @@ def pipeline_time(job: Job, s: Strategy, t, n_micro: int):
     send, _ = send_seconds(job, s)
     exposed_sends = 2 * (s.pp - 1) + (0 if sched == "interleaved-1f1b" else 2 * n_micro)
     p2p = p2p_entry(job, s, n_micro)
-    return replace(t, bubble_s=bubble, p2p_s=exposed_sends * send,
+    # the slowest of all N ranks, not of the stage's: the gradient norm is all-reduced over the
+    # stages and the gradients over the data-parallel ranks, so each step every rank waits on
+    # every other (cost/straggler.py)
+    lag = straggler_seconds(t.compute_s + t.kernel_s, job.num_gpus, job.cluster.rank_jitter)
+    return replace(t, bubble_s=bubble, p2p_s=exposed_sends * send, straggler_s=lag,
                    comm_total_s=t.comm_total_s + p2p.time_s), p2p
 
 

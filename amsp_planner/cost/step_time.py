@@ -71,6 +71,7 @@ from amsp_planner.cost.compute import unit_computes
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import OPTIMIZER_BYTES
 from amsp_planner.cost.schedule_entry import CLASSES, ScheduleEntry
+from amsp_planner.cost.straggler import straggler_seconds, sync_seconds
 from amsp_planner.cost.tp_schedule import tp_entries
 
 ROLES = ("gather_fwd", "gather_bwd", "reduce", "sync")
@@ -102,6 +103,12 @@ class StepTime:
     """Pipeline parallelism: the stage's idle time, (P-1)/V micro-batches' work (cost/pipeline.py)."""
     p2p_s: float = 0.0
     """Pipeline parallelism: the exposed point-to-point activation and gradient sends."""
+    straggler_s: float = 0.0
+    """Waiting for the slowest of the job's ranks: the cluster's ``rank_jitter`` x the rank's
+    compute x E[max of N standard normals] (cost/straggler.py; 0 when the jitter is 0)."""
+    sync_s: float = 0.0
+    """The cluster's ``collective_rank_us`` x the ranks of every data-parallel collective call
+    of the step, not hidden by compute (cost/straggler.py; 0 when that is 0)."""
 
     @property
     def exposed_comm_s(self) -> float:
@@ -111,13 +118,14 @@ class StepTime:
     @property
     def step_s(self) -> float:
         return (self.compute_s + self.kernel_s + self.optimizer_s + self.contention_s
-                + self.exposed_comm_s + self.bubble_s)
+                + self.exposed_comm_s + self.bubble_s + self.straggler_s
+                + self.sync_s)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if not self.tp_comm_s:
             del d["tp_comm_s"]  # plans without TP keep their fields
-        for key in ("ep_comm_s", "cp_comm_s", "bubble_s", "p2p_s"):
+        for key in ("ep_comm_s", "cp_comm_s", "bubble_s", "p2p_s", "straggler_s", "sync_s"):
             if not d[key]:
                 del d[key]  # plans without them keep their fields
         d.update(exposed_comm_s=self.exposed_comm_s, step_s=self.step_s)
@@ -327,13 +335,16 @@ def step_time(job: Job, schedule: tuple[ScheduleEntry, ...], n_micro: int, micro
     ep_s = sum(e.time_s for e in schedule if e.group == "EP")
     cp_s = sum(e.time_s for e in schedule if e.group == "CP")
     update, slowed = update_exposed(job, schedule, qty)
+    compute = p.compute - kernels - tp_s - ep_s - cp_s
     return StepTime(
-        compute_s=p.compute - kernels - tp_s - ep_s - cp_s, exposed_forward_s=p.exposed_forward,
+        compute_s=compute, exposed_forward_s=p.exposed_forward,
         exposed_backward_s=p.exposed_backward, exposed_update_s=update,
         comm_total_s=sum(e.time_s for e in schedule),
         optimizer_s=optimizer_time(job, s_os, tp) + expert_optimizer_time(job, ep, ep_os),
         contention_s=p.contention + slowed, kernel_s=kernels,
-        tp_comm_s=tp_s, ep_comm_s=ep_s, cp_comm_s=cp_s)
+        tp_comm_s=tp_s, ep_comm_s=ep_s, cp_comm_s=cp_s,
+        straggler_s=straggler_seconds(compute + kernels, job.num_gpus, job.cluster.rank_jitter),
+        sync_s=sync_seconds(schedule, job.cluster.collective_rank_us))
 
 
 def update_exposed(job: Job, schedule: tuple[ScheduleEntry, ...],

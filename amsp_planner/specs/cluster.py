@@ -165,6 +165,15 @@ class ClusterSpec(BaseModel):
     overlap_efficiency: Real(0, 1) = 1.0
     """Fraction of compute time that can hide communication: 1 when collectives run on their own
     engines (GPUs with NCCL), 0 when they compete for the same cores (CPU processes)."""
+    rank_jitter: Real(0, 1) = 0.0
+    """Coefficient of variation of one rank's compute time per step: the step waits for the
+    slowest rank, ``rank_jitter x compute x E[max of N standard normals]`` more
+    (cost/straggler.py). 0 (the default): not priced; docs/cost-model.md, "Collectives at
+    scale", says why."""
+    collective_rank_us: Real(0, 1e3) = 0.0
+    """Microseconds per rank of its group that each data-parallel collective call adds to the
+    step, hidden by no compute (cost/straggler.py ``sync_seconds``). 0 (the default): not
+    priced; docs/cost-model.md, "Collectives at scale", says why."""
     nvlink_sharp: Flag = False
     """NVLink SHARP (NVLS, Hopper NVSwitch): in-switch reductions inside the node."""
     ib_sharp: Flag = False
@@ -184,6 +193,9 @@ class ClusterSpec(BaseModel):
         out = handler(self)
         for key in ("host_link_gbyte_per_s", "host_mem_gbyte_per_s"):
             if out.get(key, 0) is None:  # clusters without a host figure dump as before
+                del out[key]
+        for key in ("rank_jitter", "collective_rank_us"):
+            if out.get(key, 1.0) == 0.0:  # clusters without them dump as before
                 del out[key]
         return out
 
