@@ -184,7 +184,12 @@ def test_tp_wire_bytes():
     # torchao tensorwise: FP8 sequence-parallel all-gathers, bf16 reduce-scatters
     assert fp8_bytes.fp8_tp_wire("tensorwise", "torchtitan") == fp8_bytes.Fp8TpWire(1, 2, 1)
     assert fp8_bytes.fp8_tp_wire("rowwise", "torchtitan") == fp8_bytes.Fp8TpWire(2, 2, 0)
-    assert fp8_bytes.fp8_tp_wire("delayed", "megatron") == fp8_bytes.Fp8TpWire(2, 2, 0)
+    # TE delayed scaling (layernorm_linear.py / base.py at v1.8): the norm output and the
+    # output gradient gathered in FP8 (uint8), no amax all-reduce per gather (amax history)
+    assert fp8_bytes.fp8_tp_wire("delayed", "megatron") == fp8_bytes.Fp8TpWire(1, 2, 0)
+    assert fp8_bytes.fp8_tp_wire("delayed", "nemo@24.07") == fp8_bytes.Fp8TpWire(1, 2, 0)
+    # TE current scaling: its gather (quantizer with an amax reduction group) is not modelled
+    assert fp8_bytes.fp8_tp_wire("tensorwise", "megatron") == fp8_bytes.Fp8TpWire(2, 2, 0)
 
 
 def test_tensorwise_tp_casts_each_gathered_input_once_on_its_shard():

@@ -50,8 +50,10 @@ SHAPES = {
     "nemo-nemotron-8b": (32, 4096, 32, None, 16384, 256000),
     "nemo-nemotron-22b": (40, 6144, 48, None, 24576, 256000),
 }
+# the 512-GPU GPT3-175B row: gpt3/175b_mlperf.yaml at 7316a8d9 (64 nodes, GBS 2048, MBS 2,
+# VP 6: ub_tp_comm_overlap True, fp8_params true); the 128-GPU row: 175b.yaml (False)
 UB_OVERLAP = {"nemo2407-llama3-70b-64": True, "nemo2407-gpt3-20b-64": True, "nemo2407-gpt3-175b-128": False,
-              "nemo2407-gpt3-175b-512": False, "nemo2407-llama2-70b-64": True,
+              "nemo2407-gpt3-175b-512": True, "nemo2407-llama2-70b-64": True,
               "nemo2407-nemotron-8b-64": True, "nemo2407-nemotron-22b-64": True}
 
 
@@ -83,6 +85,7 @@ def test_nemo_rows_carry_the_published_setup(doc, rid):
     t = r["training"]
     assert (t["precision"], t["fp8_recipe"], t["dp_overlap"]) == ("fp8", "delayed", True)
     assert t.get("tp_overlap", False) == UB_OVERLAP.get(rid, False)
+    assert t["fp8_all_gather"] == ("on" if rid == "nemo2407-gpt3-175b-512" else "off")
     # grad_sync_dtype=bf16 in the GPT and Llama FP8 scripts, Apex's fp32 otherwise
     assert t["grad_accum_dtype"] == ("fp32" if "nemotron" in rid else "bf16")
 
@@ -195,3 +198,27 @@ def test_megatron_context_parallelism_is_the_te_ring_by_hand(doc):
     assert cp["forward"].time_s == pytest.approx(per_step * fwd)
     assert cp["backward"].time_s == pytest.approx(per_step * bwd)
     assert "recompute" not in cp  # no recomputation
+
+
+def test_te_delayed_sequence_parallel_all_gathers_move_fp8_by_hand(doc):
+    # GPT3-175B, TP 4, PP 8 (12 blocks a stage), 64 micro-batches of 1 x 2048 tokens: Transformer
+    # Engine (layernorm_linear.py / layernorm_mlp.py / base.py at v1.8) gathers the FP8 norm
+    # output before linear_qkv and linear_fc1 and the FP8 output gradient before linear_proj and
+    # linear_fc2 (1 byte per element, 2 gathers a block each way); the head's gather stays bf16
+    # (1 a micro-batch, 2 bytes); the reduce-scatters carry bf16 GEMM outputs
+    from amsp_planner.cost.evaluate import evaluate
+
+    job, s, engine, _ = priced_job(_row(doc, "nemo2407-gpt3-175b-128"), doc["models"])
+    assert engine == "nemo@24.07"
+    ev = evaluate(job, s)
+    tp = {(e.phase, e.op): e for e in ev.schedule if e.group == "TP"}
+    elems = 2048 * 12288
+    gathers = 64 * 12 * 2 * elems * 1 + 64 * 1 * elems * 2
+    for phase in ("forward", "backward"):
+        assert tp[(phase, "all_gather")].dtype == "fp8"
+        assert tp[(phase, "all_gather")].full_bytes_per_step == gathers
+        assert tp[(phase, "reduce_scatter")].dtype == "bf16"
+        assert tp[(phase, "reduce_scatter")].full_bytes_per_step == 64 * 25 * elems * 2
+    # delayed scaling takes its scale from the amax history: no amax all-reduce per gather, so
+    # the forward all-reduces are the cross-entropy's 3 per micro-batch alone
+    assert tp[("forward", "all_reduce")].calls_per_step == 64 * 3

@@ -130,9 +130,22 @@ def fp8_tp_wire(recipe: str, engine: str) -> Fp8TpWire:
     and w2 move 1 byte too; the reduce-scatters (forward outputs of wo/w2, backward input
     gradients of the column-parallel linears) carry bf16 GEMM outputs. The cast of a sharded
     tensor takes its global amax: one all-reduce of 4 bytes over the TP group per all-gather.
-    Every other recipe and engine here: bf16 both ways (Transformer Engine's FP8
-    sequence-parallel all-gather is not modelled: docs/fp8.md)."""
+
+    Transformer Engine, delayed scaling (NVIDIA/TransformerEngine
+    transformer_engine/pytorch/module/layernorm_linear.py and layernorm_mlp.py at v1.7, v1.8
+    3ec998e and v1.9 e79d915: ``ln_out_dtype = torch.uint8 if (fp8 and not
+    return_layernorm_output)``, the norm writes FP8 and ``gather_along_first_dim(ln_out,
+    tp_group)`` gathers it; module/base.py ``grad_output_preprocess``, "FP8 case with gather":
+    ``cast_to_fp8`` then ``gather_along_first_dim(grad_output_c, ...)``; at d0067d0 the same
+    through ``gather_along_first_dim(ln_out, tp_group, quantizer=quantizer)``): the forward
+    all-gathers before linear_qkv and linear_fc1 and the backward all-gathers of the output
+    gradient before linear_proj and linear_fc2 move 1 byte per element; the scale comes from
+    the amax history, so no all-reduce per gather; the reduce-scatters carry bf16 GEMM outputs.
+    Every other recipe and engine here: bf16 both ways (TE's current-scaling, blockwise and
+    MXFP8 gathers are not modelled: docs/fp8.md)."""
     recipe_for(recipe, engine)
     if family_of(engine) == "torchao" and recipe == "tensorwise" and engine not in GATHER_ONLY:
         return Fp8TpWire(1, 2, 1)
+    if family_of(engine) == "te" and recipe == "delayed":
+        return Fp8TpWire(1, 2, 0)
     return Fp8TpWire(2, 2, 0)

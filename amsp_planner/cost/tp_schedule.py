@@ -31,7 +31,8 @@ pipelined rule of cost/tp_overlap.py leaves exposed (their ``time_s`` is that co
 FP8 (``--precision fp8``, ``cost/fp8_bytes.py: fp8_tp_wire``): with torchao's tensorwise
 recipe the blocks' all-gathers (forward, recomputed forward, and backward) move 1 byte per
 element, dtype ``fp8``, each after a 4-byte fp32 amax all-reduce over the TP group (an
-``all_reduce`` entry of its phase); the reduce-scatters, the head's all-gather and the embedding's stay bf16.
+``all_reduce`` entry of its phase); with Transformer Engine's delayed scaling likewise, without
+the amax all-reduce; the reduce-scatters, the head's all-gather and the embedding's stay bf16.
 """
 
 from __future__ import annotations
