@@ -212,6 +212,59 @@ def test_tensorwise_tp_casts_each_gathered_input_once_on_its_shard():
     assert tp_cast_bytes(r, m, k, n, "wo", tp) == x + 5 * m * n // tp + 2 * m * n + w
 
 
+
+def test_te_delayed_sequence_parallel_casts_on_the_shard_by_hand():
+    """Transformer Engine v1.7-v1.9, sequence parallel, delayed scaling (layernorm_linear.py:
+    the norm writes FP8 on the rank's rows, then gather_along_first_dim; base.py
+    grad_output_preprocess "FP8 case with gather": cast_to_fp8, gather, fp8_transpose): the
+    gathered operand is cast on 1/tp of the rows. Small job: h = 128, MHA, SwiGLU f = 256,
+    TP 4 on H100 (HBM 2,010 GB/s: presets/gpus.yaml), one micro-batch of 128 tokens."""
+    from amsp_testlib import small_model
+
+    from amsp_planner.cost.fp8 import (
+        RECIPE,
+        block_linear_speedup,
+        fp8_matmuls,
+        linear_speedup,
+        roofline_linear_s,
+    )
+    from amsp_planner.cost.fp8_casts import te_tp_cast_bytes
+    from amsp_planner.cost.job import Job
+    from amsp_planner.specs import TrainingSpec, load_cluster
+
+    def make_job(**t):
+        spec = TrainingSpec(seq_len=128, global_batch_seqs=8, precision="fp8",
+                            fp8_recipe="delayed", **t)
+        return Job.create(small_model(), load_cluster("dgx-h100-ndr"), spec, 4, "megatron")
+
+    r, m, tp = RECIPE["delayed"], 128, 4
+    # linear_qkv (k 128, n 3 x 128 / 4 = 96): the norm output cast on 32 of the 128 rows
+    # (read 2 + write 1 B), its FP8 transpose after the gather on all 128 (read 1 + write 1);
+    # an ordinary TE operand: fused cast-transpose read 2 + write 2 x 1, no amax, 2 x 4 B scales
+    x_shard = 3 * 32 * 128 + 2 * 128 * 128       # 12,288 + 32,768 = 45,056
+    dy = w = 4 * 128 * 96 + 8                     # 49,160 each
+    assert te_tp_cast_bytes(r, m, 128, 96, "linear_qkv", tp) == x_shard + dy + w == 143_376
+    # linear_proj (k 32, n 128): its output gradient (128 x 128) cast on 32 rows, gathered
+    x, w = 4 * 128 * 32 + 8, 4 * 32 * 128 + 8     # 16,392 each
+    assert te_tp_cast_bytes(r, m, 32, 128, "linear_proj", tp) == x + 45_056 + w
+    # all rows cast (the roofline's linear_cast_bytes): 4 x 128 x 128 + 8 = 65,544 for the
+    # gathered operand, so the shard saves 20,488 B = 10.19 ns a linear on this job's H100
+    job = make_job()
+    gpu = job.cluster.gpu
+    lin = {x.name: x for x in fp8_matmuls(job.model, "delayed", "megatron", tp).block}
+    for name, (k, n) in {"linear_qkv": (128, 96), "linear_proj": (32, 128)}.items():
+        assert (lin[name].k, lin[name].n) == (k, n)
+        bf16 = roofline_linear_s(gpu, m, k, n, None)
+        old = linear_speedup(gpu, "delayed", m, k, n, "megatron")
+        assert old.how == "roofline"  # no Hopper grid for TE's delayed recipe
+        new = block_linear_speedup(job, "delayed", m, lin[name], tp)
+        assert bf16 / old.value - bf16 / new == pytest.approx(20_488 / 2010e9, rel=1e-9)
+    # without sequence parallelism every rank holds all rows: cast on all of them
+    nosp = make_job(sequence_parallel=False)
+    assert block_linear_speedup(nosp, "delayed", m, lin["linear_qkv"], tp) == \
+        linear_speedup(gpu, "delayed", m, 128, 96, "megatron").value
+
+
 def test_tensorwise_tp_all_gathers_move_one_byte_per_element():
     """The blocks' sequence-parallel all-gathers carry FP8 under torchao's tensorwise TP (each
     after a 4-byte amax all-reduce); the head's all-gather and every reduce-scatter stay bf16."""

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from amsp_planner.cost.fp8_casts import linear_cast_bytes, tp_cast_bytes
+from amsp_planner.cost.fp8_casts import linear_cast_bytes, te_tp_cast_bytes, tp_cast_bytes
 from amsp_planner.errors import AmspUserError
 
 RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
@@ -327,10 +327,19 @@ def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
 
 
 def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> float:
-    """linear_speedup, or under torchao tensorwise TP the roofline with tp_cast_bytes."""
+    """linear_speedup, or under TP with FP8 sequence-parallel gathers the roofline with the
+    gathered operand cast on the rank's 1/tp of the rows: torchao tensorwise (tp_cast_bytes),
+    Transformer Engine delayed scaling with sequence parallelism (te_tp_cast_bytes: TE casts
+    the norm output and the output gradient on the shard, then gathers the FP8 tensor; the
+    same condition as fp8_bytes.fp8_tp_wire's FP8 gathers)."""
     gpu, compiled = job.cluster.gpu, job.training.compile
-    if tp > 1 and recipe == "tensorwise" and family_of(job.engine) == "torchao":
+    fam = family_of(job.engine)
+    casts = None
+    if tp > 1 and recipe == "tensorwise" and fam == "torchao":
         casts = tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp, compiled)
+    elif tp > 1 and recipe == "delayed" and fam == "te" and job.training.sequence_parallel:
+        casts = te_tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp)
+    if casts is not None:
         return (roofline_linear_s(gpu, tokens, x.k, x.n, None)
                 / roofline_linear_s(gpu, tokens, x.k, x.n, RECIPE[recipe], casts=casts))
     return linear_speedup(gpu, recipe, tokens, x.k, x.n, job.engine, compiled).value

@@ -94,3 +94,32 @@ def tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int,
         return cast_bytes(recipe, m, k, "torchao", compiled=compiled) + sharded(m, n) + w
     x = 2 * m * k if name in SHARES_INPUT else sharded(m, k)
     return x + cast_bytes(recipe, m, n, "torchao", compiled=compiled) + w
+
+
+TE_COLUMN_GATHERED = ("linear_qkv", "linear_fc1")
+"""Megatron's TE linears whose input is the all-gathered (sequence-parallel) norm output; the
+row-parallel linear_proj and linear_fc2 gather their output gradient in the backward."""
+
+
+def te_tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int) -> float:
+    """Cast bytes of one Transformer Engine linear under sequence parallelism with delayed
+    scaling (NVIDIA/TransformerEngine v1.7, v1.8 3ec998e, v1.9 e79d915:
+    module/layernorm_linear.py and layernorm_mlp.py, ``ln_out_dtype = torch.uint8`` so the norm
+    kernel writes FP8 on the rank's m/tp rows, then ``gather_along_first_dim(ln_out, tp_group)``
+    and in the backward ``ln_out_total_t = tex.fp8_transpose(ln_out_total, ...)``;
+    module/base.py ``grad_output_preprocess``, "FP8 case with gather": ``cast_to_fp8`` of the
+    local output gradient, ``gather_along_first_dim``, ``tex.fp8_transpose(grad_output_c)``):
+    the gathered operand (linear_qkv/linear_fc1's input, linear_proj/linear_fc2's output
+    gradient) is cast on the shard (read 2, write 1 byte per element of m/tp rows; the scale
+    from the amax history, no amax pass) and transposed after the gather (read 1, write 1 on
+    all m rows). The other operands and the weight as ``cast_bytes`` (te, fused cast-transpose
+    on all rows). The norm output's shard cast is priced as its own kernel, as torchao's (TE
+    fuses it into the norm kernel: not credited here)."""
+
+    def sharded(rows: int, cols: int) -> float:
+        return (2 + 1) * rows * cols / tp + 2 * rows * cols
+
+    w = cast_bytes(recipe, k, n, "te", weight=True)
+    if name in TE_COLUMN_GATHERED:
+        return sharded(m, k) + cast_bytes(recipe, m, n, "te") + w
+    return cast_bytes(recipe, m, k, "te") + sharded(m, n) + w
