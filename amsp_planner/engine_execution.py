@@ -59,6 +59,11 @@ class Execution:
     sync_overlap: bool = True
     """The once-per-step gradient reduction runs during the last backward, overlapped with it
     (True), or after backward, before the step (False: exposed)."""
+    replicated_overlap: bool | None = None
+    """The once-per-step reduction of unsharded gradients to their optimizer shard (s_G = 1 <
+    s_OS: ZeRO-1, the ``replicated_reduce``) runs in the backward hooks of the last
+    micro-batch, overlapped with it (True), or after backward (False: exposed); None: as
+    ``sync_overlap``. The all-reduce across optimizer-state replicas stays ``sync_overlap``."""
     update_collective: str = "all_gather"
     """How the updated parameter shards reach the ranks that hold them: 'all_gather' (one
     collective per bucket), or 'broadcast' (one broadcast per rank of the group, each of that
@@ -99,7 +104,13 @@ class Execution:
     def overlapped(self) -> Execution:
         """This execution with its opt-in overlaps on (``overlap_flags``): the gradient
         reduction during the last backward, the update all-gather during the next forward."""
-        return dataclasses.replace(self, sync_overlap=True, update_overlap=True)
+        return dataclasses.replace(self, sync_overlap=True, update_overlap=True,
+                                   replicated_overlap=None)
+
+    @property
+    def replicated_overlaps(self) -> bool:
+        """Whether the ZeRO-1 reduction (``replicated_overlap``) overlaps the last backward."""
+        return self.sync_overlap if self.replicated_overlap is None else self.replicated_overlap
 
     def reduce_elements(self, dp_ranks: int) -> int | None:
         """Elements per gradient-reduction call with `dp_ranks` data-parallel ranks."""
@@ -117,7 +128,8 @@ def execution_differences(a, b) -> list[str]:
     for f in dataclasses.fields(Execution):
         x, y = getattr(a.execution, f.name), getattr(b.execution, f.name)
         if f.name != "sources" and x != y:
-            none = "no limit" if f.name == "max_live_params" else "per unit"
+            none = {"max_live_params": "no limit",
+                    "replicated_overlap": "as sync_overlap"}.get(f.name, "per unit")
             out.append(f"{f.name} {_words(x, none)} -> {_words(y, none)}")
     return out
 

@@ -105,7 +105,8 @@ PROFILES = {
             gather_grouping="module", persistence_threshold=100_000, prefetch_bucket=50_000_000,
             max_live_params=1_000_000_000,
             reduce_bucket=500_000_000, update_bucket=500_000_000, replicated_reduce="all_reduce",
-            zero2_reduce="all_reduce", sync_overlap=False, reduce_host_us=REDUCE_HOST_US,
+            zero2_reduce="all_reduce", sync_overlap=False, replicated_overlap=True,
+            reduce_host_us=REDUCE_HOST_US,
             sources=(
                 ("reduce_host_us", "deepspeed/runtime/comm/coalesced_collectives.py "
                  "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
@@ -143,10 +144,20 @@ PROFILES = {
                  "reduce_scatter_coalesced: no per-rank interleave); on the reduction stream "
                  "with overlap_comm, which the export writes (exports/deepspeed.py): overlapped "
                  "with backward"),
-                ("sync_overlap", "deepspeed/runtime/zero/config.py overlap_comm_valid: overlap_comm "
-                 "defaults to stage == 3, so stages 1-2 reduce on the current stream; "
-                 "deepspeed/runtime/engine.py allreduce_gradients: stage 1 reduces at the "
-                 "accumulation boundary, after backward (reduce_gradients)"),
+                ("sync_overlap", "deepspeed/runtime/engine.py (0.19.8) allreduce_gradients: "
+                 "without ZeRO (stage 0) the gradients are all-reduced at the accumulation "
+                 "boundary, after backward (buffered_allreduce_fallback): exposed"),
+                ("replicated_overlap", "deepspeed/runtime/zero/stage_1_and_2.py (0.19.8): "
+                 "with overlap_comm, which the export writes for stages 1-2 "
+                 "(exports/deepspeed.py; config.py overlap_comm_valid would default it to "
+                 "stage == 3), __init__ creates the gradient hooks (create_gradient_handling_"
+                 "hooks), process_gradients calls reduce_ready_partitions_and_remove_grads, "
+                 "which for stage 1 reduces on the accumulation-boundary micro-batch "
+                 "(is_gradient_accumulation_boundary) through the same "
+                 "reduce_independent_p_g_buckets_and_remove_grads -> average_tensor bucketed "
+                 "all-reduce as stage 2, on the reduction stream: overlapped with the last "
+                 "micro-batch's backward; reduce_gradients then only drains the last bucket "
+                 "(overlapping_partition_gradients_reduce_epilogue)"),
                 ("update_overlap", "deepspeed/runtime/zero/stage_1_and_2.py step: "
                  "all_gather_dp_groups of the updated partitions before step() returns")),
         ),

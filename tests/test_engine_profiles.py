@@ -30,7 +30,11 @@ def test_deepspeed_values_are_its_own_config_defaults():
     assert ex.max_live_params == stage3.max_live_parameters
     # stages 1-2 all-reduce the bucket (multi-rank bucket all-reduce), on the current stream
     assert stage1.use_multi_rank_bucket_allreduce and ex.replicated_reduce == "all_reduce"
-    assert stage1.overlap_comm is False and ex.sync_overlap is False
+    # overlap_comm defaults off for stages 1-2, but the export writes it on: ZeRO-1's
+    # reduction runs in the boundary micro-batch's hooks (tests/test_deepspeed_zero1.py);
+    # stage 0 all-reduces after backward (engine.py buffered_allreduce_fallback)
+    assert stage1.overlap_comm is False and ex.replicated_overlap is True
+    assert ex.sync_overlap is False
     assert stage3.overlap_comm is True  # stage 3 overlaps: no once-per-step sync exists there
 
 
@@ -108,10 +112,11 @@ def test_a_bucket_larger_than_a_unit_charges_each_unit_its_share():
     assert (k, frac) == (pytest.approx(0.1), pytest.approx(10.0))
 
 
-def test_zero1_on_deepspeed_all_reduces_and_exposes_the_reduction():
+def test_zero1_on_deepspeed_all_reduces_the_reduction_during_backward():
     # DeepSpeed ZeRO-1 (1, 1, N), one micro-batch: the gradient reduction is an all-reduce of
-    # the whole gradient (twice a reduce-scatter's bytes), run after backward: the step's
-    # exposed backward is exactly its time; amsp overlaps its reduce-scatter with backward
+    # the whole gradient (twice a reduce-scatter's bytes), run in the boundary micro-batch's
+    # backward hooks (overlap_comm, tests/test_deepspeed_zero1.py): part of it hides under
+    # backward, as amsp's reduce-scatter does
     n = 16
     s = Strategy(s_p=1, s_g=1, s_os=n)
     base = make_job(n, model=load_model("llama-7b"), batch_seqs=n)
@@ -125,7 +130,7 @@ def test_zero1_on_deepspeed_all_reduces_and_exposes_the_reduction():
     topo, gb, bucket = base.topology, base.training.grad_bytes, 500_000_000
     full = topo.collective_time("all_reduce", n, 1, bucket * gb)
     assert e_ds.time_s == pytest.approx(sum(u / bucket * full for u in base.units))
-    assert ds.time.exposed_backward_s == pytest.approx(e_ds.time_s)
+    assert ds.time.exposed_backward_s < e_ds.time_s  # overlapped with the backward
     assert am.time.exposed_backward_s < e_am.time_s  # overlapped with the backward
 
 

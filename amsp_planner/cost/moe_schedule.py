@@ -93,10 +93,10 @@ def class_entries(job: Job, units: Sequence[int], factors: tuple[int, int, int],
     d = stride
     out = []
 
-    def add(phase, op, group, size, stride_, dtype, full, per_mb):
+    def add(phase, op, group, size, stride_, dtype, full, per_mb, overlap=ex.sync_overlap):
         e = class_entry(job, phase, op, prefix + group, size, stride_, dtype, units,
                         n_micro if per_mb else 1, full, copies=per_mb)
-        if e is not None and phase == "grad_sync" and not ex.sync_overlap:
+        if e is not None and phase == "grad_sync" and not overlap:
             # the engine runs it after backward: charged to the embedding's reduction, exposed
             e = replace(e, unit_time_s=(e.time_s, 0.0, 0.0))
         out.append(e)
@@ -106,7 +106,8 @@ def class_entries(job: Job, units: Sequence[int], factors: tuple[int, int, int],
         add("backward", "all_gather", "P", p, d, pdt, lambda u: u * pb, True)
         add("backward", "reduce_scatter", "G", g, d, gdt, lambda u: u * gb, True)
     add("grad_sync", ex.replicated_reduce if g == 1 else "reduce_scatter", "OS_shard", o // g,
-        g * d, gdt, lambda u: u // g * gb, False)
+        g * d, gdt, lambda u: u // g * gb, False,
+        ex.replicated_overlaps if g == 1 else ex.sync_overlap)
     add("grad_sync", "all_reduce", "OS_replica", ranks // o, o * d, gdt, lambda u: u // o * gb,
         False)
     add("update", "all_gather", "P_update", o // p, p * d, pdt, lambda u: u // p * pb, False)

@@ -289,13 +289,13 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     ex = job.profile.execution
 
     def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True, by=None,
-            copy_back=1.0):
+            copy_back=1.0, overlap=ex.sync_overlap):
         role = {"forward": "gather", "backward": "gather" if op == "all_gather" else "reduce",
                 "grad_sync": "reduce", "update": "update"}[phase]
         out.append(_entry(job, phase, op, group, size, stride * tp, dtype, 1,
                           n_micro if per_mb else 1, full, kernel, copies=per_mb, tp=tp,
                           role="amax" if by and not per_mb else role,
-                          exposed=phase == "grad_sync" and not ex.sync_overlap, by_class=by,
+                          exposed=phase == "grad_sync" and not overlap, by_class=by,
                           copy_back=copy_back))
 
     fp8 = fp8_gathers(job, tp) if gathers_fp8(job, s) else None
@@ -330,8 +330,8 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     k = s.s_os // s.s_g
     if k > 1:  # unsharded gradients: the engine's replicated_reduce (engines.Execution)
         add("grad_sync", ex.replicated_reduce if s.s_g == 1 else "reduce_scatter", "OS_shard",
-            k, s.s_g, gdt,
-            lambda u: u // s.s_g * gb, per_mb=False)
+            k, s.s_g, gdt, lambda u: u // s.s_g * gb, per_mb=False,
+            overlap=ex.replicated_overlaps if s.s_g == 1 else ex.sync_overlap)
     r = N // s.s_os
     if r > 1:
         add("grad_sync", "all_reduce", "OS_replica", r, s.s_os, gdt,
