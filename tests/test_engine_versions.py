@@ -9,9 +9,7 @@ import dataclasses
 import pytest
 from amsp_testlib import make_job
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_solver import check_against_brute_force
-from test_solver import make_job as solver_job
+from test_solver import check_engine_instance, engine_instances
 
 from amsp_planner.cost.evaluate import evaluate
 from amsp_planner.cost.schedule import unit_elements
@@ -126,30 +124,11 @@ def test_gathers_of_one_prefetch_batch_wait_for_each_other(monkeypatch):
 
 
 # ----- ILP == brute force with the old release's profile --------------------------------------
-instances = st.fixed_dictionaries({
-    "model": st.sampled_from(["llama-7b", "tiny", "llama3-8b"]),
-    "cluster": st.sampled_from(["dgx-a100-hdr", "eth-100g", "aws-p4d"]),
-    "gpus_per_node": st.sampled_from([2, 4, 8]),
-    "nodes": st.sampled_from([1, 2, 4]),
-    "seqs_per_gpu": st.sampled_from([1, 2, 4]),
-    "seq_len": st.sampled_from([512, 2048]),
-    "limit_frac": st.floats(min_value=0.02, max_value=1.2),
-    "objective": st.sampled_from(["time", "time", "comm"]),
-    "overlap": st.sampled_from([1.0, 0.5, 0.0]),
-    "layers": st.sampled_from([1, 2, 3]),
-})
-
-
 @settings(max_examples=100, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(instances)
+@given(engine_instances)
 def test_ilp_equals_brute_force_with_the_v0_3_14_profile(p):
-    gpus = p["gpus_per_node"] * p["nodes"]
-    job = solver_job(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
-                     gpus_per_node=p["gpus_per_node"], overlap=p["overlap"], engine=OLD,
-                     layers=p["layers"])
-    ddp = evaluate(job, Strategy(), float("inf")).memory.total
-    check_against_brute_force(job, ddp * p["limit_frac"], True, p["objective"])
+    check_engine_instance(p, OLD)
 
 
 # ----- validation rows naming their release ---------------------------------------------------

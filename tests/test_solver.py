@@ -92,6 +92,32 @@ instances = st.fixed_dictionaries({
 })
 
 
+engine_instances = st.fixed_dictionaries({
+    "model": st.sampled_from(["llama-7b", "tiny", "llama3-8b"]),
+    "cluster": st.sampled_from(["dgx-a100-hdr", "eth-100g", "aws-p4d"]),
+    "gpus_per_node": st.sampled_from([2, 4, 8]),
+    "nodes": st.sampled_from([1, 2, 4]),
+    "seqs_per_gpu": st.sampled_from([1, 2, 4]),
+    "seq_len": st.sampled_from([512, 2048]),
+    "limit_frac": st.floats(min_value=0.02, max_value=1.2),
+    "objective": st.sampled_from(["time", "time", "comm"]),
+    "overlap": st.sampled_from([1.0, 0.5, 0.0]),
+    "layers": st.sampled_from([1, 2, 3]),
+})
+"""Instances for ILP == brute force under one engine's profile (test_deepspeed_zero2.py,
+test_engine_versions.py): ``check_engine_instance``."""
+
+
+def check_engine_instance(p: dict, engine: str) -> None:
+    """ILP == brute force on instance `p` of ``engine_instances``, priced by `engine`, under a
+    memory limit of ``limit_frac`` of DDP's."""
+    gpus = p["gpus_per_node"] * p["nodes"]
+    job = make_job(p["model"], p["cluster"], gpus, p["seqs_per_gpu"], p["seq_len"],
+                   gpus_per_node=p["gpus_per_node"], overlap=p["overlap"], engine=engine,
+                   layers=p["layers"])
+    ddp = evaluate(job, Strategy(), float("inf")).memory.total
+    check_against_brute_force(job, ddp * p["limit_frac"], True, p["objective"])
+
 @settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(instances)
