@@ -167,15 +167,16 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     for f in F:
         base = Strategy(s_p=f, s_g=f, s_os=f)
         e = _entries(job, base)
-        z2 = _entries(job, Strategy(s_p=1, s_g=f, s_os=f)).get(("backward", "G"))
-        if f > 1 and (_unit(z2), _unit(z2, True)) != (_unit(e.get(("backward", "G"))),
-                                                      _unit(e.get(("backward", "G")), True)):
-            if True in sp.qgz and not job.profile.qgz_needs_p:  # qgZ at P = 1: not tabulated
-                raise NotImplementedError("a ZeRO-2 reduction of its own with qgZ at s_P = 1")
-            rs2[f], krs2[f] = _unit(z2), _unit(z2, True)
+        eg = e.get(("backward", "G"))
+        if f > 1:  # ZeRO-2's reduction where the engine runs it otherwise than ZeRO-3's
+            z2 = _entries(job, Strategy(s_p=1, s_g=f, s_os=f)).get(("backward", "G"))
+            if (_unit(z2), _unit(z2, True)) != (_unit(eg), _unit(eg, True)):
+                if True in sp.qgz and not job.profile.qgz_needs_p:  # qgZ at P = 1: untabulated
+                    raise NotImplementedError("a ZeRO-2 reduction of its own with qgZ at s_P = 1")
+                rs2[f], krs2[f] = _unit(z2), _unit(z2, True)
         ag[f], ka[f] = _unit(e.get(("forward", "P"))), _unit(e.get(("forward", "P")), True)
         dm[f] = _demand(e.get(("forward", "P")))
-        rs[f], krs[f] = _unit(e.get(("backward", "G"))), _unit(e.get(("backward", "G")), True)
+        rs[f], krs[f] = _unit(eg), _unit(eg, True)
         ar[f] = _unit(e.get(("grad_sync", "OS_replica")))
         w = e.get(("update", "world"))
         metrics = w.time_s if w else 0.0
