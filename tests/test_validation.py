@@ -174,3 +174,23 @@ def test_every_row_is_priced_with_its_own_engines_profile(results):
             assert r.priced_as == r.engine, (r.id, r.priced_as)
     tp2 = [r for r in results if r.id.startswith("internlm-tp2-zero1-all")]
     assert tp2 and all(r.priced_as == "internevo" for r in tp2)
+
+
+def test_torchtitan_pipeline_rows_run_its_default_eight_micro_batches(doc):
+    """torchtitan 9dec370 (the 405B pipeline tables) splits the local batch into as many
+    micro-batches as pipeline stages when pipeline_parallel_microbatches is unset
+    (pipelining_utils.py build_pipeline_schedule): 8 at PP 8, so the published local batches
+    (32 at 8K, 8 at 32K-256K) give micro-batches of 4 and 1."""
+    from amsp_planner.strategy import parse_strategy_or_baseline
+
+    local = {8192: 32, 32768: 8, 65536: 8, 131072: 8, 262144: 8}  # Tables 5 and 6
+    rows = [r for r in doc["rows"] if r["source"] == "torchtitan-h100" and "pp=" in
+            r.get("strategy", "")]
+    assert {r["id"] for r in rows} >= {"tt-h100-l31-405b-pp-1f1b", "tt-h100-l31-405b-pp-32k",
+                                       "tt-h100-l31-405b-pp-cp2"}
+    for r in rows:
+        s = parse_strategy_or_baseline(r["strategy"], r["gpus"], 8)
+        dp_shard = r["gpus"] // (s.tp * s.pp * s.cp)
+        assert r["global_batch_seqs"] == local[r["seq_len"]] * dp_shard, r["id"]
+        assert local[r["seq_len"]] // s.micro_batch == s.pp == 8, r["id"]
+        assert r["training"]["tp_overlap"] and r["training"]["compile"], r["id"]  # the toml
