@@ -49,15 +49,46 @@ def check_pp(pp: int, vpp: int, sched: str | None, num_gpus: int, gpus_per_node:
                          "and the others vpp=1")
 
 
-def check_pp_job(pp: int, vpp: int, num_layers: int, n_micro: int, sched: str) -> None:
-    """The job-level rules: at least one block per (virtual) stage; the interleaved schedule
-    needs a micro-batch count that is a multiple of the stages (Megatron's assertion)."""
+CHUNK_SPLITS = ("even", "megatron", "any")
+"""How an engine splits L blocks into P x V model chunks (``chunk_split``): ``even`` L/(P V)
+each; ``megatron`` also Megatron-Core's --account-for-embedding-in-pipeline-split and
+--account-for-loss-in-pipeline-split, the embedding and the loss each in a block's place, so
+(L + 2)/(P V) per chunk with one block fewer in the first and the last
+(megatron/training/arguments.py, transformer_block.py); ``any`` torchtitan's
+generate_split_points (torchtitan/parallelisms/pipelining_utils.py at 9dec370): floor(L/(P V))
+in the first chunk, one more in the middle ones while the remainder lasts, the rest in the last.
+With each, the busiest rank holds ceil(L / P) blocks (``stage_blocks``)."""
+
+
+def chunk_split(engine_family: str) -> str:
+    """The chunk split an engine's pipeline runs (``CHUNK_SPLITS``): Megatron-Core's family
+    ``megatron``, torchtitan ``any``, the rest ``even``."""
+    return {"megatron": "megatron", "torchtitan": "any"}.get(engine_family, "even")
+
+
+def splits_evenly(num_layers: int, chunks: int, split: str = "even") -> bool:
+    """Whether `split` (``CHUNK_SPLITS``) places `num_layers` blocks in `chunks` model chunks."""
+    if split == "any":
+        return chunks <= num_layers
+    return num_layers % chunks == 0 or (split == "megatron" and (num_layers + 2) % chunks == 0
+                                        and (num_layers + 2) // chunks >= 2)
+
+
+def check_pp_job(pp: int, vpp: int, num_layers: int, n_micro: int, sched: str,
+                 split: str = "even") -> None:
+    """The job-level rules: at least one block per (virtual) stage; the model chunks of an
+    interleaved schedule as the engine splits them (``split``, ``CHUNK_SPLITS``); the
+    interleaved schedule needs a micro-batch count that is a multiple of the stages
+    (Megatron's assertion)."""
     if pp * vpp > num_layers:
         raise ValueError(f"pp={pp} x vpp={vpp} = {pp * vpp} stages for {num_layers} blocks: "
                          f"each (virtual) stage needs a block: use pp x vpp <= {num_layers}")
-    if vpp > 1 and num_layers % (pp * vpp):
+    if vpp > 1 and not splits_evenly(num_layers, pp * vpp, split):
+        extra = (f" or of {num_layers + 2} (the embedding and the loss in a block's place)"
+                 if split == "megatron" else "")
         raise ValueError(f"vpp={vpp}: the {num_layers} blocks do not split evenly into pp x vpp "
-                         f"= {pp * vpp} model chunks: use pp x vpp a divisor of {num_layers}")
+                         f"= {pp * vpp} model chunks: use pp x vpp a divisor of {num_layers}"
+                         f"{extra}")
     if sched == "interleaved-1f1b" and n_micro % pp:
         raise ValueError(f"the interleaved schedule needs micro-batches a multiple of pp={pp} "
                          f"(got {n_micro}): change mb= or the global batch")

@@ -162,3 +162,65 @@ def test_pipeline_search_equals_brute_force(usable_gib):
         if e.memory.total <= usable:
             fits.append(e.step_s)
     assert fits and best.step_s == pytest.approx(min(fits), rel=1e-12)
+
+
+def _torchtitan_chunks(num_layers: int, chunks: int) -> list[int]:
+    """Blocks per model chunk as torchtitan's generate_split_points places them
+    (torchtitan/parallelisms/pipelining_utils.py at 9dec370): base = L // S in the first chunk,
+    base + 1 in the middle ones while the remainder lasts, the rest in the last."""
+    base, extra, sizes = num_layers // chunks, num_layers % chunks, []
+    for i in range(chunks - 1):
+        grow = i > 0 and extra > 0
+        extra -= grow
+        sizes.append(base + grow)
+    return sizes + [num_layers - sum(sizes)]
+
+
+def test_uneven_chunks_put_ceil_l_over_p_blocks_on_the_busiest_rank():
+    """Rank r of an interleaved schedule holds chunks r, r + P, ...: under torchtitan's split
+    and Megatron's (the embedding and the loss in a block's place) the busiest holds
+    ceil(L/P) blocks, what the cost model prices (stage_blocks)."""
+    from amsp_planner.strategy_pipeline import splits_evenly, stage_blocks
+
+    for L in range(4, 130):
+        for P in range(2, 9):
+            for V in range(2, 5):
+                if P * V > L:
+                    continue
+                c = _torchtitan_chunks(L, P * V)
+                assert min(c) >= 1 and splits_evenly(L, P * V, "any")
+                assert max(sum(c[r::P]) for r in range(P)) == stage_blocks(L, P), (L, P, V)
+                if L % (P * V) and splits_evenly(L, P * V, "megatron"):
+                    per = (L + 2) // (P * V)  # chunks of `per`, the first and last one fewer
+                    m = [per - 1] + [per] * (P * V - 2) + [per - 1]
+                    assert sum(m) == L
+                    assert max(sum(m[r::P]) for r in range(P)) == stage_blocks(L, P), (L, P, V)
+    assert _torchtitan_chunks(126, 16) == [7] + [8] * 14 + [7]  # the 405B rows' split
+
+
+def test_interleaved_chunks_split_as_the_engine_splits_them(tmp_path):
+    # 30 blocks, pp=4 x vpp=4 = 16 chunks: not even; Megatron's split (32 / 16 = 2 each, the
+    # first and last one block and the embedding / the loss) and torchtitan's run it
+    s = Strategy.parse("pp=4,vpp=4,mb=1")
+    with pytest.raises(AmspUserError, match="do not split evenly"):
+        evaluate(_job(32, layers=30, batch_seqs=64), s)
+    for engine in ("megatron", "torchtitan"):
+        e = evaluate(_job(32, layers=30, batch_seqs=64).for_engine(engine), s)
+        assert e.step_s > 0
+    # 29 blocks: neither 29 nor 31 divides into 16 chunks: Megatron refuses, naming both
+    with pytest.raises(AmspUserError, match="divisor of 29 or of 31"):
+        evaluate(_job(32, layers=29, batch_seqs=64).for_engine("megatron"), s)
+    code, out, err = run_cli(["plan", "--model", "llama3-405b", "--gpus", "512", "--engine",
+                              "megatron", "--strategy", "tp=8,pp=8,vpp=8,os=8,mb=1",
+                              "--global-batch-seqs", "512", "--seq-len", "8192", "-o",
+                              str(tmp_path / "p.json")])
+    assert code == 0, err
+    code, _, err = run_cli(["export", str(tmp_path / "p.json"), "--to", "megatron", "-o",
+                            str(tmp_path / "m.sh")])
+    assert code == 0, err
+    out = (tmp_path / "m.sh").read_text()
+    # 126 blocks + the embedding + the loss = 128 = 8 x 8 x 2: megatron/training/arguments.py
+    for flag in ("--num-virtual-stages-per-pipeline-rank 8", "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split"):
+        assert flag in out
+    assert "--num-layers-per-virtual-pipeline-stage" not in out

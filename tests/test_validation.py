@@ -187,7 +187,8 @@ def test_torchtitan_pipeline_rows_run_its_default_eight_micro_batches(doc):
     rows = [r for r in doc["rows"] if r["source"] == "torchtitan-h100" and "pp=" in
             r.get("strategy", "")]
     assert {r["id"] for r in rows} >= {"tt-h100-l31-405b-pp-1f1b", "tt-h100-l31-405b-pp-32k",
-                                       "tt-h100-l31-405b-pp-cp2"}
+                                       "tt-h100-l31-405b-pp-cp2",
+                                       "tt-h100-l31-405b-pp-interleaved"}
     for r in rows:
         s = parse_strategy_or_baseline(r["strategy"], r["gpus"], 8)
         dp_shard = r["gpus"] // (s.tp * s.pp * s.cp)

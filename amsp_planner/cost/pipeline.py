@@ -1,7 +1,9 @@
 """Pipeline parallelism (``pp=P``, ``vpp=V``): a step priced as its busiest stage runs it.
 
 A stage is N/P consecutive GPUs (Megatron's rank order tp-dp-pp) holding ceil(L/P) blocks
-(``strategy_pipeline.stage_blocks``). Its data- and tensor-parallel work is exactly that of a
+(``strategy_pipeline.stage_blocks``); with V model chunks per rank, as many as the engine's
+split gives its busiest rank (``strategy_pipeline.CHUNK_SPLITS``: Megatron's with the embedding
+and the loss in a block's place, torchtitan's floor/ceil chunks), ceil(L/P) again. Its data- and tensor-parallel work is exactly that of a
 job of N/P GPUs training a model of those blocks on the same global batch (``stage_job``):
 the same m = B / (DP x mb) micro-batches, the data-parallel collectives of its own layers over
 its N/(tp P) DP ranks as the engine's profile runs them (Megatron's distributed optimizer: the
@@ -46,9 +48,11 @@ from amsp_planner.cost.schedule_entry import ScheduleEntry
 from amsp_planner.cost.straggler import straggler_seconds
 from amsp_planner.errors import AmspUserError
 from amsp_planner.strategy import Strategy
+from amsp_planner.engines import runs_as
 from amsp_planner.strategy_pipeline import (
     bubble_fraction,
     check_pp_job,
+    chunk_split,
     in_flight,
     schedule_of,
     stage_blocks,
@@ -82,7 +86,7 @@ def check(job: Job, s: Strategy) -> None:
     """The pipeline's job-level rules (one line, AmspUserError), and the stage job's."""
     try:
         check_pp_job(s.pp, s.vpp, job.model.num_layers, job.n_micro(s),
-                     schedule_of(s.pp, s.vpp, s.pp_sched))
+                     schedule_of(s.pp, s.vpp, s.pp_sched), chunk_split(runs_as(job.engine)))
     except ValueError as e:
         raise AmspUserError(f"--strategy {s}: {e}") from None
     if job.model.is_moe:

@@ -75,9 +75,16 @@ def arguments(job: Job, s: Strategy) -> list[str]:
     t, tp = job.training, s.tp
     dp = job.num_gpus // (tp * s.pp)
     out = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(s.pp)]
-    if s.vpp > 1:  # megatron/training/arguments.py: --num-layers-per-virtual-pipeline-stage
-        out += ["--num-layers-per-virtual-pipeline-stage",
-                str(job.model.num_layers // (s.pp * s.vpp))]
+    chunk = job.model.num_layers // (s.pp * s.vpp)  # blocks per model chunk
+    if s.vpp > 1 and job.model.num_layers % (s.pp * s.vpp):
+        # the embedding and the loss in a block's place (strategy_pipeline.CHUNK_SPLITS):
+        # megatron/training/arguments.py adds one layer for each before dividing
+        chunk = (job.model.num_layers + 2) // (s.pp * s.vpp)
+        out += ["--num-virtual-stages-per-pipeline-rank", str(s.vpp),
+                "--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split"]
+    elif s.vpp > 1:  # megatron/training/arguments.py: --num-layers-per-virtual-pipeline-stage
+        out += ["--num-layers-per-virtual-pipeline-stage", str(chunk)]
     if tp > 1 and t.sequence_parallel:
         out.append("--sequence-parallel")
         if t.tp_overlap:  # Transformer Engine's userbuffers (cost/tp_overlap.py)
@@ -104,7 +111,8 @@ def arguments(job: Job, s: Strategy) -> list[str]:
     if s.ckpt_moe:  # megatron/core/transformer/moe/moe_layer.py at d98e8a6: moe_layer_recompute
         return out + ["--recompute-granularity", "selective", "--recompute-modules", "moe"]
     # --recompute-num-layers counts the blocks of one (virtual) pipeline stage
-    k = -(-job.model.num_layers // (s.pp * s.vpp)) if s.ckpt_value is True else int(s.ckpt_value or 0)
+    k = max(chunk, -(-job.model.num_layers // (s.pp * s.vpp))) if s.ckpt_value is True else int(
+        s.ckpt_value or 0)
     if k:
         out += ["--recompute-granularity", "full", "--recompute-method", "block",
                 "--recompute-num-layers", str(k)]
