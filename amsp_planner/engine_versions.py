@@ -83,6 +83,22 @@ launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml and examples/trainin
   400 / 220 / 125 / 100 MB per model; the profile keeps Megatron's bucket) and the master
   weights kept as 16-bit remainders of the bf16 parameters (``store_param_remainders``:
   2 bytes per parameter less optimizer memory than Megatron's fp32 copy).
+
+Megatron-Bridge (``megatron-bridge@0.2.0``, ``@0.3.0``: the NeMo 25.11 and 26.02 containers'
+releases [inf: the container of each section of Megatron-Bridge's
+docs/performance-summary-archive.md], the rows of source megatron-bridge). Megatron-Core's own
+distributed data parallelism and distributed optimizer (the megatron profile's schedule and
+buckets; ``ddp.overlap_grad_reduce`` and ``overlap_param_gather`` True in the recipes:
+src/megatron/bridge/recipes/llama/llama3.py ``_llama3_common``), with what the performance
+scripts set (scripts/performance/configs/llama31/llama31_llm_pretrain.py and
+llama3/llama3_llm_pretrain.py, utils/helpers.py at v0.2.0; configs/llama/ at v0.3.0):
+
+- the gradient-reduction dtype follows ``ddp.grad_reduce_in_fp32`` (False in every Llama
+  performance config: bf16 buffers and reduction), not Megatron-LM's forced fp32
+  (``reduce_dtype`` None: the row's ``grad_accum_dtype``);
+- Transformer Engine's layer spec with ``apply_rope_fusion`` and ``cross_entropy_fusion_impl
+  'te'`` (``set_common_perf_overrides``): ``fused_elementwise`` and the fused activation
+  profile, as NeMo 24.07's.
 """
 
 from __future__ import annotations
@@ -92,6 +108,26 @@ from amsp_planner.engine_execution import Execution
 _DS_0_3_14 = "github.com/microsoft/DeepSpeed v0.3.14 (0cd9abf2)"
 _NEMO_LAUNCHER = "github.com/NVIDIA/NeMo-Framework-Launcher tag 24.07 (8325688d)"
 _NEMO = "github.com/NVIDIA/NeMo branch r2.0.0rc1 (db624485)"
+_BRIDGE = "github.com/NVIDIA-NeMo/Megatron-Bridge"
+
+
+def _bridge(tag: str) -> dict:
+    """Megatron-Bridge at `tag` (module docstring): the megatron profile with the gradient
+    dtype a setting and the fused kernels."""
+    return {
+        "base": "megatron",
+        "title": f"Megatron-Bridge {tag} (Megatron-Core)",
+        "reduce_dtype": None,
+        "fused_elementwise": True,
+        "activation_profile": "fused",
+        "sources": (
+            f"{_BRIDGE} {tag} src/megatron/bridge/recipes/llama/llama3.py _llama3_common "
+            "(DistributedDataParallelConfig: overlap_grad_reduce, overlap_param_gather, "
+            "use_distributed_optimizer)",
+            f"{_BRIDGE} {tag} scripts/performance/configs (set_llama3_common_configs, "
+            "set_llama31_common_configs: ddp.grad_reduce_in_fp32 = False; "
+            "set_common_perf_overrides: apply_rope_fusion, cross_entropy_fusion_impl 'te')"),
+    }
 
 VERSIONS: dict[str, dict] = {
     "deepspeed@0.3.14": {
@@ -180,5 +216,7 @@ VERSIONS: dict[str, dict] = {
                 ("update_overlap", "off unless optim.overlap_param_sync (the opt-in above)")),
         ),
     },
+    "megatron-bridge@0.2.0": _bridge("v0.2.0"),
+    "megatron-bridge@0.3.0": _bridge("v0.3.0"),
 }
 """``<engine>@<version>`` -> the fields that differ from ``engines.PROFILES[base]``."""

@@ -104,7 +104,7 @@ def scale_bucket(gpus: int) -> str:
 # Megatron-DeepSpeed, Megatron's tensor and pipeline parallelism with DeepSpeed's ZeRO-1, as
 # Megatron-Core: its distributed optimizer moves a ZeRO-1 step's bytes, reduce-scatter +
 # all-gather = the all-reduce of DeepSpeed's BF16_Optimizer).
-PRICED_AS = {"fairscale": "fsdp2", "megatron-deepspeed": "megatron"}
+PRICED_AS = {"fairscale": "fsdp2", "megatron-deepspeed": "megatron", "megatron-bridge": "megatron"}
 
 
 def pricing_engine(engine: str, version: str | None = None) -> tuple[str, str]:

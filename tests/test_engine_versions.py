@@ -23,8 +23,9 @@ OLD = "deepspeed@0.3.14"
 
 # ----- the values against their sources -------------------------------------------------------
 def test_versioned_profiles_are_priced_only_for_published_runs():
-    assert VERSIONED == (OLD, "nemo@24.07")  # the second: tests/test_nemo_rows.py
-    assert OLD not in ENGINES and "nemo@24.07" not in ENGINES  # never a choice of --engine: the planner prices the current one
+    # the others: tests/test_nemo_rows.py, tests/test_bridge_rows.py
+    assert VERSIONED == (OLD, "nemo@24.07", "megatron-bridge@0.2.0", "megatron-bridge@0.3.0")
+    assert not set(VERSIONED) & set(ENGINES)  # never a choice of --engine: the planner prices the current one
     old, new = PROFILES[OLD], PROFILES["deepspeed"]
     assert old.engine == new.engine == "deepspeed" and old.name == OLD
     assert old.title == "DeepSpeed 0.3.14"
