@@ -232,8 +232,8 @@ def test_te_delayed_sequence_parallel_casts_on_the_shard_by_hand():
     from amsp_planner.cost.job import Job
     from amsp_planner.specs import TrainingSpec, load_cluster
 
-    def make_job(**t):
-        spec = TrainingSpec(seq_len=128, global_batch_seqs=8, precision="fp8",
+    def make_job(batch=1, **t):  # one micro-batch a step: no weight-cast sharing
+        spec = TrainingSpec(seq_len=128, global_batch_seqs=batch, precision="fp8",
                             fp8_recipe="delayed", **t)
         return Job.create(small_model(), load_cluster("dgx-h100-ndr"), spec, 4, "megatron")
 
@@ -263,6 +263,14 @@ def test_te_delayed_sequence_parallel_casts_on_the_shard_by_hand():
     nosp = make_job(sequence_parallel=False)
     assert block_linear_speedup(nosp, "delayed", m, lin["linear_qkv"], tp) == \
         linear_speedup(gpu, "delayed", m, 128, 96, "megatron").value
+    # 8 sequences a step on one data-parallel rank (TP 4 of 4 GPUs): 8 micro-batches share one
+    # FP8 copy of each weight (Megatron-Core's set_is_first_microbatch): 7/8 of linear_qkv's
+    # weight cast, 49,160 B, leaves the micro-batch
+    eight = make_job(batch=8, sequence_parallel=False)
+    bf16 = roofline_linear_s(gpu, m, 128, 96, None)
+    one = block_linear_speedup(nosp, "delayed", m, lin["linear_qkv"], tp)
+    shared = block_linear_speedup(eight, "delayed", m, lin["linear_qkv"], tp)
+    assert bf16 / one - bf16 / shared == pytest.approx(7 / 8 * 49_160 / 2010e9, rel=1e-9)
 
 
 def test_tensorwise_tp_all_gathers_move_one_byte_per_element():

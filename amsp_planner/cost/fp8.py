@@ -23,7 +23,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from amsp_planner.cost.fp8_casts import linear_cast_bytes, te_tp_cast_bytes, tp_cast_bytes
+from amsp_planner.cost.fp8_casts import (
+    cast_bytes,
+    linear_cast_bytes,
+    te_tp_cast_bytes,
+    tp_cast_bytes,
+)
 from amsp_planner.errors import AmspUserError
 
 RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
@@ -339,10 +344,30 @@ def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> f
         casts = tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp, compiled)
     elif tp > 1 and recipe == "delayed" and fam == "te" and job.training.sequence_parallel:
         casts = te_tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp)
+    if fam == "te":  # the weight's FP8 copies cached across the step's micro-batches
+        r = recipe_for(recipe, job.engine, gpu.arch)
+        if casts is None:
+            casts = linear_cast_bytes(r, tokens, x.k, x.n, fam)
+        shared = weight_casts_shared(job, tokens, tp)
+        casts -= cast_bytes(r, x.k, x.n, fam, weight=True) * (1 - 1 / shared)
     if casts is not None:
         return (roofline_linear_s(gpu, tokens, x.k, x.n, None)
                 / roofline_linear_s(gpu, tokens, x.k, x.n, RECIPE[recipe], casts=casts))
     return linear_speedup(gpu, recipe, tokens, x.k, x.n, job.engine, compiled).value
+
+
+def weight_casts_shared(job, tokens: int, tp: int) -> float:
+    """Micro-batches of a step that share one FP8 cast of each weight, for Transformer Engine
+    under Megatron-Core: the step's first micro-batch sets ``is_first_microbatch`` on every TE
+    module (megatron/core/transformer/module.py ``set_is_first_microbatch``, called by
+    pipeline_parallel/schedules.py ``forward_step``), TE casts and transposes the weight then
+    and reuses that copy for the rest (extensions/transformer_engine.py ``TELinear.forward``:
+    ``is_first_microbatch`` False after the first call, unless
+    ``disable_parameter_transpose_cache``); NVIDIA/Megatron-LM at d98e8a6. The count is the
+    step's micro-batches on one rank, global tokens x tp / (GPUs x micro-batch tokens) (under
+    context parallelism and pipeline stages the job here is already one rank's view)."""
+    t = job.training
+    return max(1.0, t.batch_seqs * t.seq_len * tp / (job.num_gpus * tokens))
 
 
 def named_matmuls_s(job, tokens: int, tp: int, names, bf16_s) -> float:
