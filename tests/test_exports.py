@@ -402,6 +402,14 @@ def test_cli_export_writes_and_explains(plan_file, tmp_path):
     assert err.startswith("fsdp2 config (fsdp2): expresses the plan exactly")
 
 
+def test_cli_export_dash_prints_to_stdout(plan_file, tmp_path, monkeypatch):
+    # `-o -` is standard output, as for `amsp plan -o -`: no file named "-"
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["export", str(plan_file), "--to", "fsdp2", "-o", "-"])
+    assert code == 0 and "MESH_SHAPE = (4, 16)" in out, err
+    assert err.startswith("fsdp2 config (fsdp2):") and not (tmp_path / "-").exists()
+
+
 def test_cli_export_bad_input(plan_file, tmp_path):
     code, out, err = run_cli(["export", str(tmp_path / "nope.json"), "--to", "deepspeed"])
     assert_user_error(code, out, err, "nope.json")

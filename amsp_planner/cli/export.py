@@ -172,7 +172,8 @@ def earlier_export(target: str, text: str):
 @click.option("--to", "target", required=True, type=click.Choice(TARGET_CHOICES),
               help="Target trainer.")
 @click.option("-o", "--output", default=None,
-              help="Write the file here (default: print it to stdout, the summary to stderr).")
+              help="Write the file here (default, or '-': print it to stdout, the summary to "
+                   "stderr).")
 @click.option("--check", "do_check", is_flag=True,
               help="Also parse the result with the target's own config classes (DeepSpeed, "
                    "FSDP2: needs them installed).")
@@ -186,6 +187,8 @@ def export(plan_file, target, output, do_check):
     from amsp_planner.exports import export as do_export
     from amsp_planner.plan import load_plan
 
+    if output == "-":  # stdout, as `amsp plan -o -`
+        output = None
     plan = load_plan(plan_file)
     result = do_export(target, plan.job, plan.strategy, plan.memory_limit)
     lines = summary_lines(result, output)
