@@ -46,9 +46,9 @@ from dataclasses import replace
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule_entry import ScheduleEntry
 from amsp_planner.cost.straggler import straggler_seconds
+from amsp_planner.engines import runs_as
 from amsp_planner.errors import AmspUserError
 from amsp_planner.strategy import Strategy
-from amsp_planner.engines import runs_as
 from amsp_planner.strategy_pipeline import (
     bubble_fraction,
     check_pp_job,
