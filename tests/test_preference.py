@@ -336,3 +336,16 @@ def test_baselines_a_job_cannot_run_are_shown_with_their_reason(gpus, absent, re
                               "--global-batch-seqs", "64", "--format", "json"])
     names = {r["name"] for r in json.loads(out)["rows"]}
     assert not names & absent and "ddp" in names
+
+
+def test_compare_calls_ties_with_the_planners_relative_band():
+    """`amsp compare` marks ties with the band `amsp plan` decides by (the job's validated
+    relative band), not the absolute step-time band, which its caption does not describe."""
+    from amsp_planner.validation import relative_band, step_time_band
+
+    band = relative_band("amsp", 64)
+    assert band is not None and abs(band - step_time_band()) > 0.005  # the two differ
+    code, out, err = run_cli(["compare", "--model", "llama-7b", "--gpus", "64",
+                              "--global-batch-seqs", "256"])
+    assert code == 0, err
+    assert f"+/-{band * 100:.1f} % relative band" in " ".join(out.split())

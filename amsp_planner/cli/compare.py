@@ -157,7 +157,11 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
              + (f", tp={tp} x {job.num_gpus // tp} data-parallel ranks" if tp > 1 else ""))
     fitting = [e for _, e in rows if e.fits]
     ref = min(fitting, key=lambda e: e.step_s) if fitting else None
-    out = [compare_grid(rows, title, ref=ref, job=job, by_identity=multi), *notes]
+    from amsp_planner.solver.space import validated_band
+
+    # ties as the planner calls them: the job's validated relative band (docs/planner.md)
+    out = [compare_grid(rows, title, ref=ref, band=validated_band(job), job=job,
+                        by_identity=multi), *notes]
     skipped = inapplicable_line(job, tp)
     if skipped:
         out.append(skipped)
