@@ -23,12 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from amsp_planner.cost.fp8_casts import (
-    cast_bytes,
-    linear_cast_bytes,
-    te_tp_cast_bytes,
-    tp_cast_bytes,
-)
+from amsp_planner.cost.fp8_casts import linear_cast_bytes, te_tp_cast_bytes, tp_cast_bytes
 from amsp_planner.errors import AmspUserError
 
 RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
@@ -337,22 +332,19 @@ def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> f
     Transformer Engine delayed scaling with sequence parallelism (te_tp_cast_bytes: TE casts
     the norm output and the output gradient on the shard, then gathers the FP8 tensor; the
     same condition as fp8_bytes.fp8_tp_wire's FP8 gathers)."""
-    gpu, compiled = job.cluster.gpu, job.training.compile
+    gpu, compiled, r = job.cluster.gpu, job.training.compile, RECIPE[recipe]
     fam = family_of(job.engine)
     casts = None
     if tp > 1 and recipe == "tensorwise" and fam == "torchao":
-        casts = tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp, compiled)
-    elif tp > 1 and recipe == "delayed" and fam == "te" and job.training.sequence_parallel:
-        casts = te_tp_cast_bytes(RECIPE[recipe], tokens, x.k, x.n, x.name, tp)
-    if fam == "te":  # the weight's FP8 copies cached across the step's micro-batches
-        r = recipe_for(recipe, job.engine, gpu.arch)
-        if casts is None:
-            casts = linear_cast_bytes(r, tokens, x.k, x.n, fam)
-        shared = weight_casts_shared(job, tokens, tp)
-        casts -= cast_bytes(r, x.k, x.n, fam, weight=True) * (1 - 1 / shared)
+        casts = tp_cast_bytes(r, tokens, x.k, x.n, x.name, tp, compiled)
+    elif fam == "te":  # the weight's FP8 copy cached across the step's micro-batches
+        share = 1 / weight_casts_shared(job, tokens, tp)
+        casts = (te_tp_cast_bytes(r, tokens, x.k, x.n, x.name, tp, share)
+                 if tp > 1 and recipe == "delayed" and job.training.sequence_parallel
+                 else linear_cast_bytes(r, tokens, x.k, x.n, fam, weight_share=share))
     if casts is not None:
         return (roofline_linear_s(gpu, tokens, x.k, x.n, None)
-                / roofline_linear_s(gpu, tokens, x.k, x.n, RECIPE[recipe], casts=casts))
+                / roofline_linear_s(gpu, tokens, x.k, x.n, r, casts=casts))
     return linear_speedup(gpu, recipe, tokens, x.k, x.n, job.engine, compiled).value
 
 

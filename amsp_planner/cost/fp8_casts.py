@@ -57,12 +57,13 @@ def cast_bytes(recipe: Fp8Recipe, rows: int, cols: int, family: str, weight: boo
 
 
 def linear_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, family: str,
-                      compiled: bool = False) -> int:
+                      compiled: bool = False, weight_share: float = 1.0) -> float:
     """Cast bytes of one FP8 linear's forward + backward, (m x k) @ (k x n): the input x,
     the weight W and the output gradient dy, each in both layouts (x: forward and weight
-    gradient; W: forward and input gradient; dy: input and weight gradients)."""
+    gradient; W: forward and input gradient; dy: input and weight gradients). `weight_share`:
+    the part of W's cast this call pays (1/m where m micro-batches share one cached copy)."""
     return (cast_bytes(recipe, m, k, family, compiled=compiled)
-            + cast_bytes(recipe, k, n, family, weight=True, compiled=compiled)
+            + weight_share * cast_bytes(recipe, k, n, family, weight=True, compiled=compiled)
             + cast_bytes(recipe, m, n, family, compiled=compiled))
 
 
@@ -101,7 +102,8 @@ TE_COLUMN_GATHERED = ("linear_qkv", "linear_fc1")
 row-parallel linear_proj and linear_fc2 gather their output gradient in the backward."""
 
 
-def te_tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int) -> float:
+def te_tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int,
+                     weight_share: float = 1.0) -> float:
     """Cast bytes of one Transformer Engine linear under sequence parallelism with delayed
     scaling (NVIDIA/TransformerEngine v1.7, v1.8 3ec998e, v1.9 e79d915:
     module/layernorm_linear.py and layernorm_mlp.py, ``ln_out_dtype = torch.uint8`` so the norm
@@ -114,12 +116,13 @@ def te_tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: i
     from the amax history, no amax pass) and transposed after the gather (read 1, write 1 on
     all m rows). The other operands and the weight as ``cast_bytes`` (te, fused cast-transpose
     on all rows). The norm output's shard cast is priced as its own kernel, as torchao's (TE
-    fuses it into the norm kernel: not credited here)."""
+    fuses it into the norm kernel: not credited here). `weight_share` as in
+    ``linear_cast_bytes``."""
 
     def sharded(rows: int, cols: int) -> float:
         return (2 + 1) * rows * cols / tp + 2 * rows * cols
 
-    w = cast_bytes(recipe, k, n, "te", weight=True)
+    w = weight_share * cast_bytes(recipe, k, n, "te", weight=True)
     if name in TE_COLUMN_GATHERED:
         return sharded(m, k) + cast_bytes(recipe, m, n, "te") + w
     return cast_bytes(recipe, m, k, "te") + sharded(m, n) + w
