@@ -11,7 +11,8 @@ from amsp_testlib import make_job
 
 from amsp_planner import engines
 from amsp_planner.cost.evaluate import evaluate
-from amsp_planner.cost.schedule import call_groups, unit_tensors
+from amsp_planner.cost.schedule import call_groups
+from amsp_planner.cost.unit_tensors import unit_tensors
 from amsp_planner.engines import ENGINES, PROFILES, Execution
 from amsp_planner.specs import load_model
 from amsp_planner.strategy import Strategy
@@ -211,7 +212,7 @@ def test_deepspeed_reduce_scatter_host_time_grows_with_ranks_and_tensors():
     # per call, reduce_host_us x members x tensors of the unit on the backward's critical path
     # (its compute stream), besides the copy-in. A LLaMA block has 9 tensors (q, k, v, o,
     # gate, up, down, 2 norms).
-    from amsp_planner.cost.schedule import unit_tensor_counts
+    from amsp_planner.cost.unit_tensors import unit_tensor_counts
 
     m = load_model("llama-7b")
     assert unit_tensor_counts(m) == (1, 9, 2)

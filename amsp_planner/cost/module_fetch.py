@@ -43,7 +43,7 @@ MAX_REUSE = 1_000_000_000
 def module_tensors(job: Job) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """Elements of each parameter of (the embedding, a block, the head), in execution order;
     with tied embeddings the head uses the embedding's table again."""
-    from amsp_planner.cost.schedule import unit_tensors
+    from amsp_planner.cost.unit_tensors import unit_tensors
 
     emb, block, head = unit_tensors(job.model)
     if job.model.tied_embeddings:

@@ -76,7 +76,7 @@ from amsp_planner.cost.schedule_entry import (
     quantized_bytes,
 )
 from amsp_planner.cost.tp_schedule import tp_entries
-from amsp_planner.cost.unit_tensors import unit_tensor_counts, unit_tensors  # noqa: F401 - also this module's API
+from amsp_planner.cost.unit_tensors import unit_tensor_counts, unit_tensors
 from amsp_planner.strategy import Strategy
 from amsp_planner.topology import split_bytes
 
