@@ -134,16 +134,12 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s, refs = [], None, 0.0, {}
-    elif pp > 1:
-        from amsp_planner.solver.pipeline_search import solve_pipeline
+    elif pp > 1:  # the pipeline search (solver/pipeline_search.py), as solve(pp=) runs it
+        from amsp_planner.solver import solve
 
-        found = solve_pipeline(job, pp, limit, pref.usable(limit), zeropp=not no_zeropp,
-                               quantization=pref.quantization != "off", tp=tp,
-                               runners_up=runners_up)
-        best, runners = found[0], found[1:]
-        s = best.strategy  # the named baselines: data parallel (pp=1), at its tp, mb and ckpt
-        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
-        best_bl = best_baseline(baselines)
+        r = solve(job, limit, zeropp=not no_zeropp, runners_up=runners_up, preference=pref,
+                  tp=tp, pp=pp)
+        best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
         refs, solver_info, solve_s = {}, None, 0.0
     else:
         from amsp_planner.solver import solve

@@ -138,8 +138,8 @@ def _solve_pipeline(job: Job, pp: int, limit: float, usable: float, objective: s
     s = found[0].strategy
     baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
     stats = IlpStats(solver="pipeline", status="Optimal")
-    return SolveResult(found[0], found[1:], baselines, stats, objective, SearchSpace.for_job(job, zeropp=zeropp, tp=tp), limit, [],
-                       pref)
+    space = SearchSpace.for_job(job, zeropp=zeropp, tp=tp)
+    return SolveResult(found[0], found[1:], baselines, stats, objective, space, limit, [], pref)
 
 
 def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",

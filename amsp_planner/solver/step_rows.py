@@ -194,7 +194,8 @@ class StepRows:
             out["reduce", c] = top(T.rs, T.qgz, T.rs2 or {})
             out["sync", c] = top(T.osrs) + top(T.ar)
             out["fwd", c] = top(T.fwd) + top(T.ka, T.kq)
-            out["bwd", c] = top(T.bwd, T.bwd_hi) + top(T.ka, T.kq, T.khz) + top(T.krs, T.kg, T.krs2 or {})
+            out["bwd", c] = (top(T.bwd, T.bwd_hi) + top(T.ka, T.kq, T.khz)
+                             + top(T.krs, T.kg, T.krs2 or {}))
         self._expert_qmax(out, CLASSES)
         return out
 
