@@ -75,7 +75,7 @@ def arguments(job: Job, s: Strategy) -> list[str]:
     t, tp = job.training, s.tp
     dp = job.num_gpus // (tp * s.pp)
     out = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(s.pp)]
-    chunk = job.model.num_layers // (s.pp * s.vpp)  # blocks per model chunk
+    chunk = -(-job.model.num_layers // (s.pp * s.vpp))  # blocks of the largest model chunk
     if s.vpp > 1 and job.model.num_layers % (s.pp * s.vpp):
         # the embedding and the loss in a block's place (strategy_pipeline.CHUNK_SPLITS):
         # megatron/training/arguments.py adds one layer for each before dividing
@@ -111,8 +111,7 @@ def arguments(job: Job, s: Strategy) -> list[str]:
     if s.ckpt_moe:  # megatron/core/transformer/moe/moe_layer.py at d98e8a6: moe_layer_recompute
         return out + ["--recompute-granularity", "selective", "--recompute-modules", "moe"]
     # --recompute-num-layers counts the blocks of one (virtual) pipeline stage
-    k = max(chunk, -(-job.model.num_layers // (s.pp * s.vpp))) if s.ckpt_value is True else int(
-        s.ckpt_value or 0)
+    k = chunk if s.ckpt_value is True else int(s.ckpt_value or 0)
     if k:
         out += ["--recompute-granularity", "full", "--recompute-method", "block",
                 "--recompute-num-layers", str(k)]
