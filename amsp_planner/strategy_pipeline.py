@@ -66,7 +66,7 @@ def chunk_split(engine_family: str) -> str:
     return {"megatron": "megatron", "torchtitan": "any"}.get(engine_family, "even")
 
 
-def splits_evenly(num_layers: int, chunks: int, split: str = "even") -> bool:
+def splits_into(num_layers: int, chunks: int, split: str = "even") -> bool:
     """Whether `split` (``CHUNK_SPLITS``) places `num_layers` blocks in `chunks` model chunks."""
     if split == "any":
         return chunks <= num_layers
@@ -83,7 +83,7 @@ def check_pp_job(pp: int, vpp: int, num_layers: int, n_micro: int, sched: str,
     if pp * vpp > num_layers:
         raise ValueError(f"pp={pp} x vpp={vpp} = {pp * vpp} stages for {num_layers} blocks: "
                          f"each (virtual) stage needs a block: use pp x vpp <= {num_layers}")
-    if vpp > 1 and not splits_evenly(num_layers, pp * vpp, split):
+    if vpp > 1 and not splits_into(num_layers, pp * vpp, split):
         extra = (f" or of {num_layers + 2} (the embedding and the loss in a block's place)"
                  if split == "megatron" else "")
         raise ValueError(f"vpp={vpp}: the {num_layers} blocks do not split evenly into pp x vpp "

@@ -56,9 +56,9 @@ def test_the_bridge_profiles_are_megatron_core_with_the_settings_of_the_configs(
 def test_the_405b_chunks_need_megatrons_embedding_and_loss_split(rows):
     # 126 blocks over PP 8 x VP 8 = 64 chunks only with the embedding and the loss each in a
     # block's place (llama31_405b_pretrain_config: account_for_*_in_pipeline_split True)
-    from amsp_planner.strategy_pipeline import splits_evenly
+    from amsp_planner.strategy_pipeline import splits_into
 
-    assert not splits_evenly(126, 64, "even") and splits_evenly(126, 64, "megatron")
+    assert not splits_into(126, 64, "even") and splits_into(126, 64, "megatron")
     res = {r.id: r for r in predict_rows({"rows": list(rows.values()), "sources": {}})}
     for rid in TABLE:
         assert res[rid].fits and res[rid].priced_as.startswith("megatron-bridge@"), rid

@@ -180,7 +180,7 @@ def test_uneven_chunks_put_ceil_l_over_p_blocks_on_the_busiest_rank():
     """Rank r of an interleaved schedule holds chunks r, r + P, ...: under torchtitan's split
     and Megatron's (the embedding and the loss in a block's place) the busiest holds
     ceil(L/P) blocks, what the cost model prices (stage_blocks)."""
-    from amsp_planner.strategy_pipeline import splits_evenly, stage_blocks
+    from amsp_planner.strategy_pipeline import splits_into, stage_blocks
 
     for L in range(4, 130):
         for P in range(2, 9):
@@ -188,9 +188,9 @@ def test_uneven_chunks_put_ceil_l_over_p_blocks_on_the_busiest_rank():
                 if P * V > L:
                     continue
                 c = _torchtitan_chunks(L, P * V)
-                assert min(c) >= 1 and splits_evenly(L, P * V, "any")
+                assert min(c) >= 1 and splits_into(L, P * V, "any")
                 assert max(sum(c[r::P]) for r in range(P)) == stage_blocks(L, P), (L, P, V)
-                if L % (P * V) and splits_evenly(L, P * V, "megatron"):
+                if L % (P * V) and splits_into(L, P * V, "megatron"):
                     per = (L + 2) // (P * V)  # chunks of `per`, the first and last one fewer
                     m = [per - 1] + [per] * (P * V - 2) + [per - 1]
                     assert sum(m) == L
