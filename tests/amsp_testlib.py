@@ -121,3 +121,14 @@ def tmpfs(folder, size: str = "2m", read_only: bool = False):
         yield Path(folder)
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def source_has(fn, *needles: str) -> str:
+    """Assert that the source of `fn` (an engine's function, read with inspect) contains every
+    one of `needles`; returns the source for further checks."""
+    import inspect
+
+    src = inspect.getsource(fn)
+    for needle in needles:
+        assert needle in src, f"{fn.__qualname__}: {needle!r} not in its source"
+    return src

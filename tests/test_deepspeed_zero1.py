@@ -6,10 +6,9 @@ against DeepSpeed's code, by hand, and ILP == brute force with it."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import pytest
-from amsp_testlib import make_job
+from amsp_testlib import make_job, source_has
 from test_solver import check_against_brute_force
 from test_solver import make_job as solver_job
 
@@ -26,24 +25,21 @@ from amsp_planner.strategy import Strategy
 def test_stage_1_reduces_in_the_boundary_backward_hooks_in_deepspeeds_code():
     s12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
     opt = s12.DeepSpeedZeroOptimizer
-    init = inspect.getsource(opt.__init__)
     # the hooks exist with overlap_comm (or contiguous_gradients), not only for stage 2
-    assert "self.partition_gradients or self.overlap_comm" in init
-    assert "self.create_gradient_handling_hooks()" in init
-    proc = inspect.getsource(opt.process_gradients)
-    assert "if self.partition_gradients or self.overlap_comm:" in proc
-    assert "self.reduce_ready_partitions_and_remove_grads(param, i)" in proc
-    ready = inspect.getsource(opt.reduce_ready_partitions_and_remove_grads)
+    source_has(opt.__init__, "self.partition_gradients or self.overlap_comm",
+               "self.create_gradient_handling_hooks()")
+    source_has(opt.process_gradients, "if self.partition_gradients or self.overlap_comm:",
+               "self.reduce_ready_partitions_and_remove_grads(param, i)")
     # stage 1 (partition_gradients False) on the boundary micro-batch: the stage-2 path
-    assert "self.is_gradient_accumulation_boundary()" in ready
-    assert "self.reduce_independent_p_g_buckets_and_remove_grads(param, i)" in ready
+    source_has(opt.reduce_ready_partitions_and_remove_grads,
+               "self.is_gradient_accumulation_boundary()",
+               "self.reduce_independent_p_g_buckets_and_remove_grads(param, i)")
     # reduce_gradients (engine.allreduce_gradients, stage 1) reduces again only without
     # overlap_comm; with it, only the pending bucket is drained
-    red = inspect.getsource(opt.reduce_gradients)
-    assert "if not self.overlap_comm:" in red
-    assert "self.overlapping_partition_gradients_reduce_epilogue()" in red
-    avg = inspect.getsource(opt.average_tensor)
-    assert "self.reduction_stream if self.overlap_comm" in avg  # off the compute stream
+    source_has(opt.reduce_gradients, "if not self.overlap_comm:",
+               "self.overlapping_partition_gradients_reduce_epilogue()")
+    # off the compute stream
+    source_has(opt.average_tensor, "self.reduction_stream if self.overlap_comm")
 
 
 def test_the_export_writes_overlap_comm_for_stage_1_and_the_profile_records_it():

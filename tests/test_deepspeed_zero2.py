@@ -4,10 +4,8 @@ hand, and ILP == brute force with it (the solver tabulates it on the pair P = 1)
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
-from amsp_testlib import make_job
+from amsp_testlib import make_job, source_has
 from hypothesis import HealthCheck, given, settings
 from test_solver import check_against_brute_force, check_engine_instance, engine_instances
 from test_solver import make_job as solver_job
@@ -30,16 +28,15 @@ def test_stage_2_all_reduces_its_buckets_in_deepspeeds_code():
     assert ex.reduce_bucket == stage2.reduce_bucket_size == 500_000_000
     assert ex.zero2_reduce == "all_reduce"
     opt = s12.DeepSpeedZeroOptimizer
-    avg = inspect.getsource(opt.average_tensor)
     # with use_multi_rank_bucket_allreduce every slice goes to the ('allreduce', group) bucket,
     # which allreduce_and_scatter reduces in reduce_bucket_size pieces
-    assert 'bucket_key = ("allreduce", process_group)' in avg
-    assert "self.allreduce_and_scatter(" in avg and "numel_per_bucket=self.reduce_bucket_size" in avg
+    source_has(opt.average_tensor, 'bucket_key = ("allreduce", process_group)',
+               "self.allreduce_and_scatter(", "numel_per_bucket=self.reduce_bucket_size")
     # ... each piece flattened and all-reduced (rank None: no dist.reduce to one rank)
-    bucket = inspect.getsource(opt.allreduce_bucket)
-    assert "self.flatten(bucket)" in bucket and "dist.all_reduce(tensor_to_allreduce" in bucket
-    back = inspect.getsource(opt.allreduce_and_copy_with_multiple_ranks)
-    assert "allreduce_bucket(" in back and "copy_to_local_rank" in back  # only its own slices
+    source_has(opt.allreduce_bucket, "self.flatten(bucket)", "dist.all_reduce(tensor_to_allreduce")
+    # only its own slices copied back
+    source_has(opt.allreduce_and_copy_with_multiple_ranks, "allreduce_bucket(",
+               "copy_to_local_rank")
     # ZeRO-3 keeps its reduce-scatter (stage3.py), the current profile's sharded_reduce
     assert ex.sharded_reduce == "reduce_scatter"
     assert ex.source("zero2_reduce").startswith("deepspeed/runtime/zero/stage_1_and_2.py")
