@@ -112,6 +112,12 @@ class Execution:
         """Whether the ZeRO-1 reduction (``replicated_overlap``) overlaps the last backward."""
         return self.sync_overlap if self.replicated_overlap is None else self.replicated_overlap
 
+    def shard_reduce_overlaps(self, s_g: int) -> bool:
+        """Whether the once-per-step reduction to the optimizer shard overlaps the last
+        backward: unsharded gradients (s_G = 1, ZeRO-1) by ``replicated_overlaps``, sharded ones
+        by ``sync_overlap``."""
+        return self.replicated_overlaps if s_g == 1 else self.sync_overlap
+
     def reduce_elements(self, dp_ranks: int) -> int | None:
         """Elements per gradient-reduction call with `dp_ranks` data-parallel ranks."""
         if self.reduce_bucket is None:

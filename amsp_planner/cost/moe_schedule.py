@@ -107,7 +107,7 @@ def class_entries(job: Job, units: Sequence[int], factors: tuple[int, int, int],
         add("backward", "reduce_scatter", "G", g, d, gdt, lambda u: u * gb, True)
     add("grad_sync", ex.replicated_reduce if g == 1 else "reduce_scatter", "OS_shard", o // g,
         g * d, gdt, lambda u: u // g * gb, False,
-        ex.replicated_overlaps if g == 1 else ex.sync_overlap)
+        ex.shard_reduce_overlaps(g))
     add("grad_sync", "all_reduce", "OS_replica", ranks // o, o * d, gdt, lambda u: u // o * gb,
         False)
     add("update", "all_gather", "P_update", o // p, p * d, pdt, lambda u: u // p * pb, False)

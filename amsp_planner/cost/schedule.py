@@ -331,7 +331,7 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     if k > 1:  # unsharded gradients: the engine's replicated_reduce (engines.Execution)
         add("grad_sync", ex.replicated_reduce if s.s_g == 1 else "reduce_scatter", "OS_shard",
             k, s.s_g, gdt, lambda u: u // s.s_g * gb, per_mb=False,
-            overlap=ex.replicated_overlaps if s.s_g == 1 else ex.sync_overlap)
+            overlap=ex.shard_reduce_overlaps(s.s_g))
     r = N // s.s_os
     if r > 1:
         add("grad_sync", "all_reduce", "OS_replica", r, s.s_os, gdt,
