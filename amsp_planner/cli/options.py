@@ -249,6 +249,11 @@ def job_options(f=None, *, precisions: bool = False):
                      help="Optimizer states and the fp32 master in host memory, AdamW on the "
                           "CPU (DeepSpeed offload_optimizer cpu; --engine deepspeed; never "
                           "chosen by the planner; docs/cost-model.md)."),
+        click.option("--cross-entropy", type=click.Choice(["logits", "fused_linear"]),
+                     default="logits", show_default=True,
+                     help="The LM head and loss: the whole micro-batch's logits materialised "
+                          "(logits), or Liger's fused linear cross-entropy, chunked "
+                          "(fused_linear: no logits kept; docs/memory.md)."),
         engine_option,
     ]
     for opt in reversed(opts):
@@ -328,7 +333,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
               expert_routing="uniform", no_master_weights=False, offload_optimizer=False,
-              tp_overlap="off", compile_=False, pp=1, **_ignored):
+              tp_overlap="off", compile_=False, pp=1, cross_entropy="logits", **_ignored):
     """(Job, memory limit in bytes) from the shared options (`pp`: the pipeline stages it is
     planned with, ``Job.create``)."""
     from pydantic import ValidationError
@@ -357,7 +362,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          expert_dispatch=expert_dispatch, expert_routing=expert_routing,
                          master_weights=not no_master_weights,
                          optimizer_offload="cpu" if offload_optimizer else "none",
-                         tp_overlap=tp_overlap == "on", compile=compile_)
+                         tp_overlap=tp_overlap == "on", compile=compile_,
+                         cross_entropy=cross_entropy)
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":

@@ -188,9 +188,36 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
     if tp > 1:
         whole = 0 if prof == "fused" else 2 * INDEX_BYTES
         return (head_bytes_per_token(job) - whole) / tp + whole + _gathered(job, tp, 1)
+    logits = 0 if fused_linear_ce(job) else 4 * m.vocab_size
     if prof == "fused":
-        return 2 * m.hidden_size * ab + 4 * m.vocab_size
-    return _norm(job, fused=prof != "eager") + 4 * m.vocab_size + 2 * INDEX_BYTES
+        return 2 * m.hidden_size * ab + logits
+    return _norm(job, fused=prof != "eager") + logits + 2 * INDEX_BYTES
+
+
+def fused_linear_ce(job: Job) -> bool:
+    """The job runs Liger's fused linear cross-entropy (``TrainingSpec.cross_entropy``)."""
+    return job.training.cross_entropy == "fused_linear"
+
+
+def flce_chunk_tokens(job: Job, micro_batch: int) -> int:
+    """Tokens of one chunk of Liger's fused linear cross-entropy: the next power of two of
+    ceil(BT / ceil(V / H)), so that a chunk's logits (chunk x V) are about the head's input
+    (BT x H) in size (liger_kernel/ops/fused_linear_cross_entropy.py v0.8.0
+    ``fused_linear_cross_entropy_forward``: inc_factor, chunk_size)."""
+    m = job.model
+    bt = micro_batch * job.training.seq_len
+    inc = -(-m.vocab_size // m.hidden_size)
+    return 1 << max(0, (-(-bt // inc) - 1).bit_length())
+
+
+def flce_weight_grad_bytes(job: Job, tp: int = 1) -> float | int:
+    """The head weight's gradient Liger's fused linear cross-entropy allocates in its forward
+    (``torch.zeros_like(weight)``, the gathered weight's dtype) and saves for its backward,
+    once per micro-batch; 0 without it."""
+    if not fused_linear_ce(job):
+        return 0  # an int: the plans' activation bytes keep their type
+    m = job.model
+    return _div(m.vocab_size * m.hidden_size * job.training.param_bytes, tp)
 
 
 def _op_matmuls(job: Job) -> list[tuple[str, int]]:
@@ -289,7 +316,8 @@ def phase_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1
     per = (op_recompute_bytes_per_token(job, tp) if op
            else block_bytes_per_token(job, tp) if k
            else _moe_saved(job, tp) if is_moe_only(ckpt) and job.model.num_moe_layers else 0.0)
-    return head_bytes_per_token(job, tp) * tokens, per * tokens
+    return (head_bytes_per_token(job, tp) * tokens + flce_weight_grad_bytes(job, tp),
+            per * tokens)
 
 
 def rope_table_bytes(job: Job) -> float:
@@ -303,7 +331,8 @@ def rope_table_bytes(job: Job) -> float:
 def saved_bytes(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1) -> float:
     """Bytes of every tensor autograd saves for one micro-batch (what the tests measure)."""
     tokens = micro_batch * job.training.seq_len
-    return saved_bytes_per_token(job, ckpt, tp) * tokens + rope_table_bytes(job)
+    return (saved_bytes_per_token(job, ckpt, tp) * tokens + rope_table_bytes(job)
+            + flce_weight_grad_bytes(job, tp))
 
 
 LOSS_PEAK_PER_V = {"eager": 8, "torchtitan": 8, "compiled": 8, "fused": 0}
@@ -315,5 +344,9 @@ fused."""
 def loss_peak_bytes(job: Job, micro_batch: int, tp: int = 1) -> float:
     """The cross-entropy backward's transient above the saved tensors, by profile
     (``LOSS_PEAK_PER_V``; vocabulary-parallel with TP: 1/tp of it)."""
+    if fused_linear_ce(job):  # one chunk's logits and its input gradient, in the forward
+        m = job.model
+        chunk = min(flce_chunk_tokens(job, micro_batch), micro_batch * job.training.seq_len)
+        return _div(chunk * (m.vocab_size + m.hidden_size) * job.training.param_bytes, tp)
     per = LOSS_PEAK_PER_V[profile_of(job)]
     return _div(per * job.model.vocab_size * micro_batch * job.training.seq_len, tp)

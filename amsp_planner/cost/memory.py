@@ -106,6 +106,10 @@ class MemoryBreakdown:
     cp_buffers: float = 0.0
     """Context parallelism: the K/V exchange's transient buffers of one attention call
     (cost/context_parallel.py)."""
+    load_peak: float = 0.0
+    """The segments a whole-model load leaves reserved (``TrainingSpec.model_load`` 'whole'
+    with sharded parameters): the unsharded model in its dtype, moved to the GPU before the
+    engine shards it. The reserved peak is at least this; 0 otherwise."""
     phase_overlap: float = 0.0
     """Bytes counted in both backward phases that never live together: the head's saved
     tensors with the loss peak, and a checkpointed block's recomputation (the smaller of the
@@ -139,7 +143,7 @@ class MemoryBreakdown:
         (the segments the loss phase used stay cached when the recomputation allocates) and the
         fragmentation reserve: what ``torch.cuda.max_memory_reserved`` reports, and torchtitan
         logs as ``memory:`` (max_reserved_gib)."""
-        return self.allocated + self.phase_overlap + self.fragmentation
+        return max(self.allocated + self.phase_overlap + self.fragmentation, self.load_peak)
 
     @property
     def total(self) -> float:
@@ -250,7 +254,7 @@ def expert_bytes(job: Job, s: Strategy) -> dict[str, float]:
 
 
 EXPERT_FIELDS = ("expert_params", "expert_grads", "expert_optimizer", "expert_buffers",
-                 "dispatch_buffers", "cp_buffers")
+                 "dispatch_buffers", "cp_buffers", "load_peak")
 """Fields left out of a plan's memory where they are 0 (dense plans without CP keep theirs)."""
 
 
@@ -274,7 +278,9 @@ def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     gpu = job.cluster.gpu
     frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak
                                          + sum(experts.values()))
+    load = (job.tp_phi(s.tp) * job.training.param_bytes
+            if job.training.model_load == "whole" and s.s_p > 1 else 0.0)
     return MemoryBreakdown(**states, **bufs, activations=act, loss_peak=peak, fragmentation=frag,
                            communicators=communicator_bytes(job, s),
                            context=gpu.context_reserve_gib * 1024**3, **experts,
-                           phase_overlap=min(head + peak, recompute))
+                           load_peak=load, phase_overlap=min(head + peak, recompute))

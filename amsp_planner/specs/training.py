@@ -46,6 +46,22 @@ class TrainingSpec(BaseModel):
     (flash-attn's Triton FlashAttention: llm-foundry's ``attn_impl: triton``) or flash3
     (FlashAttention-3, Hopper only: transformers' ``flash_attention_3``), their rates in
     presets/attention_kernels.yaml; None: flash2. Left out of the dump at its default."""
+    cross_entropy: Literal["logits", "fused_linear"] = "logits"
+    """How the LM head and the loss run (cost/activations.py, docs/memory.md): 'logits' (the
+    head's logits of the whole micro-batch materialised and the loss taken over them, as the
+    activation profile counts it: 4 bytes per token and vocabulary entry saved, eager's 8 more
+    while the loss runs backward) or 'fused_linear' (Liger's fused linear cross-entropy,
+    ``liger_kernel.ops.fused_linear_cross_entropy``: the logits computed chunk by chunk in the
+    forward, each chunk's gradients of the head's input and weight taken there; saved: the
+    input's gradient and the weight's). Left out of the dump at its default."""
+    model_load: Literal["sharded", "whole"] = "sharded"
+    """How the parameters reach the GPUs where the plan shards them (s_P > 1): 'sharded'
+    (created sharded: deepspeed.zero.Init, FSDP's meta-device or per-module init, what the
+    exports set up), or 'whole' (built unsharded on the host and moved whole to each GPU
+    before the engine shards them: DeepSpeed ZeRO-3 on a model not created under zero.Init,
+    runtime/engine.py ``_configure_distributed_model``: ``module.to(device)`` when no
+    parameter has a ``ds_id``). 'whole' makes the reserved peak at least the whole model in
+    its dtype (``MemoryBreakdown.load_peak``). Left out of the dump at its default."""
     precision: Literal["bf16", "fp32", "fp8"] = "bf16"
     """bf16: bf16 params/grads, fp32 master + Adam. fp32: everything fp32 (parity tests).
     fp8: as bf16, with the blocks' linears in FP8 (docs/fp8.md); never chosen by the planner."""
@@ -109,7 +125,8 @@ class TrainingSpec(BaseModel):
                      "attention_kernel": None, "expert_dispatch": "copies",
                      "expert_routing": "uniform", "master_weights": True,
                      "sequence_parallel": True, "optimizer_offload": "none",
-                     "tp_overlap": False, "dp_overlap": False, "compile": False}
+                     "tp_overlap": False, "dp_overlap": False, "compile": False,
+                     "cross_entropy": "logits", "model_load": "sharded"}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")
