@@ -188,8 +188,47 @@ def test_tp_wire_bytes():
     # output gradient gathered in FP8 (uint8), no amax all-reduce per gather (amax history)
     assert fp8_bytes.fp8_tp_wire("delayed", "megatron") == fp8_bytes.Fp8TpWire(1, 2, 0)
     assert fp8_bytes.fp8_tp_wire("delayed", "nemo@24.07") == fp8_bytes.Fp8TpWire(1, 2, 0)
-    # TE current scaling: its gather (quantizer with an amax reduction group) is not modelled
-    assert fp8_bytes.fp8_tp_wire("tensorwise", "megatron") == fp8_bytes.Fp8TpWire(2, 2, 0)
+    # TE current scaling (v2.9): FP8 gathers too, each quantizer's amax reduced over the TP
+    # group first (_customize_quantizers_float8_current_scaling: with_amax_reduction)
+    assert fp8_bytes.fp8_tp_wire("tensorwise", "megatron") == fp8_bytes.Fp8TpWire(1, 2, 1)
+    assert fp8_bytes.fp8_tp_wire("tensorwise", "megatron-bridge@0.3.0") == \
+        fp8_bytes.Fp8TpWire(1, 2, 1)
+    assert fp8_bytes.fp8_tp_wire("blockwise", "megatron") == fp8_bytes.Fp8TpWire(2, 2, 0)
+
+
+def test_te_current_scaling_casts_by_hand():
+    """Transformer Engine, current scaling (tensorwise): the amax is a separate read of the
+    operand (2 B/element) except where TE's kernel that produced it took the amax of its own
+    output (normalization.cpp FUSED_NORM_AMAX_FP8 for linear_qkv and linear_fc1's input,
+    activation.cpp FUSED_ACTIVATION_AMAX_FP8 for linear_fc2's input and, in the backward,
+    linear_fc1's output gradient). Per element otherwise: the fused cast-transpose reads 2
+    and writes 2 x 1; two 4-byte scales per operand."""
+    from amsp_planner.cost.fp8 import RECIPE
+    from amsp_planner.cost.fp8_casts import te_tp_cast_bytes
+
+    cs, dl = RECIPE["tensorwise"], RECIPE["delayed"]
+    m, k, n = 1024, 256, 512
+    plain = lambda r, c: 4 * r * c + 8  # noqa: E731  cast-transpose + scales
+    amax = lambda r, c: 2 * r * c  # noqa: E731
+    w = plain(k, n) + amax(k, n)  # weights always take their own amax pass
+    # no tensor parallelism
+    assert te_tp_cast_bytes(cs, m, k, n, "linear_qkv", 1) == (
+        plain(m, k) + plain(m, n) + amax(m, n) + w)          # norm-fed input, dy from attention
+    assert te_tp_cast_bytes(cs, m, k, n, "linear_fc1", 1) == plain(m, k) + plain(m, n) + w
+    assert te_tp_cast_bytes(cs, m, k, n, "linear_fc2", 1) == (
+        plain(m, k) + plain(m, n) + amax(m, n) + w)          # activation-fed input
+    assert te_tp_cast_bytes(cs, m, k, n, "linear_proj", 1) == (
+        plain(m, k) + amax(m, k) + plain(m, n) + amax(m, n) + w)
+    # delayed scaling: never an amax pass, whatever the producer
+    assert te_tp_cast_bytes(dl, m, k, n, "linear_proj", 1) == (
+        plain(m, k) + plain(m, n) + plain(k, n))
+    # sequence parallel, tp 4: the gathered operand cast on m/4 rows (its amax read there too
+    # unless fused), then the FP8 transpose on all rows (read 1 + write 1)
+    tp = 4
+    assert te_tp_cast_bytes(cs, m, k, n, "linear_fc1", tp) == (
+        3 * m * k // tp + 2 * m * k + plain(m, n) + w)
+    assert te_tp_cast_bytes(cs, m, k, n, "linear_fc2", tp) == (
+        plain(m, k) + 5 * m * n // tp + 2 * m * n + w)      # dy from the residual: amax read
 
 
 def test_tensorwise_tp_casts_each_gathered_input_once_on_its_shard():

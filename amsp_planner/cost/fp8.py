@@ -337,11 +337,13 @@ def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> f
     casts = None
     if tp > 1 and recipe == "tensorwise" and fam == "torchao":
         casts = tp_cast_bytes(r, tokens, x.k, x.n, x.name, tp, compiled)
-    elif fam == "te":  # the weight's FP8 copy cached across the step's micro-batches
+    elif fam == "te" and recipe in ("delayed", "tensorwise"):
+        share = 1 / weight_casts_shared(job, tokens, tp)  # the weight's cached FP8 copy
+        casts = te_tp_cast_bytes(r, tokens, x.k, x.n, x.name, tp, share,
+                                 gathered=job.training.sequence_parallel)
+    elif fam == "te":
         share = 1 / weight_casts_shared(job, tokens, tp)
-        casts = (te_tp_cast_bytes(r, tokens, x.k, x.n, x.name, tp, share)
-                 if tp > 1 and recipe == "delayed" and job.training.sequence_parallel
-                 else linear_cast_bytes(r, tokens, x.k, x.n, fam, weight_share=share))
+        casts = linear_cast_bytes(r, tokens, x.k, x.n, fam, weight_share=share)
     if casts is not None:
         return (roofline_linear_s(gpu, tokens, x.k, x.n, None)
                 / roofline_linear_s(gpu, tokens, x.k, x.n, r, casts=casts))

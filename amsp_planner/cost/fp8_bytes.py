@@ -141,10 +141,17 @@ def fp8_tp_wire(recipe: str, engine: str) -> Fp8TpWire:
     all-gathers before linear_qkv and linear_fc1 and the backward all-gathers of the output
     gradient before linear_proj and linear_fc2 move 1 byte per element; the scale comes from
     the amax history, so no all-reduce per gather; the reduce-scatters carry bf16 GEMM outputs.
-    Every other recipe and engine here: bf16 both ways (TE's current-scaling, blockwise and
-    MXFP8 gathers are not modelled: docs/fp8.md)."""
+    Transformer Engine, current scaling (tensorwise; v2.9 layernorm_linear.py: the norm output
+    quantized on the shard and ``gather_along_first_dim(ln_out, tp_group,
+    quantizer=quantizer)``; base.py ``grad_output_preprocess`` likewise for the output
+    gradient; ``_customize_quantizers_float8_current_scaling`` gives the column-parallel input
+    quantizer and the row-parallel output-gradient quantizer ``with_amax_reduction`` over the
+    TP group): the same FP8 all-gathers, each with its amax all-reduced over the TP group.
+    Every other recipe and engine here: bf16 both ways (TE's blockwise and MXFP8 gathers are
+    not modelled: docs/fp8.md)."""
     recipe_for(recipe, engine)
-    if family_of(engine) == "torchao" and recipe == "tensorwise" and engine not in GATHER_ONLY:
+    if recipe == "tensorwise" and (family_of(engine) == "te" or (
+            family_of(engine) == "torchao" and engine not in GATHER_ONLY)):
         return Fp8TpWire(1, 2, 1)
     if family_of(engine) == "te" and recipe == "delayed":
         return Fp8TpWire(1, 2, 0)

@@ -102,27 +102,53 @@ TE_COLUMN_GATHERED = ("linear_qkv", "linear_fc1")
 row-parallel linear_proj and linear_fc2 gather their output gradient in the backward."""
 
 
+TE_AMAX_FUSED_INPUT = ("linear_qkv", "linear_fc1", "linear_fc2")
+"""Transformer Engine linears whose input comes out of a TE kernel that takes the amax of its
+own output under current scaling (tensorwise), so the cast needs no separate amax read: the
+norm of LayerNormLinear / LayerNormMLP (csrc/extensions/normalization.cpp,
+``FUSED_NORM_AMAX_FP8``; ``create_hp_tensor_with_amax`` at v2.7) and the activation before
+linear_fc2 (activation.cpp ``FUSED_ACTIVATION_AMAX_FP8``). linear_proj's input, the attention
+output, is quantized by its own amax pass."""
+TE_AMAX_FUSED_GRAD = ("linear_fc1",)
+"""TE linears whose output gradient comes out of the activation's backward (activation.cpp,
+the dact functions with the same fused amax under current scaling); the other output gradients
+(the residual stream's, attention's input gradients) take their own amax pass."""
+
+
 def te_tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int,
-                     weight_share: float = 1.0) -> float:
-    """Cast bytes of one Transformer Engine linear under sequence parallelism with delayed
-    scaling (NVIDIA/TransformerEngine v1.7, v1.8 3ec998e, v1.9 e79d915:
-    module/layernorm_linear.py and layernorm_mlp.py, ``ln_out_dtype = torch.uint8`` so the norm
-    kernel writes FP8 on the rank's m/tp rows, then ``gather_along_first_dim(ln_out, tp_group)``
-    and in the backward ``ln_out_total_t = tex.fp8_transpose(ln_out_total, ...)``;
-    module/base.py ``grad_output_preprocess``, "FP8 case with gather": ``cast_to_fp8`` of the
-    local output gradient, ``gather_along_first_dim``, ``tex.fp8_transpose(grad_output_c)``):
-    the gathered operand (linear_qkv/linear_fc1's input, linear_proj/linear_fc2's output
-    gradient) is cast on the shard (read 2, write 1 byte per element of m/tp rows; the scale
-    from the amax history, no amax pass) and transposed after the gather (read 1, write 1 on
-    all m rows). The other operands and the weight as ``cast_bytes`` (te, fused cast-transpose
-    on all rows). The norm output's shard cast is priced as its own kernel, as torchao's (TE
-    fuses it into the norm kernel: not credited here). `weight_share` as in
-    ``linear_cast_bytes``."""
+                     weight_share: float = 1.0, gathered: bool = True) -> float:
+    """Cast bytes of one Transformer Engine linear, delayed scaling or current scaling
+    (tensorwise). With sequence parallelism (`gathered`, tp > 1; NVIDIA/TransformerEngine v1.7,
+    v1.8 3ec998e, v1.9 e79d915 for delayed scaling: module/layernorm_linear.py and
+    layernorm_mlp.py, ``ln_out_dtype = torch.uint8`` so the norm kernel writes FP8 on the rank's
+    m/tp rows, then ``gather_along_first_dim(ln_out, tp_group)`` and in the backward
+    ``ln_out_total_t = tex.fp8_transpose(ln_out_total, ...)``; module/base.py
+    ``grad_output_preprocess``, "FP8 case with gather": ``cast_to_fp8`` of the local output
+    gradient, ``gather_along_first_dim``, ``tex.fp8_transpose(grad_output_c)``; v2.9 the same
+    for every recipe through ``gather_along_first_dim(ln_out, tp_group,
+    quantizer=input_quantizer)``, current scaling's quantizers then reducing their amax over
+    the TP group, ``_customize_quantizers_float8_current_scaling``): the gathered operand
+    (linear_qkv/linear_fc1's input, linear_proj/linear_fc2's output gradient) is cast on the
+    shard (read 2, write 1 byte per element of m/tp rows) and transposed after the gather
+    (read 1, write 1 on all m rows). The other operands and the weight as ``cast_bytes`` (te,
+    fused cast-transpose on all rows). Current scaling's amax read (``Fp8Recipe.amax_pass``,
+    2 bytes per element) is left out where TE's kernel that produced the operand took it
+    (``TE_AMAX_FUSED_INPUT``, ``TE_AMAX_FUSED_GRAD``). The norm output's shard cast is priced
+    as its own kernel (under delayed scaling TE fuses it into the norm kernel: not credited
+    here). `weight_share` as in ``linear_cast_bytes``."""
+    amax = 2 if recipe.amax_pass else 0
 
-    def sharded(rows: int, cols: int) -> float:
-        return (2 + 1) * rows * cols / tp + 2 * rows * cols
+    def own(rows: int, cols: int, fused: bool) -> float:
+        return cast_bytes(recipe, rows, cols, "te") - (amax * rows * cols if fused else 0)
 
+    def sharded(rows: int, cols: int, fused: bool) -> float:
+        return (0 if fused else amax) * rows * cols / tp + (2 + 1) * rows * cols / tp \
+            + 2 * rows * cols
+
+    fused_x, fused_dy = name in TE_AMAX_FUSED_INPUT, name in TE_AMAX_FUSED_GRAD
     w = weight_share * cast_bytes(recipe, k, n, "te", weight=True)
+    if not gathered or tp == 1:
+        return own(m, k, fused_x) + own(m, n, fused_dy) + w
     if name in TE_COLUMN_GATHERED:
-        return sharded(m, k) + cast_bytes(recipe, m, n, "te") + w
-    return cast_bytes(recipe, m, k, "te") + sharded(m, n) + w
+        return sharded(m, k, fused_x) + own(m, n, fused_dy) + w
+    return own(m, k, fused_x) + sharded(m, n, fused_dy) + w
