@@ -84,9 +84,12 @@ launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml and examples/trainin
   weights kept as 16-bit remainders of the bf16 parameters (``store_param_remainders``:
   2 bytes per parameter less optimizer memory than Megatron's fp32 copy).
 
-Megatron-Bridge (``megatron-bridge@0.2.0``, ``@0.3.0``: the NeMo 25.11 and 26.02 containers'
-releases [inf: the container of each section of Megatron-Bridge's
-docs/performance-summary-archive.md], the rows of source megatron-bridge). Megatron-Core's own
+Megatron-Bridge (``megatron-bridge@0.2.0``, ``@0.3.0``, ``@0.3.1``, ``@0.4.0``, ``@0.4.1``,
+``@0.5.0``: the NeMo 25.11, 26.02, 26.02.01, 26.04, 26.04.01 and 26.06 containers' releases
+[inf: the container of each section of Megatron-Bridge's docs/performance-summary-archive.md,
+matched by date: each tag is the last one before the section was published], the rows of
+source megatron-bridge; the Llama H100 configs named below read the same at every one of these
+tags). Megatron-Core's own
 distributed data parallelism and distributed optimizer (the megatron profile's schedule and
 buckets; ``ddp.overlap_grad_reduce`` and ``overlap_param_gather`` True in the recipes:
 src/megatron/bridge/recipes/llama/llama3.py ``_llama3_common``), with what the performance
@@ -218,5 +221,9 @@ VERSIONS: dict[str, dict] = {
     },
     "megatron-bridge@0.2.0": _bridge("v0.2.0"),
     "megatron-bridge@0.3.0": _bridge("v0.3.0"),
+    "megatron-bridge@0.3.1": _bridge("v0.3.1"),
+    "megatron-bridge@0.4.0": _bridge("v0.4.0"),
+    "megatron-bridge@0.4.1": _bridge("v0.4.1"),
+    "megatron-bridge@0.5.0": _bridge("v0.5.0"),
 }
 """``<engine>@<version>`` -> the fields that differ from ``engines.PROFILES[base]``."""

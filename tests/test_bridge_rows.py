@@ -2,8 +2,8 @@
 against the published table (typed here from the source, not from the file), and the
 megatron-bridge@<release> profiles that price them (amsp_planner/engine_versions.py).
 
-Source: NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (0a25f91), System
-DGX-H100; the performance configs at v0.2.0 and v0.3.0."""
+Source: NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (0a25f91; 4ab94dfa for
+the 26.02.01-26.06 sections), System DGX-H100; the performance configs at v0.2.0-v0.5.0."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ TABLE = {
     "mbridge2602-l31-405b-1024": ("0.3.0", 1024, 1536, 1, 8192, 0, 8, 8, 2, 8, 311),
     "mbridge2511-l3-70b-64": ("0.2.0", 64, 128, 1, 8192, 0, 4, 8, 1, 5, 1602),
     "mbridge2602-l3-70b-64": ("0.3.0", 64, 256, 1, 8192, 0, 4, 8, 1, 5, 1621),
+    # 26.02.01, 26.04, 26.04.01, 26.06 (precision "FP8": the H100 configs' FP8_CS_V2)
+    "mbridge2602p1-l3-70b-64": ("0.3.1", 64, 256, 1, 8192, 0, 4, 8, 1, 5, 1639),
+    "mbridge2604-l3-70b-64": ("0.4.0", 64, 256, 1, 8192, 0, 4, 8, 1, 5, 1633),
+    "mbridge2604p1-l3-70b-64": ("0.4.1", 64, 256, 1, 8192, 0, 4, 8, 1, 5, 1664),
+    "mbridge2604p1-l31-405b-1024": ("0.4.1", 1024, 1536, 1, 8192, 0, 8, 8, 2, 8, 328),
+    "mbridge2606-l31-405b-1024": ("0.5.0", 1024, 1536, 1, 8192, 0, 8, 8, 2, 8, 326),
 }
 
 
@@ -44,7 +50,7 @@ def test_rows_are_the_published_table(rows):
 
 
 def test_the_bridge_profiles_are_megatron_core_with_the_settings_of_the_configs():
-    for key in ("megatron-bridge@0.2.0", "megatron-bridge@0.3.0"):
+    for key in {f"megatron-bridge@{v[0]}" for v in TABLE.values()}:
         p = PROFILES[key]
         assert runs_as(key) == "megatron"
         # Megatron-LM forces fp32 reduction with bf16; the bridge configs turn it off

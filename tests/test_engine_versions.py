@@ -24,7 +24,13 @@ OLD = "deepspeed@0.3.14"
 # ----- the values against their sources -------------------------------------------------------
 def test_versioned_profiles_are_priced_only_for_published_runs():
     # the others: tests/test_nemo_rows.py, tests/test_bridge_rows.py
-    assert VERSIONED == (OLD, "nemo@24.07", "megatron-bridge@0.2.0", "megatron-bridge@0.3.0")
+    assert VERSIONED == (OLD, "nemo@24.07", *(f"megatron-bridge@{v}" for v in (
+        "0.2.0", "0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.5.0")))
+    from amsp_planner.validation import load_rows
+
+    named = {f"{r['engine']}@{r['engine_version']}" for r in load_rows()["rows"]
+             if r.get("engine_version") and r.get("scope") == "in"}
+    assert named == set(VERSIONED) - {OLD}  # each priced row's release has its profile
     assert not set(VERSIONED) & set(ENGINES)  # never a choice of --engine: the planner prices the current one
     old, new = PROFILES[OLD], PROFILES["deepspeed"]
     assert old.engine == new.engine == "deepspeed" and old.name == OLD
