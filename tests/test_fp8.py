@@ -204,7 +204,7 @@ def test_te_current_scaling_casts_by_hand():
     linear_fc1's output gradient). Per element otherwise: the fused cast-transpose reads 2
     and writes 2 x 1; two 4-byte scales per operand."""
     from amsp_planner.cost.fp8 import RECIPE
-    from amsp_planner.cost.fp8_casts import te_tp_cast_bytes
+    from amsp_planner.cost.fp8_casts import te_linear_cast_bytes
 
     cs, dl = RECIPE["tensorwise"], RECIPE["delayed"]
     m, k, n = 1024, 256, 512
@@ -212,22 +212,22 @@ def test_te_current_scaling_casts_by_hand():
     amax = lambda r, c: 2 * r * c  # noqa: E731
     w = plain(k, n) + amax(k, n)  # weights always take their own amax pass
     # no tensor parallelism
-    assert te_tp_cast_bytes(cs, m, k, n, "linear_qkv", 1) == (
+    assert te_linear_cast_bytes(cs, m, k, n, "linear_qkv", 1) == (
         plain(m, k) + plain(m, n) + amax(m, n) + w)          # norm-fed input, dy from attention
-    assert te_tp_cast_bytes(cs, m, k, n, "linear_fc1", 1) == plain(m, k) + plain(m, n) + w
-    assert te_tp_cast_bytes(cs, m, k, n, "linear_fc2", 1) == (
+    assert te_linear_cast_bytes(cs, m, k, n, "linear_fc1", 1) == plain(m, k) + plain(m, n) + w
+    assert te_linear_cast_bytes(cs, m, k, n, "linear_fc2", 1) == (
         plain(m, k) + plain(m, n) + amax(m, n) + w)          # activation-fed input
-    assert te_tp_cast_bytes(cs, m, k, n, "linear_proj", 1) == (
+    assert te_linear_cast_bytes(cs, m, k, n, "linear_proj", 1) == (
         plain(m, k) + amax(m, k) + plain(m, n) + amax(m, n) + w)
     # delayed scaling: never an amax pass, whatever the producer
-    assert te_tp_cast_bytes(dl, m, k, n, "linear_proj", 1) == (
+    assert te_linear_cast_bytes(dl, m, k, n, "linear_proj", 1) == (
         plain(m, k) + plain(m, n) + plain(k, n))
     # sequence parallel, tp 4: the gathered operand cast on m/4 rows (its amax read there too
     # unless fused), then the FP8 transpose on all rows (read 1 + write 1)
     tp = 4
-    assert te_tp_cast_bytes(cs, m, k, n, "linear_fc1", tp) == (
+    assert te_linear_cast_bytes(cs, m, k, n, "linear_fc1", tp) == (
         3 * m * k // tp + 2 * m * k + plain(m, n) + w)
-    assert te_tp_cast_bytes(cs, m, k, n, "linear_fc2", tp) == (
+    assert te_linear_cast_bytes(cs, m, k, n, "linear_fc2", tp) == (
         plain(m, k) + 5 * m * n // tp + 2 * m * n + w)      # dy from the residual: amax read
 
 
@@ -267,7 +267,7 @@ def test_te_delayed_sequence_parallel_casts_on_the_shard_by_hand():
         linear_speedup,
         roofline_linear_s,
     )
-    from amsp_planner.cost.fp8_casts import te_tp_cast_bytes
+    from amsp_planner.cost.fp8_casts import te_linear_cast_bytes
     from amsp_planner.cost.job import Job
     from amsp_planner.specs import TrainingSpec, load_cluster
 
@@ -282,10 +282,10 @@ def test_te_delayed_sequence_parallel_casts_on_the_shard_by_hand():
     # an ordinary TE operand: fused cast-transpose read 2 + write 2 x 1, no amax, 2 x 4 B scales
     x_shard = 3 * 32 * 128 + 2 * 128 * 128       # 12,288 + 32,768 = 45,056
     dy = w = 4 * 128 * 96 + 8                     # 49,160 each
-    assert te_tp_cast_bytes(r, m, 128, 96, "linear_qkv", tp) == x_shard + dy + w == 143_376
+    assert te_linear_cast_bytes(r, m, 128, 96, "linear_qkv", tp) == x_shard + dy + w == 143_376
     # linear_proj (k 32, n 128): its output gradient (128 x 128) cast on 32 rows, gathered
     x, w = 4 * 128 * 32 + 8, 4 * 32 * 128 + 8     # 16,392 each
-    assert te_tp_cast_bytes(r, m, 32, 128, "linear_proj", tp) == x + 45_056 + w
+    assert te_linear_cast_bytes(r, m, 32, 128, "linear_proj", tp) == x + 45_056 + w
     # all rows cast (the roofline's linear_cast_bytes): 4 x 128 x 128 + 8 = 65,544 for the
     # gathered operand, so the shard saves 20,488 B = 10.19 ns a linear on this job's H100
     job = make_job()

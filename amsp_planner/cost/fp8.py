@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from amsp_planner.cost.fp8_casts import linear_cast_bytes, te_tp_cast_bytes, tp_cast_bytes
+from amsp_planner.cost.fp8_casts import linear_cast_bytes, te_linear_cast_bytes, tp_cast_bytes
 from amsp_planner.errors import AmspUserError
 
 RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
@@ -327,23 +327,23 @@ def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
 
 
 def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> float:
-    """linear_speedup, or under TP with FP8 sequence-parallel gathers the roofline with the
-    gathered operand cast on the rank's 1/tp of the rows: torchao tensorwise (tp_cast_bytes),
-    Transformer Engine delayed scaling with sequence parallelism (te_tp_cast_bytes: TE casts
-    the norm output and the output gradient on the shard, then gathers the FP8 tensor; the
-    same condition as fp8_bytes.fp8_tp_wire's FP8 gathers)."""
+    """linear_speedup, or the roofline with the casts the engine's own code runs: torchao's
+    tensorwise tensor parallelism (tp_cast_bytes: the gathered input cast once, on the rank's
+    1/tp of the rows), and every Transformer Engine linear (te_linear_cast_bytes: the weight's
+    cast shared by the step's micro-batches, current scaling's amax read only where no TE
+    kernel took it, and under sequence parallelism with FP8 gathers, fp8_bytes.fp8_tp_wire,
+    the gathered operand cast on the shard)."""
     gpu, compiled, r = job.cluster.gpu, job.training.compile, RECIPE[recipe]
     fam = family_of(job.engine)
     casts = None
     if tp > 1 and recipe == "tensorwise" and fam == "torchao":
         casts = tp_cast_bytes(r, tokens, x.k, x.n, x.name, tp, compiled)
-    elif fam == "te" and recipe in ("delayed", "tensorwise"):
-        share = 1 / weight_casts_shared(job, tokens, tp)  # the weight's cached FP8 copy
-        casts = te_tp_cast_bytes(r, tokens, x.k, x.n, x.name, tp, share,
-                                 gathered=job.training.sequence_parallel)
     elif fam == "te":
-        share = 1 / weight_casts_shared(job, tokens, tp)
-        casts = linear_cast_bytes(r, tokens, x.k, x.n, fam, weight_share=share)
+        from amsp_planner.cost.fp8_bytes import fp8_tp_wire
+
+        gathered = job.training.sequence_parallel and fp8_tp_wire(recipe, job.engine).all_gather == 1
+        casts = te_linear_cast_bytes(r, tokens, x.k, x.n, x.name, tp,
+                                     1 / weight_casts_shared(job, tokens, tp), gathered)
     if casts is not None:
         return (roofline_linear_s(gpu, tokens, x.k, x.n, None)
                 / roofline_linear_s(gpu, tokens, x.k, x.n, r, casts=casts))

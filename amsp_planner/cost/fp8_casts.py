@@ -115,10 +115,11 @@ the dact functions with the same fused amax under current scaling); the other ou
 (the residual stream's, attention's input gradients) take their own amax pass."""
 
 
-def te_tp_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int,
-                     weight_share: float = 1.0, gathered: bool = True) -> float:
-    """Cast bytes of one Transformer Engine linear, delayed scaling or current scaling
-    (tensorwise). With sequence parallelism (`gathered`, tp > 1; NVIDIA/TransformerEngine v1.7,
+def te_linear_cast_bytes(recipe: Fp8Recipe, m: int, k: int, n: int, name: str, tp: int,
+                         weight_share: float = 1.0, gathered: bool = True) -> float:
+    """Cast bytes of one Transformer Engine linear (every recipe; without gathers and without
+    current scaling's amax, ``linear_cast_bytes`` with the 'te' family). With sequence
+    parallelism and FP8 gathers (`gathered`, tp > 1; NVIDIA/TransformerEngine v1.7,
     v1.8 3ec998e, v1.9 e79d915 for delayed scaling: module/layernorm_linear.py and
     layernorm_mlp.py, ``ln_out_dtype = torch.uint8`` so the norm kernel writes FP8 on the rank's
     m/tp rows, then ``gather_along_first_dim(ln_out, tp_group)`` and in the backward
