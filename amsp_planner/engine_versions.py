@@ -94,7 +94,7 @@ distributed data parallelism and distributed optimizer (the megatron profile's s
 buckets; ``ddp.overlap_grad_reduce`` and ``overlap_param_gather`` True in the recipes:
 src/megatron/bridge/recipes/llama/llama3.py ``_llama3_common``), with what the performance
 scripts set (scripts/performance/configs/llama31/llama31_llm_pretrain.py and
-llama3/llama3_llm_pretrain.py, utils/helpers.py at v0.2.0; configs/llama/ at v0.3.0):
+llama3/llama3_llm_pretrain.py, utils/helpers.py at v0.2.0; configs/llama/ at v0.3.0-v0.5.0):
 
 - the gradient-reduction dtype follows ``ddp.grad_reduce_in_fp32`` (False in every Llama
   performance config: bf16 buffers and reduction), not Megatron-LM's forced fp32

@@ -158,7 +158,7 @@ class MemoryBreakdown:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for key in EXPERT_FIELDS:
+        for key in OPTIONAL_FIELDS:
             if not d[key]:
                 del d[key]  # dense plans keep their fields
         d.update(model_states=self.model_states, buffers=self.buffers, total=self.total)
@@ -253,9 +253,10 @@ def expert_bytes(job: Job, s: Strategy) -> dict[str, float]:
             "dispatch_buffers": a2a}
 
 
-EXPERT_FIELDS = ("expert_params", "expert_grads", "expert_optimizer", "expert_buffers",
-                 "dispatch_buffers", "cp_buffers", "load_peak")
-"""Fields left out of a plan's memory where they are 0 (dense plans without CP keep theirs)."""
+OPTIONAL_FIELDS = ("expert_params", "expert_grads", "expert_optimizer", "expert_buffers",
+                   "dispatch_buffers", "cp_buffers", "load_peak")
+"""Fields left out of a plan's memory where they are 0 (the expert class's, context
+parallelism's buffers, a whole-model load), so plans without them keep their fields."""
 
 
 def memory(job: Job, s: Strategy) -> MemoryBreakdown:
