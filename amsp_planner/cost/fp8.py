@@ -23,7 +23,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from amsp_planner.cost.fp8_casts import linear_cast_bytes, te_linear_cast_bytes, tp_cast_bytes
+from amsp_planner.cost.fp8_casts import (
+    TE_FP8_GATHERS,
+    linear_cast_bytes,
+    te_linear_cast_bytes,
+    tp_cast_bytes,
+)
 from amsp_planner.errors import AmspUserError
 
 RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
@@ -331,7 +336,7 @@ def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> f
     tensorwise tensor parallelism (tp_cast_bytes: the gathered input cast once, on the rank's
     1/tp of the rows), and every Transformer Engine linear (te_linear_cast_bytes: the weight's
     cast shared by the step's micro-batches, current scaling's amax read only where no TE
-    kernel took it, and under sequence parallelism with FP8 gathers, fp8_bytes.fp8_tp_wire,
+    kernel took it, and under sequence parallelism with FP8 gathers, ``TE_FP8_GATHERS``,
     the gathered operand cast on the shard)."""
     gpu, compiled, r = job.cluster.gpu, job.training.compile, RECIPE[recipe]
     fam = family_of(job.engine)
@@ -339,9 +344,7 @@ def block_linear_speedup(job, recipe: str, tokens: int, x: Linear, tp: int) -> f
     if tp > 1 and recipe == "tensorwise" and fam == "torchao":
         casts = tp_cast_bytes(r, tokens, x.k, x.n, x.name, tp, compiled)
     elif fam == "te":
-        from amsp_planner.cost.fp8_bytes import fp8_tp_wire
-
-        gathered = job.training.sequence_parallel and fp8_tp_wire(recipe, job.engine).all_gather == 1
+        gathered = job.training.sequence_parallel and recipe in TE_FP8_GATHERS
         casts = te_linear_cast_bytes(r, tokens, x.k, x.n, x.name, tp,
                                      1 / weight_casts_shared(job, tokens, tp), gathered)
     if casts is not None:

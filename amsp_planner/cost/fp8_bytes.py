@@ -14,7 +14,7 @@ from amsp_planner.cost.fp8 import (
     fp8_matmuls,
     recipe_for,
 )
-from amsp_planner.cost.fp8_casts import scale_count
+from amsp_planner.cost.fp8_casts import TE_FP8_GATHERS, scale_count
 
 
 # ----- FP8 weight all-gather -----------------------------------------------------------------
@@ -150,9 +150,8 @@ def fp8_tp_wire(recipe: str, engine: str) -> Fp8TpWire:
     Every other recipe and engine here: bf16 both ways (TE's blockwise and MXFP8 gathers are
     not modelled: docs/fp8.md)."""
     recipe_for(recipe, engine)
-    if recipe == "tensorwise" and (family_of(engine) == "te" or (
-            family_of(engine) == "torchao" and engine not in GATHER_ONLY)):
+    if family_of(engine) == "te" and recipe in TE_FP8_GATHERS:  # delayed: the amax history
+        return Fp8TpWire(1, 2, 1 if recipe == "tensorwise" else 0)
+    if family_of(engine) == "torchao" and recipe == "tensorwise" and engine not in GATHER_ONLY:
         return Fp8TpWire(1, 2, 1)
-    if family_of(engine) == "te" and recipe == "delayed":
-        return Fp8TpWire(1, 2, 0)
     return Fp8TpWire(2, 2, 0)

@@ -102,6 +102,11 @@ TE_COLUMN_GATHERED = ("linear_qkv", "linear_fc1")
 row-parallel linear_proj and linear_fc2 gather their output gradient in the backward."""
 
 
+TE_FP8_GATHERS = ("delayed", "tensorwise")
+"""Recipes whose sequence-parallel all-gathers Transformer Engine runs in FP8, the operand cast
+on the shard first (``te_linear_cast_bytes``; cost/fp8_bytes.py ``fp8_tp_wire`` prices their
+bytes on the wire); blockwise and MXFP8 gathers are priced in bf16 (not modelled)."""
+
 TE_AMAX_FUSED_INPUT = ("linear_qkv", "linear_fc1", "linear_fc2")
 """Transformer Engine linears whose input comes out of a TE kernel that takes the amax of its
 own output under current scaling (tensorwise), so the cast needs no separate amax read: the
