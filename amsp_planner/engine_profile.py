@@ -65,6 +65,13 @@ class EngineProfile:
     the activation, each one kernel), priced as cost/compute.py prices a compiled block
     (``training.compile``) without torch.compile: NeMo 24.07's Transformer Engine modules with
     its fusion switches (engine_versions.py)."""
+    fused_cross_entropy: str = ""
+    """Its loss kernel, where it runs a fused one on the full logits: '' none (the eager fp32
+    cross-entropy, cost/compute.py), 'te' Transformer Engine's Triton parallel cross-entropy
+    (Megatron-Core's ``cross_entropy_loss_fusion`` with ``cross_entropy_fusion_impl 'te'``):
+    the forward reads the bf16 logits twice (online softmax, then the gradient) and writes the
+    gradient in their place, the backward scales it (a read and a write): 6 + 4 bytes per
+    logit against the eager 12 + 18."""
     expert_rule: str = "any"
     """Mixture of experts: the expert settings (e, placement, expert triple) it runs with a
     dense triple, a rule of engine_experts.py ('any', 'tied', 'stages', 'titan', 'os',

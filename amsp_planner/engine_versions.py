@@ -101,7 +101,14 @@ llama3/llama3_llm_pretrain.py, utils/helpers.py at v0.2.0; configs/llama/ at v0.
   (``reduce_dtype`` None: the row's ``grad_accum_dtype``);
 - Transformer Engine's layer spec with ``apply_rope_fusion`` and ``cross_entropy_fusion_impl
   'te'`` (``set_common_perf_overrides``): ``fused_elementwise`` and the fused activation
-  profile, as NeMo 24.07's.
+  profile, as NeMo 24.07's; the loss in Transformer Engine's Triton cross-entropy
+  (``fused_cross_entropy`` 'te': ``cross_entropy_loss_fusion`` True by default,
+  src/megatron/bridge/models/gpt_provider.py, off only for PEFT fine-tuning and
+  deterministic mode; ``cross_entropy_fusion_impl`` 'te' set by the Llama 3 recipes and the
+  performance scripts' overrides at every tag from v0.2.0 to v0.5.0; cost/compute.py
+  ``CE_BYTES``). NeMo 24.07's
+  ``cross_entropy_loss_fusion`` is Megatron-Core's own jit-fused version, not priced as it
+  (its kernel count is not read here): it keeps the eager bytes.
 """
 
 from __future__ import annotations
@@ -122,6 +129,7 @@ def _bridge(tag: str) -> dict:
         "title": f"Megatron-Bridge {tag} (Megatron-Core)",
         "reduce_dtype": None,
         "fused_elementwise": True,
+        "fused_cross_entropy": "te",
         "activation_profile": "fused",
         "sources": (
             f"{_BRIDGE} {tag} src/megatron/bridge/recipes/llama/llama3.py _llama3_common "

@@ -176,7 +176,20 @@ def head_compute(job: Job, micro_batch: int, tp: int = 1) -> UnitCompute:
     t = micro_batch * job.training.seq_len
     mm = _matmul(r, t, m.hidden_size, _div(m.vocab_size, tp))
     ce = _div(t * m.vocab_size, tp) / r.hbm if r.hbm else 0.0
-    return UnitCompute(mm + 12 * ce, 2 * mm + 18 * ce)
+    fwd, bwd = CE_BYTES[profile(job.engine).fused_cross_entropy]
+    return UnitCompute(mm + fwd * ce, 2 * mm + bwd * ce)
+
+
+CE_BYTES = {"": (12, 18), "te": (6, 4)}
+"""HBM bytes per logit of the loss, forward and backward, by the engine's loss kernel
+(``EngineProfile.fused_cross_entropy``). Eager (``F.cross_entropy(logits.float())``): the
+bf16 logits upcast (read 2, write 4), log-softmax (read 4, write 4 less the max and sum
+passes' reads, ~12 in all), and backward its gradient and the downcast (18). Transformer
+Engine's parallel cross-entropy (transformer_engine/common/triton/cross_entropy.py at
+d0067d0: ``online_softmax_kernel`` reads the row, ``cross_entropy_kernel`` reads it again and
+stores the gradient in bf16; transformer_engine/pytorch/triton/cross_entropy.py
+``cross_entropy_backward``: ``element_mul_kernel`` reads and writes it, skipped only when the
+incoming gradient is the scalar 1.0, which Megatron's per-token losses are not)."""
 
 
 def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1,
