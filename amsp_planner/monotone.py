@@ -4,7 +4,7 @@ Along an axis where physics says more is never slower (NIC and NVLink bandwidth,
 latency and oversubscription), every strategy's predicted step time is non-increasing and
 every strategy that fits keeps fitting, so the fastest candidate's step time is non-increasing
 too. The planner's rule does not pick the fastest: inside the tie band it trades speed for
-lossless numerics, less recompute, fewer process groups and less memory. And no rule that
+lossless numerics, less recompute and fewer process groups. And no rule that
 decides each point on its own can keep a sweep monotone while it ever takes a slower candidate
 inside the band: with two candidates, a preferred one A and a faster one B, a point where A is
 beyond the band takes B, a point with more bandwidth where A has come inside the band takes A,

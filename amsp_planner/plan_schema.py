@@ -49,7 +49,7 @@ class PreferenceDoc(_Strict):
     band: float = Field(ge=0, lt=1)
     headroom: float = Field(ge=0, lt=1)
     quantization: Literal["auto", "on", "off"]
-    tie_breaks: list[Literal["recompute", "groups", "memory"]]
+    tie_breaks: list[Literal["recompute", "groups", "step", "memory"]]
 
 
 class Search(BaseModel):

@@ -21,7 +21,7 @@ from amsp_planner.cost.job import Job
 from amsp_planner.engines import ENGINES
 from amsp_planner.errors import InfeasibleError
 from amsp_planner.solver import SearchSpace, solve
-from amsp_planner.solver.space import GROUPS, MEMORY, RECOMPUTE, Preference
+from amsp_planner.solver.space import GROUPS, MEMORY, RECOMPUTE, STEP, Preference
 from amsp_planner.specs import TrainingSpec, load_cluster, load_model
 from amsp_planner.strategy import Strategy
 from amsp_planner.validation import relative_band, step_time_band
@@ -78,9 +78,10 @@ def oracle_class(job, limit, pref, objective="time", tp=None):
              MEMORY: lambda e: e.memory.total,
              RECOMPUTE: lambda e: recompute_s(job, e.strategy.micro_batch, e.strategy.ckpt_value,
                                               e.strategy.tp),
+             STEP: key,
              }[name]
         least = min(map(f, cls))
-        cls = [e for e in cls if f(e) <= least * (1 + 1e-6) + 1e-12]
+        cls = [e for e in cls if f(e) <= least * (1 + (1e-7 if name == STEP else 1e-6)) + 1e-12]
     return cls, best
 
 
@@ -96,8 +97,9 @@ instances = st.fixed_dictionaries({
     "band": st.sampled_from([0.0, 0.02, 0.05, step_time_band()]),
     "headroom": st.sampled_from([0.0, 0.1, 0.25]),
     "quantization": st.sampled_from(["auto", "auto", "on", "off"]),
-    "tie_breaks": st.sampled_from([(RECOMPUTE, GROUPS, MEMORY), (RECOMPUTE, GROUPS, MEMORY),
-                                   (GROUPS, MEMORY), (MEMORY,), ()]),
+    "tie_breaks": st.sampled_from([(RECOMPUTE, GROUPS, STEP, MEMORY),
+                                   (RECOMPUTE, GROUPS, STEP, MEMORY), (RECOMPUTE, GROUPS, MEMORY),
+                                   (GROUPS, STEP, MEMORY), (STEP,), (MEMORY,), ()]),
     "objective": st.sampled_from(["time", "time", "time", "comm"]),
     # every tensor-parallel degree searched together (one ILP each, the rule across them) in
     # a quarter of the instances, data parallel only in the rest (to keep the test's time)
@@ -156,6 +158,9 @@ def check_choice(job, limit, pref, objective, solver, oracle, tp):
         got_r = recompute_s(job, got.strategy.micro_batch, got.strategy.ckpt_value,
                             got.strategy.tp)
         assert got_r <= least * (1 + 1e-6) + 1e-12, (got.strategy, cls[0].strategy)
+    if STEP in pref.tie_breaks:
+        least = min(e.step_s if objective == "time" else e.time.comm_total_s for e in cls)
+        assert key <= least * (1 + 1e-6), (got.strategy, cls[0].strategy)
     if MEMORY in pref.tie_breaks:
         least = min(e.memory.total for e in cls)
         assert got.memory.total <= least * (1 + 1e-6), (got.strategy, cls[0].strategy)

@@ -58,7 +58,7 @@ def preferred_for(job, chosen: Evaluation, other: Evaluation, pref) -> list[str]
     if other.strategy.quantized and not chosen.strategy.quantized:
         out.append("lossless numerics")
     from amsp_planner.solver.brute import criterion
-    from amsp_planner.solver.space import GROUPS, RECOMPUTE
+    from amsp_planner.solver.space import GROUPS, MEMORY, RECOMPUTE, STEP
 
     rc, ro = criterion(job, chosen, RECOMPUTE), criterion(job, other, RECOMPUTE)
     if ro > rc * (1 + 1e-6) + 1e-9:
@@ -68,7 +68,11 @@ def preferred_for(job, chosen: Evaluation, other: Evaluation, pref) -> list[str]
     if gc < go:
         out.append(f"{go - gc} fewer process group{'s' if go - gc > 1 else ''} ({gc} vs {go})")
     dm = other.memory.total - chosen.memory.total
-    if dm >= 0.005 * GIB:
+    tb = tuple(getattr(pref, "tie_breaks", ()))
+    # memory is a reason only where the rule puts it before the step, or the steps are equal
+    by_memory = MEMORY in tb and (STEP not in tb or tb.index(MEMORY) < tb.index(STEP)
+                                  or chosen.step_s <= other.step_s * (1 + 1e-6))
+    if dm >= 0.005 * GIB and by_memory:
         out.append(f"{gib(dm)} GiB less memory")
     return out
 

@@ -3,8 +3,9 @@
 The order is the planner's (``Preference``, docs/planner.md): candidates that fit with the
 rule's headroom (and under its ceiling, if any); lossless ones unless a quantized one is
 faster beyond the band; those within the band of the fastest admissible one, quantized or
-not; then each tie-break in turn (least recompute, fewest process groups, least memory); then the lowest objective and the strategy string, so ties resolve the
-same way every time.
+not; then each tie-break in turn (least recompute, fewest process groups, lowest objective,
+least memory); then the lowest objective and the strategy string, so ties resolve the same way
+every time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from amsp_planner.solver.space import (
     FASTEST,
     GROUPS,
     RECOMPUTE,
+    STEP,
     TIME_RTOL,
     Preference,
     SearchSpace,
@@ -62,9 +64,12 @@ def preferred_order(job: Job, fits: list[Evaluation], objective: str,
     tie = [e for e in admissible
            if within(objective_value(e, objective), t_all, pref.band + TIME_RTOL)]
     for name in pref.tie_breaks:
-        least = min(criterion(job, e, name) for e in tie)
-        rtol = MEMORY_RTOL if name != GROUPS else 0.0
-        tie = [e for e in tie if criterion(job, e, name) <= least * (1 + rtol) + 1e-12]
+        def value(e, name=name):
+            return objective_value(e, objective) if name == STEP else criterion(job, e, name)
+
+        least = min(value(e) for e in tie)
+        rtol = {GROUPS: 0.0, STEP: TIME_RTOL}.get(name, MEMORY_RTOL)
+        tie = [e for e in tie if value(e) <= least * (1 + rtol) + 1e-12]
     tie.sort(key=lambda e: (objective_value(e, objective), e.memory.total, str(e.strategy)))
     chosen = set(id(e) for e in tie)
     rest = sorted((e for e in fits if id(e) not in chosen),

@@ -27,7 +27,7 @@ import numpy as np
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule import CLASSES
 from amsp_planner.cost.step_time import stage_time, stages
-from amsp_planner.solver.space import MEMORY, RECOMPUTE, Preference, SearchSpace
+from amsp_planner.solver.space import MEMORY, RECOMPUTE, STEP, Preference, SearchSpace
 from amsp_planner.solver.tables import Tables
 from amsp_planner.strategy import Strategy, ckpt_fields
 
@@ -165,7 +165,8 @@ class Configs:
 def prunes_blocks(pref: Preference, T: Tables) -> bool:
     """Whether only the smallest fitting K of a block range can be chosen (module docstring)."""
     tb = pref.tie_breaks
-    if RECOMPUTE not in tb or MEMORY in tb and tb.index(MEMORY) < tb.index(RECOMPUTE):
+    if RECOMPUTE not in tb or any(c in tb and tb.index(c) < tb.index(RECOMPUTE)
+                                  for c in (MEMORY, STEP)):
         return False
     return all(T.drec[j] > 0 and min(T.dbwd[j]) >= 0 and T.dact[j] <= 0
                and (T.dtpc or {}).get(j, 0.0) >= 0 for j in T.krange)

@@ -34,7 +34,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from amsp_planner.solver.solution import IlpSolution, IlpStats, merged_stats
-from amsp_planner.solver.space import CEILING_RTOL, GROUPS, RECOMPUTE, TIME_RTOL, Preference
+from amsp_planner.solver.space import (
+    CEILING_RTOL,
+    GROUPS,
+    RECOMPUTE,
+    STEP,
+    TIME_RTOL,
+    Preference,
+)
 
 if TYPE_CHECKING:
     from amsp_planner.solver.ilp import StrategyIlp
@@ -267,13 +274,16 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
     for name in preference.tie_breaks:
         floor = min(m.groups_floor for m in alive)
         at_floor = (chosen.groups == floor if name == GROUPS else
-                    name == RECOMPUTE and not chosen.strategy.ckpt_value)
+                    name == RECOMPUTE and not chosen.strategy.ckpt_value or name == STEP)
         if at_floor and not solved:
-            # the admissible optimum is already at this criterion's least: no re-solve
+            # the admissible optimum is already at this criterion's least: no re-solve (the
+            # step: no earlier criterion moved the choice off the fastest admissible)
             for m in alive:
                 cap, v, rtols = pending[id(m)]
                 cap.upBound = v + abs(v) * rtols[0] + 1e-12
-                pending[id(m)] = (m.caps[name], floor if name == GROUPS else 0.0, (0.0,))
+                pending[id(m)] = ((m.cap, chosen.objective / m.T.time_unit, PHASE2_RTOLS)
+                                  if name == STEP else
+                                  (m.caps[name], floor if name == GROUPS else 0.0, (0.0,)))
             if name == GROUPS:  # models that cannot reach it drop (the others fail their solve)
                 alive = [m for m in alive if m.groups_floor <= floor]
             continue
@@ -296,15 +306,17 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
         if not held:
             break  # no slack holds: the last decision that held stands
         solved = True
-        # compared across models in common units: recompute is in each model's time unit
-        scale = {id(m): m.T.time_unit if name == RECOMPUTE else 1.0 for m in held}
+        # compared across models in common units: recompute and the step are in each model's
+        # time unit
+        scale = {id(m): m.T.time_unit if name in (RECOMPUTE, STEP) else 1.0 for m in held}
         least = min(values[id(m)] * scale[id(m)] for m in held)
         if name == GROUPS:
             alive = [m for m in held if round(values[id(m)]) <= round(least)]
             pending = {id(m): (m.caps[name], round(least), (0.0,)) for m in alive}
         else:
             alive = [m for m in held
-                     if values[id(m)] * scale[id(m)] <= least * (1 + 1e-6) + 1e-12]
+                     if values[id(m)] * scale[id(m)]
+                     <= least * (1 + (TIME_RTOL if name == STEP else 1e-6)) + 1e-12]
             pending = {id(m): (m.caps[name], values[id(m)], PHASE2_RTOLS) for m in alive}
     if solved:
         held = [m for m in alive if m.snapshot is not None]

@@ -40,6 +40,7 @@ from amsp_planner.solver.space import (
     GROUPS,
     MEMORY,
     RECOMPUTE,
+    STEP,
     TIME_RTOL,
     Preference,
     SearchSpace,
@@ -155,9 +156,9 @@ def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "
                 refs["fastest_lossless"] = solution(first(admissible))
     # the band above the fastest admissible candidate, quantized or not (choice.py)
     tie = admissible & (obj <= t_all * (1 + preference.band + TIME_RTOL) + 1e-15)
-    crit = {RECOMPUTE: rec, GROUPS: groups, MEMORY: mem_bytes}
+    crit = {RECOMPUTE: rec, GROUPS: groups, STEP: obj, MEMORY: mem_bytes}
     for name in preference.tie_breaks:
-        tie = _least(tie, crit[name], 0.0 if name == GROUPS else MEMORY_RTOL)
+        tie = _least(tie, crit[name], {GROUPS: 0.0, STEP: TIME_RTOL}.get(name, MEMORY_RTOL))
     out = [solution(first(tie))]
     taken = {out[0].decision}
     for i in np.lexsort((mem_bytes, obj)):

@@ -59,7 +59,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amsp_planner.solver.expert_rows import ExpertRows
-from amsp_planner.solver.space import GROUPS, MEMORY, RECOMPUTE
+from amsp_planner.solver.space import GROUPS, MEMORY, RECOMPUTE, STEP
 from amsp_planner.solver.step_rows import StepRows, dot
 from amsp_planner.solver.tables import GIB
 from amsp_planner.strategy import Strategy, ckpt_fields
@@ -193,7 +193,7 @@ class Formulation(StepRows, ExpertRows):
         self.cap = B("objective_cap")
         prob += self.step_expr <= self.cap, "objective_cap"
         self.caps = {MEMORY: B("memory_cap"), GROUPS: B("groups_cap"),
-                     RECOMPUTE: B("recompute_cap")}
+                     RECOMPUTE: B("recompute_cap"), STEP: self.cap}
         prob += self.mem_expr <= self.caps[MEMORY], "memory_cap"
         prob += self.groups_expr <= self.caps[GROUPS], "groups_cap"
         prob += self.recompute_expr <= self.caps[RECOMPUTE], "recompute_cap"

@@ -9,7 +9,7 @@ The choice, for one model (``Preference``, docs/planner.md): minimise step (or c
 that optimum is quantized and the rule is "auto", again with xPq = xGq = 0, and keep the
 quantized optimum only if it is faster beyond the band; then with the objective capped at the
 band's edge (cap = best (1 + band)) minimise each tie-break in turn (groups = sum_k u_k +
-[N > 1], then memory), each capped at its optimum for the next; last, with the decision
+[N > 1], then the step, then memory), each capped at its optimum for the next; last, with the decision
 binaries fixed, minimise step again (an LP: the stage variables are only bounded below, so
 under another objective they float). The memory constraint uses the limit less the headroom.
 Runners-up come from no-good cuts on the decision binaries. Every solution is decoded,
@@ -28,7 +28,15 @@ from amsp_planner.solver.formulation import Formulation
 from amsp_planner.solver.rounds import solve_models
 from amsp_planner.solver.session import open_session, pulp_solver, quiet_stdout
 from amsp_planner.solver.solution import IlpSolution, IlpStats, SolverError
-from amsp_planner.solver.space import FASTEST, GROUPS, MEMORY, RECOMPUTE, Preference, SearchSpace
+from amsp_planner.solver.space import (
+    FASTEST,
+    GROUPS,
+    MEMORY,
+    RECOMPUTE,
+    STEP,
+    Preference,
+    SearchSpace,
+)
 from amsp_planner.solver.tables import GIB, compute_bound, tables_for
 
 __all__ = ["GIB", "PHASE2_RTOLS", "IlpSolution", "IlpStats", "SolverError", "StrategyIlp",
@@ -209,7 +217,7 @@ class StrategyIlp(Formulation):
         """Minimise tie-break `name` under the caps in `pending` (cap, value, rtols); its
         optimum, or None when no slack holds. Keeps the decision in ``snapshot``."""
         expr = {RECOMPUTE: self.recompute_expr, GROUPS: self.groups_expr,
-                MEMORY: self.mem_expr}[name]
+                STEP: self.step_expr, MEMORY: self.mem_expr}[name]
         self.prob.setObjective(expr)
         if not self._run_capped(*pending):
             return None

@@ -70,7 +70,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
           pp: int = 1) -> SolveResult:
     """The preferred strategy for `job` under `memory_limit` bytes (default: the GPU's memory)
     by `preference` (default ``Preference.default``: the validated relative band, 10 % headroom,
-    lossless unless quantization wins beyond the band, fewer process groups, less memory).
+    lossless unless quantization wins beyond the band, least recompute, fewer process groups,
+    the lower objective, less memory).
 
     `tp` pins the tensor-parallel degree (None: every degree the job admits, one ILP each,
     the rule applied across them: ``solve_models``); `ep` a mixture of experts'

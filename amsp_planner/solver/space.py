@@ -45,7 +45,11 @@ tolerance, so a tie is never lost to solver round-off."""
 
 RECOMPUTE = "recompute"
 GROUPS = "groups"
+STEP = "step"
 MEMORY = "memory"
+TIE_BREAKS = (RECOMPUTE, GROUPS, STEP, MEMORY)
+"""The tie-breaks a ``Preference`` may name (``step``: the objective itself, the
+predicted-faster candidate of the band)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,9 @@ class Preference:
        band. Among them ``tie_breaks`` apply in turn: ``"recompute"`` the least recomputation
        from activation checkpointing (the headroom already keeps the plan fitting, so memory
        is not bought with recompute), ``"groups"`` fewest process groups (communicators),
-       ``"memory"`` least memory per GPU.
+       ``"step"`` the lowest objective (inside the band the model cannot prove one plan the
+       faster, but the predicted-faster one is the likelier; the headroom, a constraint,
+       already covers memory), ``"memory"`` least memory per GPU.
 
     ``ceiling``, when set, is an objective value (seconds) no admissible candidate may exceed:
     a plan known to run on the job, as the what-if sweep's choice at a point with less of a
@@ -88,7 +94,7 @@ class Preference:
         if not 0 <= self.band < 1:
             raise AmspUserError(f"--tie-band {self.band}: give a fraction in [0, 1), e.g. 0.05")
         for t in self.tie_breaks:
-            if t not in (RECOMPUTE, GROUPS, MEMORY):
+            if t not in TIE_BREAKS:
                 raise ValueError(f"unknown tie-break {t!r}")
 
     @classmethod
@@ -96,11 +102,11 @@ class Preference:
                 quantization: str = "auto", job: Job | None = None) -> Preference:
         """The planner's rule: the validated relative band of `job` (``validated_band``), 10 %
         headroom, lossless unless quantization wins beyond the band, then the least recompute,
-        fewer process groups, less memory."""
+        fewer process groups, the lower predicted objective, less memory."""
         if band is None:
             band = validated_band(job)
         return cls(band=band, headroom=headroom, quantization=quantization,
-                   tie_breaks=(RECOMPUTE, GROUPS, MEMORY))
+                   tie_breaks=(RECOMPUTE, GROUPS, STEP, MEMORY))
 
     def to_dict(self) -> dict:
         d = {"band": self.band, "headroom": self.headroom, "quantization": self.quantization,
