@@ -59,12 +59,14 @@ class SolveOptions:
     quantization: str = "auto"
     tie_band: float | None = None
     """The choice options of `amsp plan` (``Preference``); None: the validated band."""
+    prefer: str = "speed"
 
     def preference(self, job=None):
         from amsp_planner.solver.space import Preference
 
         return Preference.default(band=self.tie_band, headroom=self.headroom,
-                                  quantization=self.quantization, job=job)
+                                  quantization=self.quantization, job=job,
+                                  prefer=self.prefer)
 
 
 @dataclass(frozen=True)

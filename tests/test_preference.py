@@ -99,6 +99,7 @@ instances = st.fixed_dictionaries({
     "quantization": st.sampled_from(["auto", "auto", "on", "off"]),
     "tie_breaks": st.sampled_from([(RECOMPUTE, GROUPS, STEP, MEMORY),
                                    (RECOMPUTE, GROUPS, STEP, MEMORY), (RECOMPUTE, GROUPS, MEMORY),
+                                   (RECOMPUTE, GROUPS, MEMORY, STEP),
                                    (GROUPS, STEP, MEMORY), (STEP,), (MEMORY,), ()]),
     "objective": st.sampled_from(["time", "time", "time", "comm"]),
     # every tensor-parallel degree searched together (one ILP each, the rule across them) in
@@ -280,6 +281,28 @@ def test_quantization_wins_beyond_the_band_on_a_slow_network():
     assert off["predictions"]["time"]["step_s"] > refs["fastest"]["step_s"] * (1 + band)
 
 
+def test_prefer_orders_the_last_two_tie_breaks():
+    """--prefer speed (the default) takes the predicted-faster of the equivalent candidates
+    left after recompute and process groups; --prefer memory the one with less memory. On
+    llama-7b / 8 GPUs both fit with the headroom and the two differ: each is the brute
+    force's choice under its own order, and the plan file records the order."""
+    job = job_of("llama-7b", "dgx-a100-hdr", 8, 1, 2048, layers=4)
+    limit = 80 * GIB
+    got = {}
+    for prefer in ("speed", "memory"):
+        pref = Preference.default(job=job, prefer=prefer)
+        cls, _ = oracle_class(job, limit, pref, "time", 1)
+        best = solve(job, limit, preference=pref, runners_up=0, tp=1).best
+        assert str(best.strategy) in {str(e.strategy) for e in cls}
+        got[prefer] = best
+    assert got["speed"].step_s <= got["memory"].step_s
+    assert got["memory"].memory.total <= got["speed"].memory.total
+    assert str(got["speed"].strategy) != str(got["memory"].strategy)
+    doc = plan_doc("--model", "llama-7b", "--gpus", "8", "--prefer", "memory")
+    assert doc["inputs"]["search"]["preference"]["tie_breaks"] == [
+        "recompute", "groups", "memory", "step"]
+
+
 def test_headroom_is_a_constraint_and_zero_is_allowed():
     argv = ("--model", "llama-13b", "--gpus", "16", "--seq-len", "2048", "--tie-band", "0")
     tight = plan_doc(*argv, "--headroom", "0")
@@ -302,6 +325,7 @@ def test_no_fit_with_headroom_names_the_headroom():
     (["--headroom", "-0.1"], "--headroom -0.1"),
     (["--tie-band", "2"], "--tie-band 2"),
     (["--quantization", "maybe"], "--quantization"),
+    (["--prefer", "fast"], "--prefer"),
 ])
 def test_bad_choice_options_are_one_line_exit_2(argv, needle):
     code, out, err = run_cli(["plan", "--model", "tiny", "--gpus", "8", *argv, "-o", "-"])

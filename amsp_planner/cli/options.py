@@ -274,6 +274,11 @@ def choice_options(f):
                      help="Relative step-time difference below which candidates are "
                           "equivalent (default: the validated relative band, the error of the "
                           "predicted ratio of two strategies; docs/validation.md)."),
+        click.option("--prefer", type=click.Choice(["speed", "memory"]), default="speed",
+                     show_default=True,
+                     help="Among equivalent candidates with the least recompute and fewest "
+                          "process groups: the predicted-faster one, or the one with less "
+                          "memory per GPU."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -281,13 +286,14 @@ def choice_options(f):
 
 
 def build_preference(headroom: float = 0.10, quantization: str = "auto",
-                     tie_band: float | None = None, job=None, **_ignored):
+                     tie_band: float | None = None, job=None, prefer: str = "speed",
+                     **_ignored):
     """The planner's Preference from the choice options (the band: --tie-band, else the
     validated relative band of `job`)."""
     from amsp_planner.solver.space import Preference
 
     return Preference.default(band=tie_band, headroom=headroom, quantization=quantization,
-                              job=job)
+                              job=job, prefer=prefer)
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict:

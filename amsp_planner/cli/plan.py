@@ -80,7 +80,7 @@ def _import_output(fmt: str) -> None:
 
 
 def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
-          fmt, as_json, wide, headroom, quantization, tie_band, tp, ep, pp, **opts):
+          fmt, as_json, wide, headroom, quantization, tie_band, prefer, tp, ep, pp, **opts):
     from amsp_planner.cost.evaluate import best_baseline, evaluate, evaluate_baselines
     from amsp_planner.strategy import parse_strategy_or_baseline
 
@@ -99,7 +99,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         raise AmspUserError(f"--ep {ep}: " + ("the given strategy fixes it: write ep=E in the "
                             "strategy string or drop --ep" if job.model.is_moe else
                             f"{job.model.name} has no routed experts: drop --ep"))
-    pref = build_preference(headroom, quantization, tie_band, job=job)
+    pref = build_preference(headroom, quantization, tie_band, job=job, prefer=prefer)
     if tp is not None and (strategy is not None or strategy_from is not None):
         from amsp_planner.errors import AmspUserError
 

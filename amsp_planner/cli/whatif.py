@@ -159,7 +159,7 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
            global_batch_seqs, memory_limits, micro_batch, activation_checkpointing,
            no_flash_attention, precision, grad_accum_dtype, no_zeropp, engine, objective, solver,
            time_limit, gpu_hour_price, csv_path, json_path, plot_path, x_axis, fmt, wide,
-           workers, max_points, progress, headroom, quantization, tie_band):
+           workers, max_points, progress, headroom, quantization, tie_band, prefer):
     """Sweep GPU counts, models, clusters and cluster edits; the optimal plan at every point."""
     from amsp_planner import whatif as w
     from amsp_planner.report.grid import pick_format
@@ -195,7 +195,7 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
                           grad_accum_dtype=grad_accum_dtype, zeropp=not no_zeropp, engine=engine,
                           objective=objective, solver=solver, time_limit_s=time_limit,
                           gpu_hour_price=prices, headroom=headroom, quantization=quantization,
-                          tie_band=tie_band)
+                          tie_band=tie_band, prefer=prefer)
     opts.preference()  # a bad --headroom / --tie-band is refused once, not at every point
     sweep = w.Sweep(
         models=split_list(models, _name, "--model"),

@@ -50,6 +50,8 @@ MEMORY = "memory"
 TIE_BREAKS = (RECOMPUTE, GROUPS, STEP, MEMORY)
 """The tie-breaks a ``Preference`` may name (``step``: the objective itself, the
 predicted-faster candidate of the band)."""
+PREFER = {"speed": (RECOMPUTE, GROUPS, STEP, MEMORY), "memory": (RECOMPUTE, GROUPS, MEMORY, STEP)}
+"""``--prefer``: the order of the last two tie-breaks inside the band (docs/planner.md)."""
 
 
 @dataclass(frozen=True)
@@ -99,14 +101,20 @@ class Preference:
 
     @classmethod
     def default(cls, band: float | None = None, headroom: float = 0.10,
-                quantization: str = "auto", job: Job | None = None) -> Preference:
+                quantization: str = "auto", job: Job | None = None,
+                prefer: str = "speed") -> Preference:
         """The planner's rule: the validated relative band of `job` (``validated_band``), 10 %
         headroom, lossless unless quantization wins beyond the band, then the least recompute,
-        fewer process groups, the lower predicted objective, less memory."""
+        fewer process groups, the lower predicted objective, less memory (`prefer` "memory":
+        less memory before the objective, ``PREFER``)."""
+        from amsp_planner.errors import AmspUserError
+
         if band is None:
             band = validated_band(job)
+        if prefer not in PREFER:
+            raise AmspUserError(f"--prefer '{prefer}': use {' or '.join(PREFER)}")
         return cls(band=band, headroom=headroom, quantization=quantization,
-                   tie_breaks=(RECOMPUTE, GROUPS, STEP, MEMORY))
+                   tie_breaks=PREFER[prefer])
 
     def to_dict(self) -> dict:
         d = {"band": self.band, "headroom": self.headroom, "quantization": self.quantization,
