@@ -68,7 +68,7 @@ def preferred_for(job, chosen: Evaluation, other: Evaluation, pref) -> list[str]
     if gc < go:
         out.append(f"{go - gc} fewer process group{'s' if go - gc > 1 else ''} ({gc} vs {go})")
     dm = other.memory.total - chosen.memory.total
-    tb = tuple(getattr(pref, "tie_breaks", ()))
+    tb = pref.tie_breaks
     # memory is a reason only where the rule puts it before the step, or the steps are equal
     by_memory = MEMORY in tb and (STEP not in tb or tb.index(MEMORY) < tb.index(STEP)
                                   or chosen.step_s <= other.step_s * (1 + 1e-6))

@@ -23,10 +23,8 @@ from amsp_planner.solver.space import (
     Preference,
     SearchSpace,
     objective_value,
+    tie_rtol,
 )
-
-MEMORY_RTOL = 1e-6
-"""Memory per GPU closer than this (relative) ties, in the brute force and the ILP alike."""
 
 
 def criterion(job: Job, e: Evaluation, name: str) -> float:
@@ -68,8 +66,7 @@ def preferred_order(job: Job, fits: list[Evaluation], objective: str,
             return objective_value(e, objective) if name == STEP else criterion(job, e, name)
 
         least = min(value(e) for e in tie)
-        rtol = {GROUPS: 0.0, STEP: TIME_RTOL}.get(name, MEMORY_RTOL)
-        tie = [e for e in tie if value(e) <= least * (1 + rtol) + 1e-12]
+        tie = [e for e in tie if value(e) <= least * (1 + tie_rtol(name)) + 1e-12]
     tie.sort(key=lambda e: (objective_value(e, objective), e.memory.total, str(e.strategy)))
     chosen = set(id(e) for e in tie)
     rest = sorted((e for e in fits if id(e) not in chosen),

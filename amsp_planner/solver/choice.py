@@ -41,6 +41,7 @@ from amsp_planner.solver.space import (
     STEP,
     TIME_RTOL,
     Preference,
+    tie_rtol,
 )
 
 if TYPE_CHECKING:
@@ -274,7 +275,7 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
     for name in preference.tie_breaks:
         floor = min(m.groups_floor for m in alive)
         at_floor = (chosen.groups == floor if name == GROUPS else
-                    name == RECOMPUTE and not chosen.strategy.ckpt_value or name == STEP)
+                    (name == RECOMPUTE and not chosen.strategy.ckpt_value) or name == STEP)
         if at_floor and not solved:
             # the admissible optimum is already at this criterion's least: no re-solve (the
             # step: no earlier criterion moved the choice off the fastest admissible)
@@ -315,8 +316,7 @@ def choose(models: list[StrategyIlp], runners_up: int, preference: Preference, e
             pending = {id(m): (m.caps[name], round(least), (0.0,)) for m in alive}
         else:
             alive = [m for m in held
-                     if values[id(m)] * scale[id(m)]
-                     <= least * (1 + (TIME_RTOL if name == STEP else 1e-6)) + 1e-12]
+                     if values[id(m)] * scale[id(m)] <= least * (1 + tie_rtol(name)) + 1e-12]
             pending = {id(m): (m.caps[name], values[id(m)], PHASE2_RTOLS) for m in alive}
     if solved:
         held = [m for m in alive if m.snapshot is not None]

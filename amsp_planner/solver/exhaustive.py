@@ -31,7 +31,6 @@ from collections import OrderedDict
 import numpy as np
 
 from amsp_planner.cost.job import Job
-from amsp_planner.solver.brute import MEMORY_RTOL
 from amsp_planner.solver.candidates import Candidates, Configs, objective_of, prunes_blocks
 from amsp_planner.solver.solution import IlpSolution, IlpStats
 from amsp_planner.solver.space import (
@@ -44,6 +43,7 @@ from amsp_planner.solver.space import (
     TIME_RTOL,
     Preference,
     SearchSpace,
+    tie_rtol,
 )
 from amsp_planner.solver.tables import GIB, Tables, tables_for
 from amsp_planner.strategy import Strategy
@@ -158,7 +158,7 @@ def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "
     tie = admissible & (obj <= t_all * (1 + preference.band + TIME_RTOL) + 1e-15)
     crit = {RECOMPUTE: rec, GROUPS: groups, STEP: obj, MEMORY: mem_bytes}
     for name in preference.tie_breaks:
-        tie = _least(tie, crit[name], {GROUPS: 0.0, STEP: TIME_RTOL}.get(name, MEMORY_RTOL))
+        tie = _least(tie, crit[name], tie_rtol(name))
     out = [solution(first(tie))]
     taken = {out[0].decision}
     for i in np.lexsort((mem_bytes, obj)):

@@ -38,9 +38,8 @@ from amsp_planner.errors import AmspUserError
 from amsp_planner.strategy import Strategy, checkpointed_blocks, ckpt_fields, factor_options
 
 TIME_RTOL = 1e-7
-"""Objective values closer than this (relative) are ties, broken toward less memory: by the
-ILP's second solve and by the brute force alike. Wider than the solver's feasibility
-tolerance, so a tie is never lost to solver round-off."""
+"""Objective values closer than this (relative) are ties, in the ILP's re-solves and the brute
+force alike: wider than the solver's feasibility tolerance, never lost to round-off."""
 
 
 RECOMPUTE = "recompute"
@@ -48,10 +47,17 @@ GROUPS = "groups"
 STEP = "step"
 MEMORY = "memory"
 TIE_BREAKS = (RECOMPUTE, GROUPS, STEP, MEMORY)
-"""The tie-breaks a ``Preference`` may name (``step``: the objective itself, the
-predicted-faster candidate of the band)."""
+"""The tie-breaks a ``Preference`` may name (``step``: the objective itself)."""
 PREFER = {"speed": (RECOMPUTE, GROUPS, STEP, MEMORY), "memory": (RECOMPUTE, GROUPS, MEMORY, STEP)}
 """``--prefer``: the order of the last two tie-breaks inside the band (docs/planner.md)."""
+
+MEMORY_RTOL = 1e-6
+"""Memory per GPU and recompute closer than this (relative) tie, in every solver alike."""
+
+
+def tie_rtol(name: str) -> float:
+    """Relative tolerance of a tie on tie-break `name` (process groups are counts: exact)."""
+    return {GROUPS: 0.0, STEP: TIME_RTOL}.get(name, MEMORY_RTOL)
 
 
 @dataclass(frozen=True)
@@ -86,8 +92,6 @@ class Preference:
     ceiling: float | None = None
 
     def __post_init__(self):
-        from amsp_planner.errors import AmspUserError
-
         if self.quantization not in ("auto", "on", "off"):
             raise AmspUserError(f"--quantization '{self.quantization}': use auto, on or off")
         if not 0 <= self.headroom < 1:
@@ -107,8 +111,6 @@ class Preference:
         headroom, lossless unless quantization wins beyond the band, then the least recompute,
         fewer process groups, the lower predicted objective, less memory (`prefer` "memory":
         less memory before the objective, ``PREFER``)."""
-        from amsp_planner.errors import AmspUserError
-
         if band is None:
             band = validated_band(job)
         if prefer not in PREFER:
