@@ -39,6 +39,13 @@ CASES = [
     # in one line (exit 2) that names the batch that would
     ("deepseek-v3, 2048 GPUs, default batch (refused)",
      ["--model", "deepseek-v3", "--gpus", "2048", "--cluster", "dgx-h100-ndr"]),
+    # pipeline stages (solver/pipeline_search.py): the stage's space enumerated, not the ILP
+    ("llama3-70b, 512 GPUs, --pp 4", ["--model", "llama3-70b", "--gpus", "512", "--pp", "4"]),
+    ("llama3-405b, 16384 GPUs, --pp 16", ["--model", "llama3-405b", "--gpus", "16384",
+                                          "--cluster", "dgx-h100-ndr", "--pp", "16"]),
+    ("gpt-oss-120b, 64 GPUs, --pp 4 --ep 8", ["--model", "gpt-oss-120b", "--gpus", "64",
+                                              "--cluster", "dgx-h100-ndr", "--pp", "4",
+                                              "--ep", "8"]),
 ]
 
 
@@ -166,7 +173,7 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, args in cases:
         wall, solve_s = cold_plan(args, a.runs)
-        if "refused" in name:
+        if "refused" in name or "--pp" in args:  # no solve / the pipeline search: no ILP
             print(f"| {name} | {wall:.3f} | - | - | - |")
             continue
         wall_e, solve_e = cold_plan([*args, "--solver", "exhaustive"], a.runs)

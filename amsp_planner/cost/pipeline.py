@@ -68,13 +68,24 @@ _STAGE_JOBS: dict[tuple[int, int], tuple[Job, Job]] = {}
 """(id of the job, P) -> (the job, its stage job): a search prices many strategies of one job."""
 
 
+def stage_model(model, blocks: int):
+    """The model of the last `blocks` layers (the charged stage): the per-layer lists
+    (a mixture of experts' dense layers, the sliding-window layers) re-indexed from that
+    stage's first layer, the multi-token-prediction modules (the model's last blocks) kept."""
+    first = model.num_layers - blocks
+    return model.model_copy(update={
+        "num_layers": blocks,
+        "dense_layers": tuple(i - first for i in model.dense_layers if i >= first),
+        "sliding_layers": tuple(i - first for i in model.sliding_layers if i >= first),
+        "mtp_layers": min(model.mtp_layers, blocks)})
+
+
 def stage_job(job: Job, s: Strategy) -> Job:
     """The job of one stage: ceil(L/P) blocks on N/P GPUs, the same batch and engine."""
     hit = _STAGE_JOBS.get((id(job), s.pp))
     if hit is not None and hit[0] is job:
         return hit[1]
-    blocks = stage_blocks(job.model.num_layers, s.pp)
-    model = job.model.model_copy(update={"num_layers": blocks})
+    model = stage_model(job.model, stage_blocks(job.model.num_layers, s.pp))
     sj = Job.create(model, job.cluster, job.training, job.num_gpus // s.pp, job.engine)
     if len(_STAGE_JOBS) > 16:
         _STAGE_JOBS.clear()
@@ -89,9 +100,6 @@ def check(job: Job, s: Strategy) -> None:
                      schedule_of(s.pp, s.vpp, s.pp_sched), chunk_split(runs_as(job.engine)))
     except ValueError as e:
         raise AmspUserError(f"--strategy {s}: {e}") from None
-    if job.model.is_moe:
-        raise AmspUserError(f"--strategy {s}: pipeline parallelism of a mixture-of-experts "
-                            "model is not modelled: use pp=1")
 
 
 def send_bytes(job: Job, s: Strategy) -> float:
@@ -157,10 +165,28 @@ def stage_memory(sj: Job, s: Strategy, mem, n_micro: int):
     first = job_state_bytes(sj, sum(units[:-1]), st)
     last = job_state_bytes(sj, sum(units[1:]), st)
     gpu = sj.cluster.gpu
+    experts = mem.expert_params + mem.expert_grads + mem.expert_optimizer  # the same per stage
     out = []
     for states, act, peak, overlap in ((first, first_act, 0.0, 0.0),
                                        (last, mem.activations, mem.loss_peak, mem.phase_overlap)):
-        frag = gpu.fragmentation_fraction * (sum(states.values()) + mem.buffers + act + peak)
+        frag = gpu.fragmentation_fraction * (sum(states.values()) + mem.buffers + act + peak
+                                             + experts)
         out.append(replace(mem, **states, activations=act, loss_peak=peak, fragmentation=frag,
                            phase_overlap=overlap))
     return max(out, key=lambda m: m.total)
+
+
+def pipeline_memory(job: Job, s: Strategy, st: Strategy | None = None):
+    """The memory ``evaluate`` gives `s` (pp > 1), without its schedule and step time: what
+    the pipeline search bisects on (solver/pipeline_search.py); `st`: ``flat(s)``, when the
+    caller holds it."""
+    from amsp_planner.cost.memory import memory
+
+    job.check(s)
+    check(job, s)
+    sj = stage_job(job, s)
+    st = flat(s) if st is None else st
+    sj.check(st)
+    if st.ckpt_blocks == sj.model.num_layers:  # K = L is full checkpointing (evaluate's rule)
+        st = st.with_(ckpt=True, ckpt_blocks=0)
+    return stage_memory(sj, s, memory(sj, st), sj.n_micro(st))

@@ -91,7 +91,8 @@ def arguments(job: Job, s: Strategy) -> list[str]:
             out.append("--tp-comm-overlap")
     if s.has_experts and s.ep > 1:
         assert not s.ep_span and (s.ep_p, s.ep_g) == (1, 1), s
-        assert s.ep_os == (1 if s.s_os == 1 else job.num_gpus // s.ep), s
+        # the distributed optimizer shards the experts over a stage's N/(P e) expert-DP ranks
+        assert s.ep_os == (1 if s.s_os == 1 else job.num_gpus // (s.pp * s.ep)), s
         out += ["--expert-model-parallel-size", str(s.ep), "--expert-tensor-parallel-size", "1"]
     out += ["--micro-batch-size", str(s.micro_batch), "--global-batch-size", str(t.batch_seqs),
             "--seq-length", str(t.seq_len)]

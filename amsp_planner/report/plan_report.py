@@ -102,7 +102,7 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
     from amsp_planner.solver.space import Preference
     from amsp_planner.validation import memory_band, step_time_band
 
-    t, band, mband = e.time, step_time_band(), memory_band()
+    t, band, mband = e.time, step_time_band(job), memory_band()
     pref = pref or Preference.default(job=job)
     lines = [
         f"step time {secs(t.step_s)} (+/-{band * 100:.0f} %, docs/validation.md) = compute "

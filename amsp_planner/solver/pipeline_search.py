@@ -22,12 +22,39 @@ from amsp_planner.strategy import Strategy
 from amsp_planner.strategy_pipeline import check_pp
 
 
+MAX_CANDIDATES = 1_000_000
+"""A stage space counted larger than this is refused at once (``_counted``), not after the
+deadline."""
+
+SEARCH_DEADLINE_S = 60.0
+"""Seconds the enumeration may run before it stops with a one-line error naming how to
+narrow the space (a mixture of experts' stage space on the amsp engine holds millions of
+candidates: every nested expert triple under every dense one)."""
+
+
 def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float, *,
                    zeropp: bool = True, quantization: bool = True, tp: int | None = None,
-                   runners_up: int = 3) -> list[Evaluation]:
-    """The best strategy with `pp` stages and up to `runners_up` more, fastest first."""
-    from amsp_planner.cost.pipeline import stage_job
+                   runners_up: int = 3, ep: int | None = None,
+                   deadline_s: float | None = None) -> list[Evaluation]:
+    """The best strategy with `pp` stages and up to `runners_up` more, fastest first; `ep`
+    pins a mixture of experts' expert-parallel degree. Refused in one line (AmspUserError)
+    when the enumeration outlasts `deadline_s` (default ``SEARCH_DEADLINE_S``)."""
+    import time
+
+    from amsp_planner.cost.pipeline import pipeline_memory, stage_job
     from amsp_planner.solver.space import SearchSpace
+
+    start = time.monotonic()
+    deadline_s = SEARCH_DEADLINE_S if deadline_s is None else deadline_s
+
+    def check_deadline(done: int) -> None:
+        if time.monotonic() - start > deadline_s:
+            pins = "--ep E, " if job.model.is_moe else ""
+            raise AmspUserError(
+                f"--pp {pp}: the stage's search space is too large to enumerate in "
+                f"{deadline_s:g} s ({done:,} candidates): narrow it with {pins}--tp T, "
+                "--micro-batch B or --activation-checkpointing, or an --engine that runs fewer "
+                "settings (megatron)")
 
     try:
         check_pp(pp, 1, None, job.num_gpus, job.gpus_per_node)
@@ -36,37 +63,51 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
                              f"{job.model.name}: use at most {job.model.num_layers}")
     except ValueError as e:
         raise AmspUserError(f"--pp {pp}: {e}") from None
-    if job.model.is_moe:
-        raise AmspUserError(f"--pp {pp}: pipeline parallelism of a mixture-of-experts model is "
-                            "not modelled: use --pp 1")
     sj = stage_job(job, Strategy(pp=pp))
-    space = SearchSpace.for_job(sj, zeropp=zeropp, quantization=quantization, tp=tp)
+    space = SearchSpace.for_job(sj, zeropp=zeropp, quantization=quantization, tp=tp, ep=ep)
     evals, cache = [], {}
+    n = _counted(space, sj)
+    if n > MAX_CANDIDATES:
+        start -= deadline_s + 1  # refused now: check_deadline's message, with the count
+        check_deadline(n)
+    candidates = []
+    for c in space.candidates(sj):
+        candidates.append(c)
+        if len(candidates) % 20_000 == 0:
+            check_deadline(len(candidates))
 
-    def price(c: Strategy) -> Evaluation | None:
+    def memory_of(c: Strategy) -> float | None:
         try:
-            e = evaluate(job, c.with_(pp=pp), memory_limit, cache)
+            return pipeline_memory(job, c.with_(pp=pp), c).total
         except AmspUserError:
             return None  # e.g. a micro-batch count the schedule refuses
-        evals.append(e)
-        return e
 
-    for ladder in _ckpt_ladders(space.candidates(sj), sj.model.num_layers):
+    least: tuple[float, Strategy] | None = None
+    for i, ladder in enumerate(_ckpt_ladders(candidates, sj.model.num_layers)):
         # block checkpointing none < K=1 < ... < full: memory falls and time rises along the
-        # ladder, so the first that fits is the group's fastest: bisect for it
+        # ladder, so the first that fits is the group's fastest: bisect for it on the memory
+        # alone, then price that one
+        if i % 500 == 499:
+            check_deadline(len(candidates))
         lo, hi = 0, len(ladder) - 1
         while lo <= hi:
             mid = (lo + hi) // 2
-            e = price(ladder[mid])
-            if e is not None and e.memory.total <= usable:
+            mem = memory_of(ladder[mid])
+            if mem is not None and (least is None or mem < least[0]):
+                least = (mem, ladder[mid])
+            if mem is not None and mem <= usable:
                 hi = mid - 1
             else:
                 lo = mid + 1
+        if lo < len(ladder):
+            try:
+                evals.append(evaluate(job, ladder[lo].with_(pp=pp), memory_limit, cache))
+            except AmspUserError:
+                pass
     fit = sorted((e for e in evals if e.memory.total <= usable),
                  key=lambda e: (e.step_s, e.memory.total, str(e.strategy)))
     if not fit:
-        least = min(evals, key=lambda e: e.memory.total, default=None)
-        need = f"{least.memory.total / 2**30:.2f} GiB ({least.strategy})" if least else "-"
+        need = f"{least[0] / 2**30:.2f} GiB ({least[1].with_(pp=pp)})" if least else "-"
         raise InfeasibleError(f"--pp {pp}: nothing fits in {usable / 2**30:.2f} GiB per GPU: "
                               f"the least memory any strategy needs is {need}; try another "
                               "--pp, more GPUs or a smaller --micro-batch")
@@ -83,3 +124,21 @@ def _ckpt_ladders(candidates, num_layers: int) -> list[list[Strategy]]:
         key = (c.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False), op)
         groups.setdefault(key, []).append((k, c))
     return [[c for _, c in sorted(g, key=lambda kc: kc[0])] for g in groups.values()]
+
+
+def _counted(space, sj: Job) -> int:
+    """Candidates of the parts whose expert triples pair with every dense one (the amsp
+    engine's rule): dense candidates x nested expert triples, counted without building them;
+    0 for the other parts (their count is the enumeration's)."""
+    import itertools
+    from dataclasses import replace
+
+    n = 0
+    for sp in space.by_tp():
+        fe = sp.expert_factors
+        if not fe or sp.expert_pairs is not None:
+            continue
+        triples = sum(1 for t in itertools.product(fe, fe, fe) if t[1] % t[0] == 0 == t[2] % t[1])
+        dense = replace(sp, expert_factors=(), expert_pairs=None)
+        n += triples * sum(1 for _ in dense._candidates(sj))
+    return n

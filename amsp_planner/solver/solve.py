@@ -94,7 +94,8 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     limit = job.cluster.memory_bytes if memory_limit is None else memory_limit
     usable = pref.usable(limit)
     if pp > 1:
-        return _solve_pipeline(job, pp, limit, usable, objective, zeropp, tp, runners_up, pref)
+        return _solve_pipeline(job, pp, limit, usable, objective, zeropp, tp, runners_up, pref,
+                               ep)
     space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,
                                 quantization=pref.quantization != "off", tp=tp, ep=ep)
     notes = []
@@ -128,19 +129,27 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
 
 
 def _solve_pipeline(job: Job, pp: int, limit: float, usable: float, objective: str,
-                    zeropp: bool, tp: int | None, runners_up: int, pref: Preference) -> SolveResult:
+                    zeropp: bool, tp: int | None, runners_up: int, pref: Preference,
+                    ep: int | None = None) -> SolveResult:
     """``solve`` at a fixed pipeline degree: the enumeration of ``solve_pipeline``, its named
     baselines data parallel (pp=1) at the best plan's tp, micro-batch and checkpointing, as
     ``amsp plan --pp`` reports them."""
     from amsp_planner.solver.pipeline_search import solve_pipeline
 
     found = solve_pipeline(job, pp, limit, usable, zeropp=zeropp,
-                           quantization=pref.quantization != "off", tp=tp, runners_up=runners_up)
+                           quantization=pref.quantization != "off", tp=tp, runners_up=runners_up,
+                           ep=ep)
     s = found[0].strategy
-    baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
+    notes = []
+    try:
+        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp)
+    except AmspUserError as e:  # e.g. the batch does not divide over pp times the DP ranks
+        baselines = {}
+        notes.append(f"named baselines (pp=1) not priced: {e}")
     stats = IlpStats(solver="pipeline", status="Optimal")
     space = SearchSpace.for_job(job, zeropp=zeropp, tp=tp)
-    return SolveResult(found[0], found[1:], baselines, stats, objective, space, limit, [], pref)
+    return SolveResult(found[0], found[1:], baselines, stats, objective, space, limit, notes,
+                       pref)
 
 
 def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",

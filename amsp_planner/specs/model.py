@@ -33,6 +33,7 @@ Checks (tests/test_specs.py): LLaMA-7B 6.74e9, LLaMA-2-70B 68.98e9, LLaMA-3-405B
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
@@ -242,10 +243,9 @@ class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
         return self._norm_params() + lm
 
     def unit_params(self) -> list[int]:
-        """Unpadded parameters of each unit: embedding, each block, final norm + LM head."""
-        return [self.embedding_params()] + [self.layer_params(i) for i in range(self.num_layers)] + [
-            self.head_params()
-        ]
+        """Unpadded parameters of each unit: embedding, each block, final norm + LM head
+        (computed once per model: ``_unit_params``)."""
+        return list(_unit_params(self))
 
     def _replicated(self) -> tuple[int, int, int]:
         """Elements of (embedding, a block, the head) every TP rank holds whole: norms, q/k
@@ -320,5 +320,18 @@ class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
         layer at most its window and MLA its real head widths (specs/attention.py). Model
         FLOPs: recomputation is not counted here.
         """
-        mtp_head = self.mtp_layers * self.vocab_size * self.hidden_size
-        return 6.0 * (self.num_flop_params + mtp_head) + self.attention_flops_per_token(seq_len)
+        return _flops_per_token(self, seq_len)
+
+
+# A ModelSpec is frozen (hashable, equal by value), so its derived counts are computed once per
+# model: a search prices thousands of strategies of one job (solver/pipeline_search.py).
+@functools.lru_cache(maxsize=256)
+def _unit_params(m: ModelSpec) -> tuple[int, ...]:
+    return (m.embedding_params(), *(m.layer_params(i) for i in range(m.num_layers)),
+            m.head_params())
+
+
+@functools.lru_cache(maxsize=256)
+def _flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    mtp_head = m.mtp_layers * m.vocab_size * m.hidden_size
+    return 6.0 * (m.num_flop_params + mtp_head) + m.attention_flops_per_token(seq_len)

@@ -36,6 +36,8 @@ token (``flops_per_token``).
 
 from __future__ import annotations
 
+import functools
+
 ROUTING = ("softmax_topk", "topk_softmax", "softmax_group_topk", "sigmoid_group_topk")
 """Routing schemes modelled (module docstring)."""
 
@@ -53,7 +55,7 @@ class MoeCounts:
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        return _num_moe_layers(self)
 
     def is_mtp_layer(self, i: int) -> bool:
         """Layer i (0-based) is a multi-token-prediction module (the last ``mtp_layers``)."""
@@ -136,3 +138,9 @@ def check_moe(m) -> None:
     if m.shared_expert_gate and not m.shared_expert_ffn_hidden_size:
         raise ValueError("shared_expert_gate is set but shared_expert_ffn_hidden_size is 0: "
                          "give the shared expert's width, or drop the gate")
+
+
+@functools.lru_cache(maxsize=256)
+def _num_moe_layers(m) -> int:
+    """MoE layers of a (frozen, hashable) model, counted once per model."""
+    return sum(m.is_moe_layer(i) for i in range(m.num_layers))
