@@ -29,6 +29,10 @@ unpipelined model (cost/step_time.py); the pipeline adds:
 
 Which stage is charged: the last one (its blocks, the final norm, the LM head and the loss;
 the first stage's embedding lookup has no matmul), which is the busiest with equal blocks.
+Its blocks are the model's last ones (``stage_model``): the per-layer lists (a mixture of
+experts' dense layers, sliding-window layers) re-indexed from the stage's first block, the MTP
+modules kept; a mixture of experts' experts and all-to-alls are the stage's, over its N/P ranks
+(docs/moe.md, "Pipeline stages").
 Memory is the larger of the first stage's (the embedding and its blocks' states, the
 activations of ``in_flight`` micro-batches of its blocks and one block's recomputation) and the
 last stage's (its blocks, the head, one micro-batch's activations with the head's and the loss

@@ -9,7 +9,12 @@ the fastest that fits the usable memory wins (less memory, then the string, on e
 The ILP does not hold the bubble, which depends on the micro-batch count, nor the in-flight
 activations, so the search enumerates, bisecting block checkpointing (none, the first K blocks,
 full) in each group of otherwise equal candidates: memory falls and time rises along it, so the
-first that fits is the group's fastest. With P = 1 the planner's ILP runs as before.
+first that fits is the group's fastest. The bisection reads the memory alone
+(``cost/pipeline.py: pipeline_memory``); only each group's first that fits is priced whole. A
+mixture of experts' space (every nested expert triple under each dense one on the amsp engine)
+can hold millions: one counted above ``MAX_CANDIDATES``, or a search past
+``SEARCH_DEADLINE_S``, is refused in one line naming the pins that narrow it. With P = 1 the
+planner's ILP runs as before.
 """
 
 from __future__ import annotations
