@@ -164,6 +164,31 @@ def test_pipeline_search_equals_brute_force(usable_gib):
     assert fits and best.step_s == pytest.approx(min(fits), rel=1e-12)
 
 
+@pytest.mark.parametrize("prefer", ["speed", "memory"])
+def test_pipeline_search_chooses_by_the_planners_rule(prefer):
+    # with the planner's rule (the band, least recompute, fewest groups, step, memory) the
+    # search's choice is the rule's order over every fitting candidate of the stage
+    from amsp_planner.solver.brute import preferred_order
+    from amsp_planner.solver.pipeline_search import solve_pipeline
+    from amsp_planner.solver.space import Preference, SearchSpace
+
+    job = make_job(32, model=load_model("llama-7b"), seq_len=2048, batch_seqs=128)
+    pref = Preference.default(job=job, prefer=prefer)
+    usable = 40 * 2**30
+    got = solve_pipeline(job, 2, None, usable, preference=pref)[0]
+    sj = stage_job(job, Strategy(pp=2))
+    fits = []
+    for c in SearchSpace.for_job(sj).candidates(sj):
+        try:
+            e = evaluate(job, c.with_(pp=2))
+        except AmspUserError:
+            continue
+        if e.memory.total <= usable:
+            fits.append(e)
+    want = preferred_order(job, fits, "time", pref)[0]
+    assert str(got.strategy) == str(want.strategy)
+
+
 def _torchtitan_chunks(num_layers: int, chunks: int) -> list[int]:
     """Blocks per model chunk as torchtitan's generate_split_points places them
     (torchtitan/parallelisms/pipelining_utils.py at 9dec370): base = L // S in the first chunk,

@@ -140,7 +140,8 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         r = solve(job, limit, zeropp=not no_zeropp, runners_up=runners_up, preference=pref,
                   tp=tp, pp=pp, ep=ep)
         best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
-        refs, solver_info, solve_s = {}, None, 0.0
+        refs = {"fastest": r.fastest} if r.fastest is not None else {}
+        solver_info, solve_s = None, 0.0
         for note in r.notes:  # e.g. the named baselines not priced at pp=1
             click.echo(f"note: {note}", err=True)
     else:

@@ -5,7 +5,8 @@ A stage is a job of its own (cost/pipeline.py, ``stage_job``): its search space 
 (``SearchSpace.for_job``: tensor-parallel degrees, P/G/OS factors, ZeRO++, micro-batches and
 checkpointing as the engine runs them), each candidate is priced with ``pp=P`` by the cost model
 (bubble, sends and the first stage's activations of the micro-batches in flight included) and
-the fastest that fits the usable memory wins (less memory, then the string, on equal time).
+the planner's rule (``preference``: solver/brute.py ``preferred_order``; the fastest without
+one) chooses among those that fit the usable memory.
 The ILP does not hold the bubble, which depends on the micro-batch count, nor the in-flight
 activations, so the search enumerates, bisecting block checkpointing (none, the first K blocks,
 full) in each group of otherwise equal candidates: memory falls and time rises along it, so the
@@ -40,14 +41,16 @@ candidates: every nested expert triple under every dense one)."""
 def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float, *,
                    zeropp: bool = True, quantization: bool = True, tp: int | None = None,
                    runners_up: int = 3, ep: int | None = None,
-                   deadline_s: float | None = None) -> list[Evaluation]:
-    """The best strategy with `pp` stages and up to `runners_up` more, fastest first; `ep`
+                   deadline_s: float | None = None, preference=None) -> list[Evaluation]:
+    """The best strategy with `pp` stages and up to `runners_up` more in the rule's order (and
+    the fastest that fits, last, when it is not among them); `ep`
     pins a mixture of experts' expert-parallel degree. Refused in one line (AmspUserError)
     when the enumeration outlasts `deadline_s` (default ``SEARCH_DEADLINE_S``)."""
     import time
 
     from amsp_planner.cost.pipeline import pipeline_memory, stage_job
-    from amsp_planner.solver.space import SearchSpace
+    from amsp_planner.solver.brute import preferred_order
+    from amsp_planner.solver.space import FASTEST, SearchSpace
 
     start = time.monotonic()
     deadline_s = SEARCH_DEADLINE_S if deadline_s is None else deadline_s
@@ -109,14 +112,18 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
                 evals.append(evaluate(job, ladder[lo].with_(pp=pp), memory_limit, cache))
             except AmspUserError:
                 pass
-    fit = sorted((e for e in evals if e.memory.total <= usable),
-                 key=lambda e: (e.step_s, e.memory.total, str(e.strategy)))
+    # the planner's rule (solver/brute.py: preferred_order; docs/planner.md): each group's
+    # least-recompute point stands for the group, which its other points cannot beat on it
+    fit = preferred_order(job, [e for e in evals if e.memory.total <= usable], "time",
+                          FASTEST if preference is None else preference)
     if not fit:
         need = f"{least[0] / 2**30:.2f} GiB ({least[1].with_(pp=pp)})" if least else "-"
         raise InfeasibleError(f"--pp {pp}: nothing fits in {usable / 2**30:.2f} GiB per GPU: "
                               f"the least memory any strategy needs is {need}; try another "
                               "--pp, more GPUs or a smaller --micro-batch")
-    return fit[:1 + runners_up]
+    out = fit[:1 + runners_up]
+    fastest = min(fit, key=lambda e: (e.step_s, e.memory.total, str(e.strategy)))
+    return out if any(e is fastest for e in out) else [*out, fastest]  # the report's reference
 
 
 def _ckpt_ladders(candidates, num_layers: int) -> list[list[Strategy]]:

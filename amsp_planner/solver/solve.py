@@ -138,7 +138,7 @@ def _solve_pipeline(job: Job, pp: int, limit: float, usable: float, objective: s
 
     found = solve_pipeline(job, pp, limit, usable, zeropp=zeropp,
                            quantization=pref.quantization != "off", tp=tp, runners_up=runners_up,
-                           ep=ep)
+                           ep=ep, preference=pref)
     s = found[0].strategy
     notes = []
     try:
@@ -148,8 +148,9 @@ def _solve_pipeline(job: Job, pp: int, limit: float, usable: float, objective: s
         notes.append(f"named baselines (pp=1) not priced: {e}")
     stats = IlpStats(solver="pipeline", status="Optimal")
     space = SearchSpace.for_job(job, zeropp=zeropp, tp=tp)
+    fastest = min(found, key=lambda e: (e.step_s, e.memory.total, str(e.strategy)))
     return SolveResult(found[0], found[1:], baselines, stats, objective, space, limit, notes,
-                       pref)
+                       pref, fastest=None if fastest is found[0] else fastest)
 
 
 def min_memory_strategy(job: Job, space: SearchSpace, solver: str = "highs",
