@@ -142,25 +142,33 @@ def test_tp_without_sequence_parallelism_by_hand():
     assert block_compute(nosp, 2, False, tp=1) == block_compute(sp, 2, False, tp=1)
 
 
+def _fitting(job, pp: int, usable: float) -> list:
+    """Every candidate of the stage's space priced with `pp` stages (the brute force) that
+    fits `usable` bytes."""
+    from amsp_planner.solver.space import SearchSpace
+
+    sj = stage_job(job, Strategy(pp=pp))
+    fits = []
+    for c in SearchSpace.for_job(sj).candidates(sj):
+        try:
+            e = evaluate(job, c.with_(pp=pp))
+        except AmspUserError:
+            continue
+        if e.memory.total <= usable:
+            fits.append(e)
+    return fits
+
+
 @pytest.mark.parametrize("usable_gib", [30, 60])
 def test_pipeline_search_equals_brute_force(usable_gib):
     # the search bisects block checkpointing in each group of otherwise equal candidates; a
     # brute force over every candidate of the stage finds the same step time
     from amsp_planner.solver.pipeline_search import solve_pipeline
-    from amsp_planner.solver.space import SearchSpace
 
     job = make_job(32, model=load_model("llama-7b"), seq_len=2048, batch_seqs=128)
     usable = usable_gib * 2**30
     best = solve_pipeline(job, 2, None, usable)[0]
-    sj = stage_job(job, Strategy(pp=2))
-    fits = []
-    for c in SearchSpace.for_job(sj).candidates(sj):
-        try:
-            e = evaluate(job, c.with_(pp=2))
-        except AmspUserError:
-            continue
-        if e.memory.total <= usable:
-            fits.append(e.step_s)
+    fits = [e.step_s for e in _fitting(job, 2, usable)]
     assert fits and best.step_s == pytest.approx(min(fits), rel=1e-12)
 
 
@@ -170,22 +178,13 @@ def test_pipeline_search_chooses_by_the_planners_rule(prefer):
     # search's choice is the rule's order over every fitting candidate of the stage
     from amsp_planner.solver.brute import preferred_order
     from amsp_planner.solver.pipeline_search import solve_pipeline
-    from amsp_planner.solver.space import Preference, SearchSpace
+    from amsp_planner.solver.space import Preference
 
     job = make_job(32, model=load_model("llama-7b"), seq_len=2048, batch_seqs=128)
     pref = Preference.default(job=job, prefer=prefer)
     usable = 40 * 2**30
     got = solve_pipeline(job, 2, None, usable, preference=pref)[0]
-    sj = stage_job(job, Strategy(pp=2))
-    fits = []
-    for c in SearchSpace.for_job(sj).candidates(sj):
-        try:
-            e = evaluate(job, c.with_(pp=2))
-        except AmspUserError:
-            continue
-        if e.memory.total <= usable:
-            fits.append(e)
-    want = preferred_order(job, fits, "time", pref)[0]
+    want = preferred_order(job, _fitting(job, 2, usable), "time", pref)[0]
     assert str(got.strategy) == str(want.strategy)
 
 
