@@ -27,6 +27,7 @@ ep.p | ep.g | ep.os, as the dense triple's rules.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
@@ -117,3 +118,9 @@ def ep_options(num_experts: int, num_ranks: int, ranks_per_node: int) -> list[tu
                 continue
             out.append((e, span))
     return out
+
+
+def nested_triples(factors) -> list[tuple[int, int, int]]:
+    """Every (p, g, os) of `factors` with p | g | os: the expert triples a space searches."""
+    return [t for t in itertools.product(factors, factors, factors)
+            if t[1] % t[0] == 0 == t[2] % t[1]]

@@ -134,31 +134,22 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s, refs = [], None, 0.0, {}
-    elif pp > 1:  # the pipeline search (solver/pipeline_search.py), as solve(pp=) runs it
-        from amsp_planner.solver import solve
-
-        r = solve(job, limit, zeropp=not no_zeropp, runners_up=runners_up, preference=pref,
-                  tp=tp, pp=pp, ep=ep)
-        best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
-        refs = {"fastest": r.fastest} if r.fastest is not None else {}
-        solver_info, solve_s = None, 0.0
-        for note in r.notes:  # e.g. the named baselines not priced at pp=1
-            click.echo(f"note: {note}", err=True)
-    else:
+    else:  # the ILP, or with pp > 1 the pipeline search (solver/pipeline_search.py)
         from amsp_planner.solver import solve
 
         r = solve(job, limit, objective=objective, solver=solver, zeropp=not no_zeropp,
                   runners_up=runners_up, time_limit_s=time_limit, preference=pref, tp=tp,
-                  idle=functools.partial(_import_output, fmt), ep=ep)
+                  idle=functools.partial(_import_output, fmt), ep=ep, pp=pp)
         best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
         refs = {k: v for k, v in (("fastest", r.fastest), ("fastest_lossless", r.fastest_lossless))
                 if v is not None}
-        for note in r.notes:  # e.g. a solver fallback
+        for note in r.notes:  # e.g. a solver fallback, the named baselines not priced at pp=1
             click.echo(f"note: {note}", err=True)
         st = r.stats
-        solver_info = {"name": st.solver, "status": st.status, "objective": objective,
-                       "num_variables": st.num_variables, "num_constraints": st.num_constraints,
-                       "solves": st.solves}
+        solver_info = None if pp > 1 else {
+            "name": st.solver, "status": st.status, "objective": objective,
+            "num_variables": st.num_variables, "num_constraints": st.num_constraints,
+            "solves": st.solves}
         solve_s = st.solve_time_s
     search = {"zeropp": not no_zeropp, "micro_batch": job.training.micro_batch,
               "activation_checkpointing": job.training.activation_checkpointing,

@@ -91,9 +91,7 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
     its TP collectives, so the key keeps the checkpointing)."""
     if s.pp > 1:
         return evaluate_pipeline(job, s, memory_limit, schedules)
-    job.check(s)
-    if s.ckpt_blocks == job.model.num_layers:  # K = L is full checkpointing
-        s = s.with_(ckpt=True, ckpt_blocks=0)
+    s = job.checked(s)
     if s.cp > 1:
         return _evaluate_cp(job, s, memory_limit)
     n_micro = job.n_micro(s)

@@ -291,6 +291,12 @@ class Job:
         except ValueError as e:
             raise AmspUserError(f"--strategy {strategy}: {e}") from None
 
+    def checked(self, s: Strategy) -> Strategy:
+        """`s` after ``check``, block checkpointing of all L blocks written as full
+        checkpointing (K = L is full), as the cost model prices it."""
+        self.check(s)
+        return s.with_(ckpt=True, ckpt_blocks=0) if s.ckpt_blocks == self.model.num_layers else s
+
     def check(self, strategy: Strategy) -> None:
         """Raise AmspUserError unless the strategy is valid for this job."""
         try:

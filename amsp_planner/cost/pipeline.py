@@ -189,8 +189,5 @@ def pipeline_memory(job: Job, s: Strategy, st: Strategy | None = None):
     job.check(s)
     check(job, s)
     sj = stage_job(job, s)
-    st = flat(s) if st is None else st
-    sj.check(st)
-    if st.ckpt_blocks == sj.model.num_layers:  # K = L is full checkpointing (evaluate's rule)
-        st = st.with_(ckpt=True, ckpt_blocks=0)
+    st = sj.checked(flat(s) if st is None else st)
     return stage_memory(sj, s, memory(sj, st), sj.n_micro(st))

@@ -7,13 +7,12 @@ terms, priced with the expert tables as solver/expert_rows.py prices them in the
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from amsp_planner.cost.schedule import CLASSES
-from amsp_planner.strategy_experts import expert_layout
+from amsp_planner.strategy_experts import expert_layout, nested_triples
 
 NCLS = len(CLASSES)
 ADDED = ("gf", "gb", "kf", "kb", "red", "kr", "sync", "cu", "topt", "states")
@@ -43,8 +42,7 @@ def with_experts(cf, job, space, T) -> None:
     """Expand the dense configurations `cf` (a ``candidates.Configs``) by the expert triples."""
     E = T.experts
     F = space.expert_factors
-    tri = np.array([t for t in itertools.product(F, F, F) if t[1] % t[0] == 0 == t[2] % t[1]],
-                   dtype=np.int64)
+    tri = np.array(nested_triples(F), dtype=np.int64)
     p, g, o = tri[:, 0], tri[:, 1], tri[:, 2]
 
     def per(d, key):

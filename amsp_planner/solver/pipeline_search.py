@@ -55,14 +55,15 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
     start = time.monotonic()
     deadline_s = SEARCH_DEADLINE_S if deadline_s is None else deadline_s
 
-    def check_deadline(done: int) -> None:
-        if time.monotonic() - start > deadline_s:
-            pins = "--ep E, " if job.model.is_moe else ""
-            raise AmspUserError(
-                f"--pp {pp}: the stage's search space is too large to enumerate in "
-                f"{deadline_s:g} s ({done:,} candidates): narrow it with {pins}--tp T, "
-                "--micro-batch B or --activation-checkpointing, or an --engine that runs fewer "
-                "settings (megatron)")
+    def too_large(count: int, timed: bool = True) -> None:
+        if timed and time.monotonic() - start <= deadline_s:
+            return
+        pins = "--ep E, " if job.model.is_moe else ""
+        raise AmspUserError(
+            f"--pp {pp}: the stage's search space is too large to enumerate in "
+            f"{deadline_s:g} s ({count:,} candidates): narrow it with {pins}--tp T, "
+            "--micro-batch B or --activation-checkpointing, or an --engine that runs fewer "
+            "settings (megatron)")
 
     try:
         check_pp(pp, 1, None, job.num_gpus, job.gpus_per_node)
@@ -74,15 +75,13 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
     sj = stage_job(job, Strategy(pp=pp))
     space = SearchSpace.for_job(sj, zeropp=zeropp, quantization=quantization, tp=tp, ep=ep)
     evals, cache = [], {}
-    n = _counted(space, sj)
-    if n > MAX_CANDIDATES:
-        start -= deadline_s + 1  # refused now: check_deadline's message, with the count
-        check_deadline(n)
+    if (n := _counted(space, sj)) > MAX_CANDIDATES:
+        too_large(n, timed=False)
     candidates = []
     for c in space.candidates(sj):
         candidates.append(c)
         if len(candidates) % 20_000 == 0:
-            check_deadline(len(candidates))
+            too_large(len(candidates))
 
     def memory_of(c: Strategy) -> float | None:
         try:
@@ -96,7 +95,7 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
         # ladder, so the first that fits is the group's fastest: bisect for it on the memory
         # alone, then price that one
         if i % 500 == 499:
-            check_deadline(len(candidates))
+            too_large(len(candidates))
         lo, hi = 0, len(ladder) - 1
         while lo <= hi:
             mid = (lo + hi) // 2
@@ -122,8 +121,13 @@ def solve_pipeline(job: Job, pp: int, memory_limit: float | None, usable: float,
                               f"the least memory any strategy needs is {need}; try another "
                               "--pp, more GPUs or a smaller --micro-batch")
     out = fit[:1 + runners_up]
-    fastest = min(fit, key=lambda e: (e.step_s, e.memory.total, str(e.strategy)))
+    fastest = fastest_of(fit)
     return out if any(e is fastest for e in out) else [*out, fastest]  # the report's reference
+
+
+def fastest_of(evals: list[Evaluation]) -> Evaluation:
+    """The fastest of `evals` (less memory, then the string, on equal time)."""
+    return min(evals, key=lambda e: (e.step_s, e.memory.total, str(e.strategy)))
 
 
 def _ckpt_ladders(candidates, num_layers: int) -> list[list[Strategy]]:
@@ -142,15 +146,15 @@ def _counted(space, sj: Job) -> int:
     """Candidates of the parts whose expert triples pair with every dense one (the amsp
     engine's rule): dense candidates x nested expert triples, counted without building them;
     0 for the other parts (their count is the enumeration's)."""
-    import itertools
     from dataclasses import replace
+
+    from amsp_planner.strategy_experts import nested_triples
 
     n = 0
     for sp in space.by_tp():
         fe = sp.expert_factors
         if not fe or sp.expert_pairs is not None:
             continue
-        triples = sum(1 for t in itertools.product(fe, fe, fe) if t[1] % t[0] == 0 == t[2] % t[1])
         dense = replace(sp, expert_factors=(), expert_pairs=None)
-        n += triples * sum(1 for _ in dense._candidates(sj))
+        n += len(nested_triples(fe)) * sum(1 for _ in dense._candidates(sj))
     return n

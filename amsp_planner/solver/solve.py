@@ -134,7 +134,7 @@ def _solve_pipeline(job: Job, pp: int, limit: float, usable: float, objective: s
     """``solve`` at a fixed pipeline degree: the enumeration of ``solve_pipeline``, its named
     baselines data parallel (pp=1) at the best plan's tp, micro-batch and checkpointing, as
     ``amsp plan --pp`` reports them."""
-    from amsp_planner.solver.pipeline_search import solve_pipeline
+    from amsp_planner.solver.pipeline_search import fastest_of, solve_pipeline
 
     found = solve_pipeline(job, pp, limit, usable, zeropp=zeropp,
                            quantization=pref.quantization != "off", tp=tp, runners_up=runners_up,
@@ -148,7 +148,7 @@ def _solve_pipeline(job: Job, pp: int, limit: float, usable: float, objective: s
         notes.append(f"named baselines (pp=1) not priced: {e}")
     stats = IlpStats(solver="pipeline", status="Optimal")
     space = SearchSpace.for_job(job, zeropp=zeropp, tp=tp)
-    fastest = min(found, key=lambda e: (e.step_s, e.memory.total, str(e.strategy)))
+    fastest = fastest_of(found)
     return SolveResult(found[0], found[1:], baselines, stats, objective, space, limit, notes,
                        pref, fastest=None if fastest is found[0] else fastest)
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError
 from amsp_planner.strategy import Strategy, checkpointed_blocks, ckpt_fields, factor_options
+from amsp_planner.strategy_experts import nested_triples
 
 TIME_RTOL = 1e-7
 """Objective values closer than this (relative) are ties, in the ILP's re-solves and the brute
@@ -287,8 +288,7 @@ class SearchSpace:
     def _expert_candidates(self, job: Job):
         """The dense candidates (no ZeRO++ in a mixture-of-experts space) x the nested expert
         triples at this space's degree and placement."""
-        fe = self.expert_factors
-        triples = [t for t in itertools.product(fe, fe, fe) if t[1] % t[0] == 0 == t[2] % t[1]]
+        triples = nested_triples(self.expert_factors)
         pairs = None if self.expert_pairs is None else set(self.expert_pairs)
         for s in replace(self, expert_factors=(), expert_pairs=None)._candidates(job):
             for t in triples:
@@ -347,7 +347,7 @@ def _engine_part(job: Job, sp: SearchSpace, e: int, span: bool):
     dense = sp.triples
     if dense is None:
         fs = sp.factors
-        dense = [t for t in itertools.product(fs, fs, fs) if t[1] % t[0] == 0 == t[2] % t[1]]
+        dense = nested_triples(fs)
     pairs = expert_pairs(job.profile.expert_rule, list(dense), e, span, n, r)
     if pairs is None:
         return fe, None
