@@ -31,7 +31,9 @@ the all-to-all send buffer):
 - on GPUs: the matmul curve, (T x 4096) @ (4096 x 11008) at several T in bf16 and fp32, fitted
   to t = FLOPs / (peak x fraction) + overhead (``achievable_fraction``, ``kernel_overhead_us``,
   ``peak_fp32_tflop_per_s``); and ``comm_compute_slowdown``: a matmul loop timed alone and under
-  a concurrent all-gather + reduce-scatter on another stream.
+  a concurrent all-gather + reduce-scatter on another stream; with ``--fp8`` the FP8 linear's
+  speed-ups over bf16, tensorwise and rowwise, on a grid of shapes (``calibrate_fp8.py``,
+  ``gpu.fp8_linear``).
 
 Each point: one untimed warm-up call, one timed probe that fixes how many calls fit in the
 point's time budget (every member agrees: the probe time is max-reduced), a barrier, then the
@@ -190,6 +192,15 @@ def run(cfg: CalibrationConfig, base, name: str | None = None):
             f"kernel; fp32 {fp32[0] / 1e12:.1f} TFLOP/s"
             + (f"; compute slowdown under collectives {gpu['comm_compute_slowdown']:.3f}"
                if "comm_compute_slowdown" in gpu else ""))
+    if device.startswith("cuda") and cfg.fp8_sizes:
+        from amsp_planner.calibrate_fp8 import calibrate_grids
+
+        n = len(cfg.fp8_sizes) ** 3
+        done_fp8 = iter(range(1, n + 1))
+        gpu["fp8_linear"] = calibrate_grids(cfg.fp8_sizes, device, lambda row: say(
+            f"[{next(done_fp8)}/{n}] FP8 linear M={row['M']} K={row['K']} N={row['N']}: "
+            f"tensorwise {row['bf16_s'] / row['tensorwise_s']:.3f}x, rowwise "
+            f"{row['bf16_s'] / row['rowwise_s']:.3f}x of bf16"))
     dist.barrier()  # every rank finished: only now may rank 0 write
     if world.rank != 0:
         return None

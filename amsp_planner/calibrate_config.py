@@ -39,6 +39,9 @@ class CalibrationConfig:
     every rank at once; its model FLOP/s over the matmul rate becomes ``achievable_fraction``."""
     seq_len: int = 512
     micro_batch: int = 1
+    fp8_sizes: tuple[int, ...] = ()
+    """GPUs: also measure FP8 linear speed-ups (tensorwise, rowwise) at M, K, N in these sizes
+    (calibrate_fp8.py); empty: not measured."""
     backend: str = "auto"
     """'auto' (nccl on CUDA, else gloo), 'gloo' or 'nccl'."""
     timeout_s: float = 60.0

@@ -47,6 +47,10 @@ from amsp_planner.errors import AmspUserError
               help="With --model: tokens per sequence.")
 @click.option("--micro-batch", type=click.IntRange(1, 65536), default=1, show_default=True,
               help="With --model: sequences per forward+backward.")
+@click.option("--fp8", "fp8_sizes", default=None, metavar="SIZES",
+              help="GPUs with FP8 tensor cores: also measure the FP8 linear's speed-up over bf16 "
+                   "(tensorwise, rowwise) at M, K, N in SIZES, e.g. 1024,4096,16384; FP8 plans "
+                   "on the written cluster use it.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: nccl on CUDA, gloo otherwise.")
 @click.option("--timeout", "timeout_s", type=Number(1, 86400), default=60.0,
@@ -57,8 +61,8 @@ from amsp_planner.errors import AmspUserError
               help="With --nproc: node agents to launch on this host (loopback).")
 @click.option("--fail-rank", type=int, default=None, hidden=True)
 def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_point, passes,
-              matmul_size, model, seq_len, micro_batch, backend, timeout_s, nproc, nnodes,
-              fail_rank):
+              matmul_size, model, seq_len, micro_batch, fp8_sizes, backend, timeout_s, nproc,
+              nnodes, fail_rank):
     """Measure collective bus bandwidth and matmul throughput; write a ClusterSpec."""
     from amsp_planner.calibrate import OPS, check_out, under_torchrun
     from amsp_planner.specs import load_cluster, parse_batch
@@ -77,6 +81,7 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
     if bad or not op_list:
         raise AmspUserError(f"--ops: unknown collective '{bad[0] if bad else ops}': use some of "
                             f"{','.join(OPS)}")
+    sizes = fp8_grid_sizes(fp8_sizes, base) if fp8_sizes is not None else ()
     check_out(out)
     if not under_torchrun():
         if nproc is None:
@@ -90,7 +95,8 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
                        "--timeout", str(timeout_s),
                        "--seq-len", str(seq_len), "--micro-batch", str(micro_batch)]
         for flag, value in (("--name", name), ("--max-size", max_size), ("--model", model),
-                            ("--matmul-size", matmul_size), ("--fail-rank", fail_rank)):
+                            ("--matmul-size", matmul_size), ("--fail-rank", fail_rank),
+                            ("--fp8", fp8_sizes)):
             if value is not None:
                 passthrough += [flag, str(value)]
         rc = launch_local(nproc, nnodes, passthrough)
@@ -103,11 +109,35 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
         raise AmspUserError("--nproc: already under torchrun: drop --nproc/--nnodes (torchrun "
                             "sets the world)")
     _run_rank(base, out, name, lo, hi, op_list, dtype, seconds_per_point, passes, matmul_size,
-              backend, timeout_s, fail_rank, model, seq_len, micro_batch)
+              backend, timeout_s, fail_rank, model, seq_len, micro_batch, sizes)
+
+
+def fp8_grid_sizes(text: str, base) -> tuple[int, ...]:
+    """--fp8's sizes, checked: multiples of 16 from 16 to 65536 (the FP8 tensor cores' rule),
+    on a cluster whose GPU has FP8 tensor cores and a CUDA device to measure on."""
+    from amsp_planner.cost.fp8 import FP8_PEAK_RATIO
+
+    try:
+        sizes = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 16 or s > 65536 or s % 16 for s in sizes):
+        raise AmspUserError(f"--fp8 {text}: give comma-separated sizes, multiples of 16 from 16 "
+                            "to 65536, e.g. --fp8 1024,4096,16384")
+    if base.gpu.arch not in FP8_PEAK_RATIO:
+        raise AmspUserError(f"--fp8: cluster {base.name}'s GPU ({base.gpu.name}, {base.gpu.arch})"
+                            " has no FP8 tensor cores: calibrate on a Hopper or Blackwell "
+                            "cluster, or drop --fp8")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise AmspUserError("--fp8: no CUDA device here: run the calibration on the GPU "
+                            "nodes, or drop --fp8")
+    return sizes
 
 
 def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, passes, matmul_size,
-              backend, timeout_s, fail_rank, model, seq_len, micro_batch):
+              backend, timeout_s, fail_rank, model, seq_len, micro_batch, fp8_sizes=()):
     import datetime
 
     from amsp_planner.calibrate import CalibrationConfig, run, stderr_progress, write_spec
@@ -119,7 +149,7 @@ def _run_rank(base, out, name, lo, hi, ops, dtype, seconds_per_point, passes, ma
                             matmul_seconds=min(1.0, max(0.2, 4 * seconds_per_point)),
                             backend=backend, timeout_s=timeout_s, fail_rank=fail_rank,
                             model=model, seq_len=seq_len, micro_batch=micro_batch,
-                            progress=stderr_progress)
+                            fp8_sizes=fp8_sizes, progress=stderr_progress)
     try:
         spec = run(cfg, base, name)
     except RuntimeError as e:  # a lost rank: the collectives fail at the timeout

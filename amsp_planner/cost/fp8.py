@@ -221,7 +221,7 @@ class Speedup:
 
     value: float
     how: str
-    """'table', 'table, clamped to its edge', or 'roofline' (module docstring of docs/fp8.md)."""
+    """'calibrated' or 'table' (either ', clamped to its edge'), or 'roofline' (docs/fp8.md)."""
     source: str = ""
 
 
@@ -297,6 +297,8 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
                    engine: str = "torchtitan", compiled: bool = False) -> Speedup:
     """Speed-up of one FP8 linear over bf16, forward + backward, at forward shape (m, k, n).
 
+    The GPU's own measured grid comes first (``gpu.fp8_linear``, written by ``amsp calibrate
+    --fp8``: torchao's scheme, so torchao engines only), interpolated like a published one.
     A published grid for the GPU's architecture, recipe and engine family (torchao's H100
     rowwise table; H200 reads the H100 table: the same SM90 tensor cores, more HBM
     bandwidth, so the casts there are if anything cheaper) is interpolated (grid_speedup).
@@ -305,6 +307,13 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
     compiled casts and the LayerNorm and Sigmoid around the linear (docs/fp8.md)."""
     fam = family_of(engine)
     r = recipe_for(recipe, engine, gpu.arch)
+    cal = next((c for c in gpu.fp8_linear if c.recipe == recipe), None) if fam == "torchao" \
+        else None
+    if cal is not None:
+        v, clamped = grid_speedup({"M": cal.M, "K": cal.K, "N": cal.N, "speedup": cal.speedup},
+                                  m, k, n)
+        return Speedup(v, "calibrated, clamped to its edge" if clamped else "calibrated",
+                       cal.measured)
     g = _grid(gpu.arch, recipe, fam)
     if g is not None:
         v, clamped = grid_speedup(g, m, k, n)

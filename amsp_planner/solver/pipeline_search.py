@@ -27,7 +27,6 @@ from amsp_planner.errors import AmspUserError, InfeasibleError
 from amsp_planner.strategy import Strategy
 from amsp_planner.strategy_pipeline import check_pp
 
-
 MAX_CANDIDATES = 1_000_000
 """A stage space counted larger than this is refused at once (``_counted``), not after the
 deadline."""

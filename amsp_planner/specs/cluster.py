@@ -24,6 +24,35 @@ CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all
 GpuArch = Literal["volta", "ampere", "hopper", "blackwell", "cpu"]
 
 
+class Fp8LinearGrid(BaseModel):
+    """Measured speed-up of one FP8 linear over bf16 on this GPU: forward + backward with the
+    recipe's casts, as torchao runs them (``calibrate_fp8.py``), by forward shape (M tokens,
+    K in and N out features); ``speedup[i * len(K) + j][l]`` is at (M[i], K[j], N[l]), the
+    layout of presets/fp8_matmul.yaml's grids. Written by ``amsp calibrate --fp8``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    recipe: Literal["tensorwise", "rowwise"]
+    M: tuple[Int(1, 2**31), ...] = Field(min_length=1)
+    K: tuple[Int(1, 2**31), ...] = Field(min_length=1)
+    N: tuple[Int(1, 2**31), ...] = Field(min_length=1)
+    speedup: tuple[tuple[Real(1e-6, 1e3), ...], ...]
+    measured: Text(300) = "amsp calibrate --fp8"
+    """Where, on what and how it was measured."""
+
+    @model_validator(mode="after")
+    def _shape(self) -> Fp8LinearGrid:
+        for axis in ("M", "K", "N"):
+            v = getattr(self, axis)
+            if list(v) != sorted(set(v)):
+                raise ValueError(f"{axis} must be strictly increasing: sort it")
+        if len(self.speedup) != len(self.M) * len(self.K) or any(
+                len(row) != len(self.N) for row in self.speedup):
+            raise ValueError(f"speedup must have len(M) x len(K) = {len(self.M) * len(self.K)} "
+                             f"rows of len(N) = {len(self.N)} values")
+        return self
+
+
 class GpuSpec(BaseModel):
     """One accelerator type. Presets live in ``presets/gpus.yaml`` (each value with its source);
     a cluster spec names one (``gpu: A100-SXM4-80GB``) or gives the fields inline."""
@@ -64,6 +93,23 @@ class GpuSpec(BaseModel):
     optimizer shard it reads and writes the fp32 master and both moments, reads the gradient
     and writes the new 16-bit parameter (``cost.step_time.optimizer_bytes_per_element``).
     Presets: about 70% of the HBM bandwidth; ``amsp calibrate`` measures the runtime's own."""
+    fp8_linear: tuple[Fp8LinearGrid, ...] = ()
+    """Measured FP8 linear speed-ups (``amsp calibrate --fp8``), one grid per recipe; FP8 jobs
+    of torchao engines on this GPU use them before the published grids (cost/fp8.py)."""
+
+    @model_validator(mode="after")
+    def _one_grid_per_recipe(self) -> GpuSpec:
+        recipes = [g.recipe for g in self.fp8_linear]
+        if len(recipes) != len(set(recipes)):
+            raise ValueError("fp8_linear: one grid per recipe: drop the repeated one")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        out = handler(self)
+        if not out.get("fp8_linear", 1):  # GPUs without a measured FP8 grid dump as before
+            del out["fp8_linear"]
+        return out
 
     def peak_flop_per_s(self, dtype: str = "bf16") -> float:
         if dtype == "fp32" and self.peak_fp32_tflop_per_s is not None:
