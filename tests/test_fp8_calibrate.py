@@ -145,3 +145,35 @@ def test_h200_static_measurements_bracket_the_models_linear_inputs():
         assert tw < roof < tw * 1.4, (m, k, n)
         assert fp8.grid_speedup(g, m, k, n)[0] == pytest.approx(rw, rel=0.35), (m, k, n)
         assert 0.5 < rw < tw < 1.6 and math.isfinite(tw)
+
+
+def test_compare_names_the_calibrated_grid(tmp_path):
+    """amsp compare on a calibrated cluster says which FP8 linears its own grid priced, and
+    the same grid moves the FP8 row (a faster measured speed-up, a shorter step)."""
+    import yaml
+
+    def spec(name: str, value: float) -> Path:
+        data = load_cluster("dgx-h100-ndr").model_dump(mode="json")
+        data["name"] = name
+        data["gpu"]["fp8_linear"] = [{"recipe": "rowwise", "M": [4096, 16384],
+                                      "K": [1024, 4096], "N": [1024, 4096],
+                                      "speedup": [[value] * 2] * 4, "measured": f"test {name}"}]
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    steps = {}
+    for name, value in (("slow", 1.0), ("fast", 1.5)):
+        code, out, err = run_cli(["compare", "--model", "llama3-8b", "--gpus", "8",
+                                  "--cluster", str(spec(name, value)), "--engine", "torchtitan",
+                                  "--precision", "bf16,fp8", "--fp8-recipe", "rowwise"])
+        assert code == 0, err
+        text = out + err
+        assert f"FP8 rowwise linears priced from this cluster's measured grid: test {name}" in text
+        steps[name] = text
+    import re
+
+    def fp8_zero3(text: str) -> float:
+        return float(re.search(r"zero3 fp8\s+│[^│]+│[^│]+│[^│]+│\s*([\d.]+) s", text).group(1))
+
+    assert fp8_zero3(steps["fast"]) < fp8_zero3(steps["slow"])

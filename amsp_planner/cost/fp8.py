@@ -323,6 +323,17 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
                    "roofline")
 
 
+def calibrated_note(job) -> str | None:
+    """A line for FP8 output when this cluster's own measured grid prices the job's linears
+    (``gpu.fp8_linear``, torchao engines); None otherwise."""
+    gpu = job.cluster.gpu
+    recipe = check_training(job.training, job.engine, gpu.arch)
+    cal = [c for c in gpu.fp8_linear if c.recipe == recipe]
+    if not cal or family_of(job.engine) != "torchao":
+        return None
+    return f"FP8 {recipe} linears priced from this cluster's measured grid: {cal[0].measured}"
+
+
 def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
     """Forward matmul seconds of one block of an FP8 job, as cost/compute.py counts them
     (backward = 2 x forward): each of the engine's linears at its bf16 seconds
