@@ -168,7 +168,7 @@ def block_bytes_per_token(job: Job, tp: int = 1) -> float:
         mlp = (2 * f if gelu else 3 * f) * ab
         if m.is_moe:
             mlp = mean_mlp_saved(job, True, mlp)
-        return (6 * h + 2 * kv) * ab + mlp + _softmax(job)
+        return (6 * h + 2 * kv) * ab + mlp + _softmax(job) - _te_fp8_saving(job)
     rope = m.position_embedding == "rope"
     mlp = (2 * f if gelu else 4 * f) * ab
     if m.is_moe:
@@ -179,7 +179,18 @@ def block_bytes_per_token(job: Job, tp: int = 1) -> float:
         return 2 * _norm(job, fused=True) + qkv + 2 * h * ab + _softmax(job) + mlp
     rotated = (h + kv) * ab if rope else 0
     attention = (h + 2 * kv) * ab + rotated + 2 * h * ab + _softmax(job)
-    return 2 * _norm(job) + attention + mlp
+    return 2 * _norm(job) + attention + mlp - _te_fp8_saving(job)
+
+
+def _te_fp8_saving(job: Job) -> float:
+    """Bytes per token a block saves less with Transformer Engine's FP8 linears (their inputs
+    kept in FP8: cost/fp8_bytes.py ``te_saved_input_saving``; in every profile the four linears'
+    inputs are saved tensors of the count); 0 otherwise."""
+    if job.training.precision != "fp8":
+        return 0.0
+    from amsp_planner.cost.fp8_bytes import te_saved_input_saving
+
+    return te_saved_input_saving(job)
 
 
 def head_bytes_per_token(job: Job, tp: int = 1) -> float:

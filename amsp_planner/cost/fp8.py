@@ -406,8 +406,8 @@ def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
 
 
 PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts, the "
-               "FP8 tensor-parallel all-gathers, and the FSDP/ZeRO all-gathers in FP8 where a "
-               "strategy has fp8ag or --fp8-all-gather is on; Transformer Engine's FP8 "
-               "copies in memory still priced as bf16")
+               "FP8 tensor-parallel all-gathers, the FSDP/ZeRO all-gathers in FP8 where a "
+               "strategy has fp8ag or --fp8-all-gather is on, and Transformer Engine's FP8 "
+               "saved inputs and cached FP8 weights in memory")
 """What an FP8 figure covers today (amsp compare prints it beside FP8 rows): keep it true as
 the schedule (FP8 all-gather) and memory wiring land."""

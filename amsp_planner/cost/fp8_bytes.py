@@ -108,6 +108,43 @@ def weight_copy_bytes(recipe: str, engine: str, fp8_params: int) -> float:
     return per * fp8_params
 
 
+def te_weight_cache_bytes(job, s) -> float:
+    """Bytes of Transformer Engine's cached FP8 weights on a rank (``weight_copy_bytes`` of
+    the FP8 linears of the rank's blocks, its 1/tp shard of each); 0 for torchao engines and
+    bf16 jobs. TE keeps the workspace on each module for the whole step (the step's first
+    micro-batch writes it, the others reuse it: cost/fp8.py ``weight_casts_shared``). With FP8
+    primary weights (``--fp8-all-gather on``: Megatron's --fp8-param-gather) the parameter is
+    the FP8 row-wise copy and its transpose the column-wise one, 1 + 1 bytes per element in
+    place of the 2 of the bf16 parameter the memory model counts: nothing is added."""
+    t = job.training
+    if t.precision != "fp8" or job.engine in GATHER_ONLY or family_of(job.engine) != "te" \
+            or t.fp8_all_gather == "on":
+        return 0.0
+    recipe = check_training(t, job.engine, job.cluster.gpu.arch)
+    f = fp8_matmuls(job.model, recipe, job.engine, s.tp)
+    return weight_copy_bytes(recipe, job.engine, f.fp8_params_per_block) * job.model.num_layers
+
+
+def te_saved_input_saving(job) -> float:
+    """Bytes per token one block saves less under Transformer Engine's FP8 (fused and compiled
+    activation profiles, one TP rank's whole before the 1/tp split): the inputs of its FP8
+    linears kept in FP8 (``saved_input_bytes``) instead of the training dtype: linear_qkv's
+    and linear_fc1's (the LayerNorm output, ``ln_out`` written in FP8), linear_proj's and
+    linear_fc2's. A mixture of experts keeps its MLP part as in bf16 (its grouped GEMMs' FP8
+    is not modelled: docs/fp8.md)."""
+    t = job.training
+    if t.precision != "fp8" or job.engine in GATHER_ONLY or family_of(job.engine) != "te":
+        return 0.0
+    recipe = check_training(t, job.engine, job.cluster.gpu.arch)
+    names = {"linear_qkv", "linear_proj"}
+    if not job.model.is_moe:
+        names |= {"linear_fc1", "linear_fc2"}
+    seq = t.seq_len
+    return sum(t.param_bytes * x.k - saved_input_bytes(recipe, job.engine, seq, x.k) / seq
+               for x in fp8_matmuls(job.model, recipe, job.engine).block
+               if x.fp8 and x.name in names)
+
+
 # ----- tensor-parallel collectives -----------------------------------------------------------
 @dataclass(frozen=True)
 class Fp8TpWire:

@@ -106,6 +106,8 @@ class MemoryBreakdown:
     cp_buffers: float = 0.0
     """Context parallelism: the K/V exchange's transient buffers of one attention call
     (cost/context_parallel.py)."""
+    fp8_weight_cache: float = 0.0
+    """Transformer Engine's cached FP8 weights (cost/fp8_bytes.py ``te_weight_cache_bytes``)."""
     load_peak: float = 0.0
     """The segments a whole-model load leaves reserved (``TrainingSpec.model_load`` 'whole'
     with sharded parameters): the unsharded model in its dtype, moved to the GPU before the
@@ -124,7 +126,8 @@ class MemoryBreakdown:
     @property
     def buffers(self) -> float:
         return (self.gather_buffers + self.grad_buffers + self.staging + self.step_buffer
-                + self.expert_buffers + self.dispatch_buffers + self.cp_buffers)
+                + self.expert_buffers + self.dispatch_buffers + self.cp_buffers
+                + self.fp8_weight_cache)
 
     @property
     def runtime_tensors(self) -> float:
@@ -254,9 +257,18 @@ def expert_bytes(job: Job, s: Strategy) -> dict[str, float]:
 
 
 OPTIONAL_FIELDS = ("expert_params", "expert_grads", "expert_optimizer", "expert_buffers",
-                   "dispatch_buffers", "cp_buffers", "load_peak")
+                   "dispatch_buffers", "cp_buffers", "fp8_weight_cache", "load_peak")
 """Fields left out of a plan's memory where they are 0 (the expert class's, context
 parallelism's buffers, a whole-model load), so plans without them keep their fields."""
+
+
+def fp8_cache(job: Job, s: Strategy) -> float:
+    """Transformer Engine's FP8 weight cache of `s`'s TP degree (0 without FP8)."""
+    if job.training.precision != "fp8":
+        return 0.0
+    from amsp_planner.cost.fp8_bytes import te_weight_cache_bytes
+
+    return te_weight_cache_bytes(job, s)
 
 
 def memory(job: Job, s: Strategy) -> MemoryBreakdown:
@@ -277,11 +289,13 @@ def memory(job: Job, s: Strategy) -> MemoryBreakdown:
     peak = loss_peak_bytes(job, s.micro_batch, s.tp)
     head, recompute = phase_bytes(job, s.micro_batch, s.ckpt_value, s.tp)
     gpu = job.cluster.gpu
+    cache = fp8_cache(job, s)
     frag = gpu.fragmentation_fraction * (sum(states.values()) + sum(bufs.values()) + act + peak
-                                         + sum(experts.values()))
+                                         + sum(experts.values()) + cache)
     load = (job.tp_phi(s.tp) * job.training.param_bytes
             if job.training.model_load == "whole" and s.s_p > 1 else 0.0)
     return MemoryBreakdown(**states, **bufs, activations=act, loss_peak=peak, fragmentation=frag,
                            communicators=communicator_bytes(job, s),
                            context=gpu.context_reserve_gib * 1024**3, **experts,
-                           load_peak=load, phase_overlap=min(head + peak, recompute))
+                           fp8_weight_cache=cache, load_peak=load,
+                           phase_overlap=min(head + peak, recompute))

@@ -28,6 +28,7 @@ from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import (
     activation_bytes,
     buffer_bytes,
+    fp8_cache,
     job_state_bytes,
     model_state_bytes,
 )
@@ -153,6 +154,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     """Coefficient tables, each read off the cost model with a probe strategy."""
     F = sp.factors
     tp = sp.tp
+    te_cache = fp8_cache(job, _Strategy(tp=tp))
     # every probe at the space's tp and gather format (fp8ag: no effect at s_P = 1)
     Strategy = functools.partial(_Strategy, tp=tp, fp8ag=sp.fp8ag)  # noqa: N806
     n = job.num_gpus // tp
@@ -181,7 +183,9 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         w = e.get(("update", "world"))
         metrics = w.time_s if w else 0.0
         st = job_state_bytes(job, job.tp_phi(tp), base)
-        mem_p[f], mem_g[f], mem_o[f] = st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB
+        # Transformer Engine's FP8 weight cache (the same for every factor) rides on P's row
+        mem_p[f] = (st["params"] + te_cache) / GIB
+        mem_g[f], mem_o[f] = st["grads"] / GIB, st["optimizer"] / GIB
         b = buffer_bytes(job, base)
         buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB
         if f > 1 and True in sp.qwz:
