@@ -177,3 +177,26 @@ def test_compare_names_the_calibrated_grid(tmp_path):
         return float(re.search(r"zero3 fp8\s+│[^│]+│[^│]+│[^│]+│\s*([\d.]+) s", text).group(1))
 
     assert fp8_zero3(steps["fast"]) < fp8_zero3(steps["slow"])
+
+
+def test_grid_yaml_from_measurements(capsys):
+    """bench/fp8_grid_yaml.py: the 216-shape H200 file becomes two grids in the presets'
+    layout (their cells the measured ratios); the 8-shape file, a gap, is refused."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("fp8_grid_yaml", DATA.parent / "fp8_grid_yaml.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([str(DATA / "fp8_linear_h200_kernels.json")]) == 0
+    grids = yaml.safe_load(capsys.readouterr().out)
+    assert [g["recipe"] for g in grids] == ["tensorwise", "rowwise"]
+    rows = {(r["M"], r["K"], r["N"]): r for r in _load("fp8_linear_h200_kernels.json")["rows"]}
+    r = rows[8192, 4096, 16384]
+    g = grids[1]
+    cell = g["speedup"][g["M"].index(8192) * len(g["K"]) + g["K"].index(4096)][g["N"].index(16384)]
+    assert cell == pytest.approx(r["bf16_s"] / r["rowwise_s"], abs=0.005)
+    assert fp8.grid_speedup(g, 8192, 4096, 16384)[0] == pytest.approx(cell)
+    assert mod.main([str(DATA / "fp8_linear_h200_static.json")]) == 2
+    assert "miss 17 of the axes' shapes" in capsys.readouterr().err
