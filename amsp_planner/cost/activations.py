@@ -187,7 +187,7 @@ def _te_fp8_saving(job: Job) -> float:
     kept in FP8: cost/fp8_bytes.py ``te_saved_input_saving``; in every profile the four linears'
     inputs are saved tensors of the count); 0 otherwise."""
     if job.training.precision != "fp8":
-        return 0.0
+        return 0  # an int: the plans' activation bytes keep their type
     from amsp_planner.cost.fp8_bytes import te_saved_input_saving
 
     return te_saved_input_saving(job)

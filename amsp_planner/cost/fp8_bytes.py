@@ -134,7 +134,7 @@ def te_saved_input_saving(job) -> float:
     is not modelled: docs/fp8.md)."""
     t = job.training
     if t.precision != "fp8" or job.engine in GATHER_ONLY or family_of(job.engine) != "te":
-        return 0.0
+        return 0  # an int: the plans' activation bytes keep their type
     recipe = check_training(t, job.engine, job.cluster.gpu.arch)
     names = {"linear_qkv", "linear_proj"}
     if not job.model.is_moe:
