@@ -143,16 +143,19 @@ def linear_fn(recipe: str):
     return Fp8Linear.apply
 
 
-def compiled_steps(device: str, dynamic: bool = True) -> dict:
+def compiled_steps(device: str, dynamic: bool = True, compile: bool | None = None) -> dict:
     """recipe -> step(x, w, dy): forward, then both gradients through autograd. On CUDA the
     forward is torch.compile'd (dynamic shapes: one compilation serves every shape) and
-    AOTAutograd compiles its backward, as in a compiled training run; on CPU the plain
-    functions run eagerly (there the point is correctness, not speed)."""
-    if not device.startswith("cuda"):
+    AOTAutograd compiles its backward, as in a compiled training run (`dynamic` False: one
+    compilation per shape); on CPU the plain functions run eagerly (there the point is
+    correctness, not speed), unless `compile` asks for the compiled path."""
+    if not (device.startswith("cuda") if compile is None else compile):
         return dict(STEPS)
     import torch
 
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 512)
+    cfg = torch._dynamo.config  # one compilation per shape (static): room for large grids
+    cfg.cache_size_limit = max(cfg.cache_size_limit, 4096)
+    cfg.accumulated_cache_size_limit = max(cfg.accumulated_cache_size_limit, 4096)
 
     def make(recipe):
         fwd = torch.compile(linear_fn(recipe), dynamic=dynamic)

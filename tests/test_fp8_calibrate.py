@@ -200,3 +200,15 @@ def test_grid_yaml_from_measurements(capsys):
     assert fp8.grid_speedup(g, 8192, 4096, 16384)[0] == pytest.approx(cell)
     assert mod.main([str(DATA / "fp8_linear_h200_static.json")]) == 2
     assert "miss 17 of the axes' shapes" in capsys.readouterr().err
+
+
+def test_compiled_path_computes_what_the_plain_step_computes():
+    """The path calibrate times on GPUs (forward compiled per shape, backward through
+    AOTAutograd, recompilation limits raised for large grids), run by Inductor on CPU, gives
+    the plain rowwise step's results exactly."""
+    steps = c8.compiled_steps("cpu", dynamic=False, compile=True)
+    assert torch._dynamo.config.cache_size_limit >= 4096
+    assert torch._dynamo.config.accumulated_cache_size_limit >= 4096
+    x, w, dy = c8.operands(64, 128, 96, "cpu", seed=3)
+    for got, want in zip(steps["rowwise"](x, w, dy), c8.STEPS["rowwise"](x, w, dy), strict=True):
+        assert torch.equal(got.detach(), want)
