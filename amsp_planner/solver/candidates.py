@@ -118,7 +118,7 @@ class Configs:
                        + _scalar(T.mem_o, fi)[oi] + hp(T.mem_h, 1)[zi, 0]
                        + np.where(self.q, _scalar(T.buf_agq, fi)[pi], _scalar(T.buf_ag, fi)[pi])
                        + np.where(self.qg, _scalar(T.buf_grq, fi)[gi], _scalar(T.buf_gr, fi)[gi])
-                       + staging + step_buf)
+                       + staging + step_buf + T.fixed)
         a2a = _scalar(T.a2a or {}, fi)[gi]
         self.a2a = np.where(self.qg, a2a, 0.0)
         self.ex = None

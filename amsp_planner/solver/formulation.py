@@ -45,6 +45,7 @@ Memory per GPU (GiB), every term linear:
   tensors = sum_f xP_f P(f) + sum_g xG_g G(g) + sum_o xO_o O(o) + sum_z h_z H(z)
           + sum_f (xPn_f B_ag(f) + xPq_f B_agq(f)) + sum_g (xGn_g B_gr(g) + xGq_g B_grq(g))
           + st + sum_GO zGO S_step(g, o) + sum_j (y_j A_j + k_j dA_j)  (A_j: activations + loss peak)
+          + F  (the space's fixed tensors: Transformer Engine's FP8 weight cache)
   st >= S_perm sum_{1<p<g} zPG_pg,  st >= S_perm sum_g xGq_g         [permuted gradient copy]
   comms = C_comm (sum_k u_k + [N > 1]) + sum_g xGq_g A2A(g)          [NCCL communicators]
   u_k >= every decision variable that puts a used group kind on ranks k = (size, stride):
@@ -278,6 +279,7 @@ class Formulation(StepRows, ExpertRows):
             *states, *((v, T.mem_h[z]) for z, v in self.h.items()),
             (st, 1.0), *((v, T.step_buf[k]) for k, v in self.zGO.items()),
             *((self.y[j], T.act[j]) for j in J), *((kj, T.dact[j]) for j, kj in self.k.items())])
+        tensors += T.fixed
         gpu = self.job.cluster.gpu
         self.mem_expr = (tensors * (1 + gpu.fragmentation_fraction) + self._comm_expr(xP)
                          + gpu.context_reserve_gib)

@@ -114,6 +114,10 @@ class Tables:
     """GiB per NCCL communicator (0 on gloo)."""
     a2a: dict | None = None
     """G factor -> GiB of qgZ's all-to-all buffers beyond its communicators."""
+    fixed: float = 0.0
+    """GiB of tensors every strategy of the space holds whatever its factors and activation
+    option (Transformer Engine's FP8 weight cache at the space's TP degree: cost/memory.py
+    ``fp8_cache``); fragmentation applies to it as to the others."""
     time_unit: float = 1.0
     """Seconds per model time unit."""
     krange: dict | None = None
@@ -154,7 +158,6 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     """Coefficient tables, each read off the cost model with a probe strategy."""
     F = sp.factors
     tp = sp.tp
-    te_cache = fp8_cache(job, _Strategy(tp=tp))
     # every probe at the space's tp and gather format (fp8ag: no effect at s_P = 1)
     Strategy = functools.partial(_Strategy, tp=tp, fp8ag=sp.fp8ag)  # noqa: N806
     n = job.num_gpus // tp
@@ -183,9 +186,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
         w = e.get(("update", "world"))
         metrics = w.time_s if w else 0.0
         st = job_state_bytes(job, job.tp_phi(tp), base)
-        # Transformer Engine's FP8 weight cache (the same for every factor) rides on P's row
-        mem_p[f] = (st["params"] + te_cache) / GIB
-        mem_g[f], mem_o[f] = st["grads"] / GIB, st["optimizer"] / GIB
+        mem_p[f], mem_g[f], mem_o[f] = st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB
         b = buffer_bytes(job, base)
         buf_ag[f], buf_gr[f] = b["gather_buffers"] / GIB, b["grad_buffers"] / GIB
         if f > 1 and True in sp.qwz:
@@ -288,6 +289,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     tables = Tables(ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, upd, metrics / unit, fwd, bwd, nn,
                      mem_p, mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf,
                      act, opt)
+    tables.fixed = fp8_cache(job, _Strategy(tp=tp)) / GIB
     tables.krange, tables.bwd_hi, tables.dbwd, tables.dact = krange, bwd_hi, dbwd, dact
     tables.dm, tables.dmq, tables.dmh = dm, dmq, dmh
     tables.rs2, tables.krs2 = rs2, krs2
