@@ -8,8 +8,9 @@ operands the way torchao's recipes do (pytorch/ao torchao/float8/float8_linear.p
 36027d82d1ad9949597ea16002ff4940374b1b94):
 
   tensorwise  one fp32 scale per tensor from the tensor's amax (a reduction before the cast);
-              x and W cast once in the forward and reused by both backward GEMMs (their
-              transposes), dy cast once (e5m2, torchao's default for the gradient);
+              x and W cast in the forward and again from their bf16 copies in the backward,
+              for both backward GEMMs (their transposes), dy cast once (e5m2, torchao's
+              default for the gradient);
   rowwise     one scale per row along each GEMM's contraction axis, rounded down to a power
               of 2; every GEMM casts its own operands along its own axis: x and W in the
               forward, dy and W (along N) for dx, dy and x (along M) for dW, all e4m3.
@@ -70,57 +71,55 @@ def _mm(a, sa, b, sb):
     return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
-def bf16_step(x, w, dy):
-    """(y, dx, dW) of the bf16 linear."""
-    return x @ w.t(), dy @ w, dy.t() @ x
+def _tensorwise_fwd(x, w):
+    xq, sx = cast_tensorwise(x)
+    wq, sw = cast_tensorwise(w)
+    return _mm(xq, sx, wq.t(), sw)                                   # (M,K) @ (K,N)
 
 
-def tensorwise_step(x, w, dy):
-    """(y, dx, dW) of torchao's tensorwise Float8Linear: x, W and dy cast once each."""
+def _tensorwise_bwd(x, w, dy):
+    """(dx, dW): x and W cast again from the bf16 copies backward keeps (their amax too), dy
+    once in e5m2; each GEMM takes the transposed layout it needs."""
     xq, sx = cast_tensorwise(x)
     wq, sw = cast_tensorwise(w)
     gq, sg = cast_tensorwise(dy, e5m2=True)
-    y = _mm(xq, sx, wq.t(), sw)                                      # (M,K) @ (K,N)
     dx = _mm(gq, sg, wq.t().contiguous().t(), sw)                    # (M,N) @ (N,K)
     dw = _mm(gq.t().contiguous(), sg, xq.t().contiguous().t(), sx)  # (N,M) @ (M,K)
-    return y, dx, dw
+    return dx, dw
 
 
-def rowwise_step(x, w, dy):
-    """(y, dx, dW) of torchao's rowwise Float8Linear: each GEMM scales its operands along its
-    contraction axis (x, W along K; dy, W along N; dy, x along M)."""
+def _rowwise_fwd(x, w):
     xq, sx = cast_rowwise(x, -1)                     # (M,K), scales (M,1)
     wq, sw = cast_rowwise(w, -1)                     # (N,K), scales (N,1)
-    y = _mm(xq, sx, wq.t(), sw.t())
-    gq, sg = cast_rowwise(dy, -1)                    # (M,N), scales (M,1)
-    wq2, sw2 = cast_rowwise(w, 0)                    # (N,K), scales (1,K)
-    dx = _mm(gq, sg, wq2.t().contiguous().t(), sw2)
-    gt, sgt = cast_rowwise(dy.t(), -1)               # (N,M), scales (N,1)
-    xt, sxt = cast_rowwise(x.t(), -1)                # (K,M), scales (K,1)
-    dw = _mm(gt, sgt, xt.t(), sxt.t())
-    return y, dx, dw
-
-
-STEPS = {"bf16": bf16_step, "tensorwise": tensorwise_step, "rowwise": rowwise_step}
-
-
-def _forward(recipe: str, x, w):
-    if recipe == "bf16":
-        return x @ w.t()
-    if recipe == "tensorwise":
-        xq, sx = cast_tensorwise(x)
-        wq, sw = cast_tensorwise(w)
-        return _mm(xq, sx, wq.t(), sw)
-    xq, sx = cast_rowwise(x, -1)
-    wq, sw = cast_rowwise(w, -1)
     return _mm(xq, sx, wq.t(), sw.t())
 
 
-def _backward(recipe: str, x, w, dy):
-    if recipe == "bf16":
-        return dy @ w, dy.t() @ x
-    step = tensorwise_step if recipe == "tensorwise" else rowwise_step
-    return step(x, w, dy)[1:]
+def _rowwise_bwd(x, w, dy):
+    """(dx, dW), each GEMM scaling its operands along its contraction axis: dy and W along N
+    for dx, dy and x along M for dW."""
+    gq, sg = cast_rowwise(dy, -1)                    # (M,N), scales (M,1)
+    wq, sw = cast_rowwise(w, 0)                      # (N,K), scales (1,K)
+    dx = _mm(gq, sg, wq.t().contiguous().t(), sw)
+    gt, sgt = cast_rowwise(dy.t(), -1)               # (N,M), scales (N,1)
+    xt, sxt = cast_rowwise(x.t(), -1)                # (K,M), scales (K,1)
+    dw = _mm(gt, sgt, xt.t(), sxt.t())
+    return dx, dw
+
+
+PASSES = {"bf16": (lambda x, w: x @ w.t(), lambda x, w, dy: (dy @ w, dy.t() @ x)),
+          "tensorwise": (_tensorwise_fwd, _tensorwise_bwd),
+          "rowwise": (_rowwise_fwd, _rowwise_bwd)}
+"""recipe -> (forward(x, W) -> y, backward(x, W, dy) -> (dx, dW)), torchao's Float8Linear
+(module docstring)."""
+
+
+def _plain(recipe: str):
+    fwd, bwd = PASSES[recipe]
+    return lambda x, w, dy: (fwd(x, w), *bwd(x, w, dy))
+
+
+STEPS = {r: _plain(r) for r in PASSES}
+"""recipe -> step(x, W, dy) -> (y, dx, dW), the passes called in a row, eagerly."""
 
 
 def linear_fn(recipe: str):
@@ -133,12 +132,12 @@ def linear_fn(recipe: str):
         @staticmethod
         def forward(ctx, x, w):
             ctx.save_for_backward(x, w)
-            return _forward(recipe, x, w)
+            return PASSES[recipe][0](x, w)
 
         @staticmethod
         def backward(ctx, dy):
             x, w = ctx.saved_tensors
-            return _backward(recipe, x, w, dy)
+            return PASSES[recipe][1](x, w, dy)
 
     return Fp8Linear.apply
 

@@ -76,6 +76,9 @@ def test_calibrated_grid_reaches_the_plan():
         "calibrated, clamped to its edge"
     # the preset GPU (no measured grid) keeps the published table
     assert fp8.linear_speedup(base.gpu, "rowwise", 64, 32, 64).how.startswith("table")
+    # the bundled runtime gathers FP8 but multiplies in bf16: no grid prices its linears
+    assert fp8.calibrated_grid(again.gpu, "tensorwise", "amsp") is None
+    assert fp8.calibrated_grid(again.gpu, "tensorwise", "torchtitan").recipe == "tensorwise"
     # Transformer Engine's kernels are not torchao's: Megatron jobs keep their own pricing
     assert fp8.linear_speedup(again.gpu, "tensorwise", 64, 32, 64, engine="megatron").how == \
         "roofline"
@@ -94,6 +97,19 @@ def test_calibrated_grid_is_checked():
         ClusterSpec.model_validate(data)
     # a GPU without a grid dumps as before (no new key in written specs and plans)
     assert "fp8_linear" not in load_cluster("dgx-h100-ndr").model_dump(mode="json")["gpu"]
+
+
+def test_malformed_grid_in_a_spec_file_is_one_line(tmp_path):
+    import yaml
+
+    data = load_cluster("dgx-h100-ndr").model_dump(mode="json")
+    data["gpu"]["fp8_linear"] = [{"recipe": "rowwise", "M": [1024, 2048], "K": [1024],
+                                  "N": [1024], "speedup": [[1.1]]}]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert_user_error(*run_cli(["plan", "--model", "llama3-8b", "--gpus", "8", "--cluster",
+                                str(path), "--engine", "torchtitan", "--precision", "fp8"]),
+                      "gpu.fp8_linear.0", "speedup must have")
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -307,8 +307,7 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
     compiled casts and the LayerNorm and Sigmoid around the linear (docs/fp8.md)."""
     fam = family_of(engine)
     r = recipe_for(recipe, engine, gpu.arch)
-    cal = next((c for c in gpu.fp8_linear if c.recipe == recipe), None) if fam == "torchao" \
-        else None
+    cal = calibrated_grid(gpu, recipe, engine)
     if cal is not None:
         v, clamped = grid_speedup({"M": cal.M, "K": cal.K, "N": cal.N, "speedup": cal.speedup},
                                   m, k, n)
@@ -323,15 +322,22 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
                    "roofline")
 
 
-def calibrated_note(job) -> str | None:
-    """A line for FP8 output when this cluster's own measured grid prices the job's linears
-    (``gpu.fp8_linear``, torchao engines); None otherwise."""
-    gpu = job.cluster.gpu
-    recipe = check_training(job.training, job.engine, gpu.arch)
-    cal = [c for c in gpu.fp8_linear if c.recipe == recipe]
-    if not cal or family_of(job.engine) != "torchao":
+def calibrated_grid(gpu, recipe: str, engine: str):
+    """The GPU's own measured grid of `recipe` (``gpu.fp8_linear``, ``amsp calibrate --fp8``),
+    where it applies: it measures torchao's scheme, so torchao engines whose linears run FP8
+    (not the bundled runtime's gather-only FP8); else None."""
+    if engine in GATHER_ONLY or family_of(engine) != "torchao":
         return None
-    return f"FP8 {recipe} linears priced from this cluster's measured grid: {cal[0].measured}"
+    return next((c for c in gpu.fp8_linear if c.recipe == recipe), None)
+
+
+def calibrated_note(job) -> str | None:
+    """A line for FP8 output when this cluster's own measured grid prices the job's linears;
+    None otherwise."""
+    recipe = check_training(job.training, job.engine, job.cluster.gpu.arch)
+    cal = calibrated_grid(job.cluster.gpu, recipe, job.engine)
+    return None if cal is None else (
+        f"FP8 {recipe} linears priced from this cluster's measured grid: {cal.measured}")
 
 
 def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:

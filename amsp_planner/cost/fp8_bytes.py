@@ -108,6 +108,15 @@ def weight_copy_bytes(recipe: str, engine: str, fp8_params: int) -> float:
     return per * fp8_params
 
 
+def _te_recipe(job) -> str | None:
+    """The job's FP8 recipe where Transformer Engine runs its linears (precision fp8 on a
+    'te' engine), else None."""
+    if job.training.precision != "fp8" or job.engine in GATHER_ONLY \
+            or family_of(job.engine) != "te":
+        return None
+    return check_training(job.training, job.engine, job.cluster.gpu.arch)
+
+
 def te_weight_cache_bytes(job, s) -> float:
     """Bytes of Transformer Engine's cached FP8 weights on a rank (``weight_copy_bytes`` of
     the FP8 linears of the rank's blocks, its 1/tp shard of each); 0 for torchao engines and
@@ -116,11 +125,9 @@ def te_weight_cache_bytes(job, s) -> float:
     primary weights (``--fp8-all-gather on``: Megatron's --fp8-param-gather) the parameter is
     the FP8 row-wise copy and its transpose the column-wise one, 1 + 1 bytes per element in
     place of the 2 of the bf16 parameter the memory model counts: nothing is added."""
-    t = job.training
-    if t.precision != "fp8" or job.engine in GATHER_ONLY or family_of(job.engine) != "te" \
-            or t.fp8_all_gather == "on":
+    recipe = _te_recipe(job)
+    if recipe is None or job.training.fp8_all_gather == "on":
         return 0.0
-    recipe = check_training(t, job.engine, job.cluster.gpu.arch)
     f = fp8_matmuls(job.model, recipe, job.engine, s.tp)
     return weight_copy_bytes(recipe, job.engine, f.fp8_params_per_block) * job.model.num_layers
 
@@ -132,10 +139,10 @@ def te_saved_input_saving(job) -> float:
     and linear_fc1's (the LayerNorm output, ``ln_out`` written in FP8), linear_proj's and
     linear_fc2's. A mixture of experts keeps its MLP part as in bf16 (its grouped GEMMs' FP8
     is not modelled: docs/fp8.md)."""
-    t = job.training
-    if t.precision != "fp8" or job.engine in GATHER_ONLY or family_of(job.engine) != "te":
+    recipe = _te_recipe(job)
+    if recipe is None:
         return 0  # an int: the plans' activation bytes keep their type
-    recipe = check_training(t, job.engine, job.cluster.gpu.arch)
+    t = job.training
     names = {"linear_qkv", "linear_proj"}
     if not job.model.is_moe:
         names |= {"linear_fc1", "linear_fc2"}
