@@ -101,11 +101,16 @@ def main() -> int:
     ap.add_argument("--kernels", action="store_true",
                     help="time the GPU kernels (torch.profiler) instead of the wall time")
     ap.add_argument("--seconds", type=float, default=0.05, help="timed seconds per arm and shape")
+    ap.add_argument("--recipes", default=",".join(RECIPES),
+                    help="recipes to time beside bf16 (comma-separated; default: all)")
     args = ap.parse_args()
     axes = [int(v) for v in args.axes.split(",")]
+    recipes = [r for r in args.recipes.split(",") if r]
+    if not recipes or set(recipes) - set(RECIPES):
+        ap.error(f"--recipes: choose from {', '.join(RECIPES)}")
     doc = {"what": "median seconds of one linear's forward + backward (3 GEMMs) with the casts "
                    "of each FP8 recipe, amsp_planner/calibrate_fp8.py",
-           "machine": machine(args.device), "recipes": list(RECIPES), "rows": []}
+           "machine": machine(args.device), "recipes": recipes, "rows": []}
     t0 = time.time()
 
     def save(row=None):
@@ -122,8 +127,8 @@ def main() -> int:
         steps, doc["machine"]["mode"] = pick_steps(args.device)
     shapes = ([tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")]
               if args.shapes else [(m, k, n) for m in axes for k in axes for n in axes])
-    measure_shapes(args.device, shapes, seconds=args.seconds, progress=save, steps=steps,
-                   kernels=args.kernels)
+    measure_shapes(args.device, shapes, recipes=recipes, seconds=args.seconds, progress=save,
+                   steps=steps, kernels=args.kernels)
     doc["timing"] = "GPU kernel time (torch.profiler)" if args.kernels else "CUDA events"
     doc["neighbours"] = neighbours(args.device, args.seconds, args.kernels)
     save()

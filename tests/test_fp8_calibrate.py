@@ -152,7 +152,7 @@ def test_h200_static_measurements_bracket_the_models_linear_inputs():
     do, and GEMMs at 1.9x), and torchao's published rowwise grid (H100, with its LayerNorm
     and Sigmoid) within 35 % of the measured one, on either side: docs/fp8.md, by shape."""
     gpu = load_cluster("dgx-h200-ndr").gpu
-    g = fp8._grid("hopper", "rowwise", "torchao")
+    g = next(g for g in fp8.fp8_data()["grids"] if g["id"] == "torchao-rowwise-h100")
     for r in _load("fp8_linear_h200_static.json")["rows"]:
         m, k, n = r["M"], r["K"], r["N"]
         tw, rw = r["bf16_s"] / r["tensorwise_s"], r["bf16_s"] / r["rowwise_s"]

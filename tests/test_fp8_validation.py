@@ -39,6 +39,13 @@ PUBLISHED = [
     # 7689.5, rowwise 6768
     ("torchao-h100-l3-8b-fp8", "torchao-h100-l3-8b-bf16", 7689.5 / 6150),
     ("torchao-h100-l3-8b-fp8row", "torchao-h100-l3-8b-bf16", 6768 / 6150),
+    # allenai/OLMo-core README.md at 984eb263f: BF16 and BF16/FP8 TPS per device
+    ("olmocore-h100-1b-fp8", "olmocore-h100-1b-bf16", 51000 / 44000),
+    ("olmocore-h100-7b-fp8", "olmocore-h100-7b-bf16", 13000 / 10000),
+    ("olmocore-h100-13b-fp8", "olmocore-h100-13b-bf16", 5500 / 4600),
+    # PyTorch blog "Supercharging Training using float8 and FSDP2", Table 3 (512 H100)
+    ("ibm-f8-h100-l3-70b-512-fp8", "ibm-f8-h100-l3-70b-512-bf16", 1448 / 960),
+    ("ibm-f8-h100-l31-405b-tp4-512-fp8", "ibm-f8-h100-l31-405b-tp4-512-bf16", 217 / 152),
 ]
 
 

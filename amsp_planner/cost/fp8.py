@@ -233,11 +233,13 @@ def fp8_data() -> dict:
     return yaml.safe_load(path.read_text())
 
 
-def _grid(arch: str, recipe: str, family: str) -> dict | None:
-    for g in fp8_data()["grids"]:
-        if g["gpu_arch"] == arch and g["recipe"] == recipe and g["source"] == family:
-            return g
-    return None
+def _grid(gpu, recipe: str, family: str) -> dict | None:
+    """The grid of the GPU's architecture, recipe and engine family: one naming this GPU in
+    its ``gpu_names`` first, else the architecture's general one (no ``gpu_names``)."""
+    fits = [g for g in fp8_data()["grids"]
+            if g["gpu_arch"] == gpu.arch and g["recipe"] == recipe and g["source"] == family]
+    return (next((g for g in fits if gpu.name in g.get("gpu_names", ())), None)
+            or next((g for g in fits if not g.get("gpu_names")), None))
 
 
 def _axis(values: list[int], x: float) -> tuple[int, int, float, bool]:
@@ -299,12 +301,11 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
 
     The GPU's own measured grid comes first (``gpu.fp8_linear``, written by ``amsp calibrate
     --fp8``: torchao's scheme, so torchao engines only), interpolated like a published one.
-    A published grid for the GPU's architecture, recipe and engine family (torchao's H100
-    rowwise table; H200 reads the H100 table: the same SM90 tensor cores, more HBM
-    bandwidth, so the casts there are if anything cheaper) is interpolated (grid_speedup).
-    Otherwise the roofline (roofline_linear_s) prices both, the casts as the engine runs them
-    (`compiled`: under torch.compile, ``cast_bytes``). The grid's values include torchao's
-    compiled casts and the LayerNorm and Sigmoid around the linear (docs/fp8.md)."""
+    Then a grid of the GPU's architecture, recipe and engine family (_grid: rowwise, the
+    H200 SXM's measured grid, else torchao's published H100 one, whose values include the
+    LayerNorm and Sigmoid around the linear), interpolated (grid_speedup). Otherwise the
+    roofline (roofline_linear_s) prices both, the casts as the engine runs them (`compiled`:
+    under torch.compile, ``cast_bytes``). docs/fp8.md."""
     fam = family_of(engine)
     r = recipe_for(recipe, engine, gpu.arch)
     cal = calibrated_grid(gpu, recipe, engine)
@@ -313,7 +314,7 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
                                   m, k, n)
         return Speedup(v, "calibrated, clamped to its edge" if clamped else "calibrated",
                        cal.measured)
-    g = _grid(gpu.arch, recipe, fam)
+    g = _grid(gpu, recipe, fam)
     if g is not None:
         v, clamped = grid_speedup(g, m, k, n)
         return Speedup(v, "table, clamped to its edge" if clamped else "table", g["id"])
