@@ -43,6 +43,10 @@ PUBLISHED = [
     ("olmocore-h100-1b-fp8", "olmocore-h100-1b-bf16", 51000 / 44000),
     ("olmocore-h100-7b-fp8", "olmocore-h100-7b-bf16", 13000 / 10000),
     ("olmocore-h100-13b-fp8", "olmocore-h100-13b-bf16", 5500 / 4600),
+    # AWS blog "Efficient Pre-training of Llama 3-like model architectures using torchtitan
+    # on Amazon SageMaker": compile 7,166; FP8 linears 8,624; with FP8 all-gathers 8,950
+    ("aws-tt-p5-l3-8b-32-fp8", "aws-tt-p5-l3-8b-32-compile", 8624 / 7166),
+    ("aws-tt-p5-l3-8b-32-fp8ag", "aws-tt-p5-l3-8b-32-compile", 8950 / 7166),
     # PyTorch blog "Supercharging Training using float8 and FSDP2", Table 3 (512 H100)
     ("ibm-f8-h100-l3-70b-512-fp8", "ibm-f8-h100-l3-70b-512-bf16", 1448 / 960),
     ("ibm-f8-h100-l31-405b-tp4-512-fp8", "ibm-f8-h100-l31-405b-tp4-512-bf16", 217 / 152),
