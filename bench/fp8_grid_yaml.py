@@ -40,6 +40,7 @@ def to_yaml(grid: dict, machine: dict) -> str:
              "    source: torchao   # the recipe family measured (calibrate_fp8.py)",
              "    gpu_arch: hopper",
              f"    gpu: {gpu}",
+             "    gpu_names: []   # presets/gpus.yaml names it prices; empty: the whole arch",
              f"    recipe: {grid['recipe']}",
              "    measures: linear_fwd_bwd_kernels",
              f"    software: \"torch {machine.get('torch', '?')}, {machine.get('mode', '?')}\"",

@@ -60,6 +60,7 @@ def test_calibrated_grid_reaches_the_plan():
     a measured shape the speed-up is the measured bf16 / FP8 seconds."""
     grids = c8.calibrate_grids((32, 64), "cpu")
     assert [g["recipe"] for g in grids] == ["tensorwise", "rowwise"]
+    assert all(g["gpu_names"] == [] for g in grids)   # a general grid until names are filled in
     base = load_cluster("dgx-h100-ndr")
     data = base.model_dump(mode="json")
     data["gpu"]["fp8_linear"] = grids
@@ -208,6 +209,7 @@ def test_grid_yaml_from_measurements(capsys):
     assert mod.main([str(DATA / "fp8_linear_h200_kernels.json")]) == 0
     grids = yaml.safe_load(capsys.readouterr().out)
     assert [g["recipe"] for g in grids] == ["tensorwise", "rowwise"]
+    assert all(g["gpu_names"] == [] for g in grids)   # a general grid until names are filled in
     rows = {(r["M"], r["K"], r["N"]): r for r in _load("fp8_linear_h200_kernels.json")["rows"]}
     r = rows[8192, 4096, 16384]
     g = grids[1]

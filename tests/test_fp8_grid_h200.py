@@ -64,3 +64,19 @@ def test_only_the_named_gpu_reads_it():
     for k, n in ((4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)):
         assert fp8.linear_speedup(h200, "rowwise", 8192, k, n).value > \
             fp8.linear_speedup(h100, "rowwise", 8192, k, n).value
+
+
+@pytest.mark.parametrize("cluster,recipe,grid", [
+    ("dgx-h200-ndr", "rowwise", "amsp-rowwise-h200 (H200 SXM"),
+    ("dgx-h100-ndr", "rowwise", "torchao-rowwise-h100 (H100"),
+    ("dgx-h100-ndr", "tensorwise", None),   # the roofline prices tensorwise: no grid named
+])
+def test_compare_names_the_grid_that_priced_the_linears(cluster, recipe, grid):
+    from amsp_testlib import run_cli
+
+    code, out, err = run_cli(["compare", "--model", "llama3-8b", "--gpus", "16", "--cluster",
+                              cluster, "--engine", "torchtitan", "--precision", "bf16,fp8",
+                              "--fp8-recipe", recipe])
+    assert code == 0, err
+    lines = [ln for ln in (out + err).splitlines() if "linears priced from the grid" in ln]
+    assert [grid in ln for ln in lines] == ([True] if grid else [])

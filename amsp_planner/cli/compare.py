@@ -76,11 +76,11 @@ def precision_lines(by_prec: dict) -> list[str]:
                      f"{hi[1] * 100:+.1f}% ({hi[0]})")
         out.append(line)
     if any(j.training.precision == "fp8" for j, _ in by_prec.values()):
-        from amsp_planner.cost.fp8 import PRICED_NOTE, calibrated_note
+        from amsp_planner.cost.fp8 import PRICED_NOTE, grid_note
 
         out.append(PRICED_NOTE)
         out += [n for j, _ in by_prec.values() if j.training.precision == "fp8"
-                if (n := calibrated_note(j))]
+                if (n := grid_note(j))]
     return out
 
 

@@ -234,8 +234,7 @@ def fp8_data() -> dict:
 
 
 def _grid(gpu, recipe: str, family: str) -> dict | None:
-    """The grid of the GPU's architecture, recipe and engine family: one naming this GPU in
-    its ``gpu_names`` first, else the architecture's general one (no ``gpu_names``)."""
+    """The grid of this architecture, recipe and family: one naming the GPU, else a general one."""
     fits = [g for g in fp8_data()["grids"]
             if g["gpu_arch"] == gpu.arch and g["recipe"] == recipe and g["source"] == family]
     return (next((g for g in fits if gpu.name in g.get("gpu_names", ())), None)
@@ -332,13 +331,14 @@ def calibrated_grid(gpu, recipe: str, engine: str):
     return next((c for c in gpu.fp8_linear if c.recipe == recipe), None)
 
 
-def calibrated_note(job) -> str | None:
-    """A line for FP8 output when this cluster's own measured grid prices the job's linears;
-    None otherwise."""
-    recipe = check_training(job.training, job.engine, job.cluster.gpu.arch)
-    cal = calibrated_grid(job.cluster.gpu, recipe, job.engine)
-    return None if cal is None else (
-        f"FP8 {recipe} linears priced from this cluster's measured grid: {cal.measured}")
+def grid_note(job) -> str | None:
+    """The FP8 line naming the grid (measured here, else a preset) that prices the linears."""
+    gpu, engine = job.cluster.gpu, job.engine
+    r = check_training(job.training, engine, gpu.arch)
+    if cal := calibrated_grid(gpu, r, engine):
+        return f"FP8 {r} linears priced from this cluster's measured grid: {cal.measured}"
+    g = None if engine in GATHER_ONLY else _grid(gpu, r, family_of(engine))
+    return g and f"FP8 {r} linears priced from the grid {g['id']} ({g['gpu']}, {g['measures']})"
 
 
 def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
