@@ -60,7 +60,6 @@ def test_calibrated_grid_reaches_the_plan():
     a measured shape the speed-up is the measured bf16 / FP8 seconds."""
     grids = c8.calibrate_grids((32, 64), "cpu")
     assert [g["recipe"] for g in grids] == ["tensorwise", "rowwise"]
-    assert all(g["gpu_names"] == [] for g in grids)   # a general grid until names are filled in
     base = load_cluster("dgx-h100-ndr")
     data = base.model_dump(mode="json")
     data["gpu"]["fp8_linear"] = grids
