@@ -47,6 +47,9 @@ PUBLISHED = [
     # on Amazon SageMaker": compile 7,166; FP8 linears 8,624; with FP8 all-gathers 8,950
     ("aws-tt-p5-l3-8b-32-fp8", "aws-tt-p5-l3-8b-32-compile", 8624 / 7166),
     ("aws-tt-p5-l3-8b-32-fp8ag", "aws-tt-p5-l3-8b-32-compile", 8950 / 7166),
+    # the same README at 3a4034597: OLMo2-1B 55,000 / 65,000, Llama3-8B 9,500 / 12,500
+    ("olmocore2501-h100-1b-fp8", "olmocore2501-h100-1b-bf16", 65000 / 55000),
+    ("olmocore2501-h100-l3-8b-fp8", "olmocore2501-h100-l3-8b-bf16", 12500 / 9500),
     # PyTorch blog "Supercharging Training using float8 and FSDP2", Table 3 (512 H100)
     ("ibm-f8-h100-l3-70b-512-fp8", "ibm-f8-h100-l3-70b-512-bf16", 1448 / 960),
     ("ibm-f8-h100-l31-405b-tp4-512-fp8", "ibm-f8-h100-l31-405b-tp4-512-bf16", 217 / 152),
