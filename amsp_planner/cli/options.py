@@ -249,11 +249,14 @@ def job_options(f=None, *, precisions: bool = False):
                      help="Optimizer states and the fp32 master in host memory, AdamW on the "
                           "CPU (DeepSpeed offload_optimizer cpu; --engine deepspeed; never "
                           "chosen by the planner; docs/cost-model.md)."),
-        click.option("--cross-entropy", type=click.Choice(["logits", "fused_linear"]),
+        click.option("--cross-entropy",
+                     type=click.Choice(["logits", "compiled", "fused_linear"]),
                      default="logits", show_default=True,
                      help="The LM head and loss: the whole micro-batch's logits materialised "
-                          "(logits), or Liger's fused linear cross-entropy, chunked "
-                          "(fused_linear: no logits kept; docs/memory.md)."),
+                          "(logits), the same loss under torch.compile (compiled: logits and "
+                          "their gradient at the training dtype), or Liger's fused linear "
+                          "cross-entropy, chunked (fused_linear: no logits kept; "
+                          "docs/memory.md)."),
         engine_option,
     ]
     for opt in reversed(opts):

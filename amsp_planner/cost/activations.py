@@ -199,7 +199,8 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
     if tp > 1:
         whole = 0 if prof == "fused" else 2 * INDEX_BYTES
         return (head_bytes_per_token(job) - whole) / tp + whole + _gathered(job, tp, 1)
-    logits = 0 if fused_linear_ce(job) else 4 * m.vocab_size
+    logits = (0 if fused_linear_ce(job) else ab * m.vocab_size
+              if job.training.cross_entropy == "compiled" else 4 * m.vocab_size)
     if prof == "fused":
         return 2 * m.hidden_size * ab + logits
     return _norm(job, fused=prof != "eager") + logits + 2 * INDEX_BYTES
@@ -354,10 +355,13 @@ fused."""
 
 def loss_peak_bytes(job: Job, micro_batch: int, tp: int = 1) -> float:
     """The cross-entropy backward's transient above the saved tensors, by profile
-    (``LOSS_PEAK_PER_V``; vocabulary-parallel with TP: 1/tp of it)."""
+    (``LOSS_PEAK_PER_V``; vocabulary-parallel with TP: 1/tp of it); a compiled loss's is the
+    logits' gradient at the training dtype (bench/compiled_loss_memory.py: Inductor writes it
+    in one kernel, no fp32 copies)."""
     if fused_linear_ce(job):  # one chunk's logits and its input gradient, in the forward
         m = job.model
         chunk = min(flce_chunk_tokens(job, micro_batch), micro_batch * job.training.seq_len)
         return _div(chunk * (m.vocab_size + m.hidden_size) * job.training.param_bytes, tp)
-    per = LOSS_PEAK_PER_V[profile_of(job)]
+    per = (job.training.param_bytes if job.training.cross_entropy == "compiled"
+           else LOSS_PEAK_PER_V[profile_of(job)])
     return _div(per * job.model.vocab_size * micro_batch * job.training.seq_len, tp)

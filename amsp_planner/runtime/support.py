@@ -60,10 +60,11 @@ def check_tp(strategy, job=None) -> None:
                                 "on the GPU: drop --offload-optimizer, or export the plan to "
                                 "DeepSpeed (amsp export PLAN --to deepspeed)")
         if job.training.cross_entropy != "logits":
-            raise AmspUserError("cross_entropy fused_linear: the bundled runtime takes the loss "
-                                "over the whole micro-batch's logits, so the plan's memory is "
-                                "not its own: re-plan with --cross-entropy logits, or export "
-                                "the plan to the framework that runs Liger")
+            raise AmspUserError(f"cross_entropy {job.training.cross_entropy}: the bundled "
+                                "runtime takes an eager loss over the whole micro-batch's "
+                                "logits, so the plan's memory is not its own: re-plan with "
+                                "--cross-entropy logits, or export the plan to the framework "
+                                "that runs that loss")
     if getattr(strategy, "cp", 1) > 1:
         raise AmspUserError(
             f"plan has cp={strategy.cp}: the bundled runtime does not run context parallelism "

@@ -46,14 +46,17 @@ class TrainingSpec(BaseModel):
     (flash-attn's Triton FlashAttention: llm-foundry's ``attn_impl: triton``) or flash3
     (FlashAttention-3, Hopper only: transformers' ``flash_attention_3``), their rates in
     presets/attention_kernels.yaml; None: flash2. Left out of the dump at its default."""
-    cross_entropy: Literal["logits", "fused_linear"] = "logits"
+    cross_entropy: Literal["logits", "compiled", "fused_linear"] = "logits"
     """How the LM head and the loss run (cost/activations.py, docs/memory.md): 'logits' (the
     head's logits of the whole micro-batch materialised and the loss taken over them, as the
     activation profile counts it: 4 bytes per token and vocabulary entry saved, eager's 8 more
-    while the loss runs backward) or 'fused_linear' (Liger's fused linear cross-entropy,
-    ``liger_kernel.ops.fused_linear_cross_entropy``: the logits computed chunk by chunk in the
-    forward, each chunk's gradients of the head's input and weight taken there; saved: the
-    input's gradient and the weight's). Left out of the dump at its default."""
+    while the loss runs backward), 'compiled' (the same loss under torch.compile: OLMo-core's
+    ``compile_loss``, torchtitan's ``compile`` since 2025-04: the logits kept at the training
+    dtype and their gradient written in it, 2 + 2 bytes) or 'fused_linear' (Liger's fused
+    linear cross-entropy, ``liger_kernel.ops.fused_linear_cross_entropy``: the logits computed
+    chunk by chunk in the forward, each chunk's gradients of the head's input and weight taken
+    there; saved: the input's gradient and the weight's). Left out of the dump at its
+    default."""
     model_load: Literal["sharded", "whole"] = "sharded"
     """How the parameters reach the GPUs where the plan shards them (s_P > 1): 'sharded'
     (created sharded: deepspeed.zero.Init, FSDP's meta-device or per-module init, what the
