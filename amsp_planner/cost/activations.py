@@ -199,8 +199,8 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
     if tp > 1:
         whole = 0 if prof == "fused" else 2 * INDEX_BYTES
         return (head_bytes_per_token(job) - whole) / tp + whole + _gathered(job, tp, 1)
-    logits = (0 if fused_linear_ce(job) else ab * m.vocab_size
-              if job.training.cross_entropy == "compiled" else 4 * m.vocab_size)
+    logits = (0 if fused_linear_ce(job) else ab * m.vocab_size if compiled_ce(job)
+              else 4 * m.vocab_size)
     if prof == "fused":
         return 2 * m.hidden_size * ab + logits
     return _norm(job, fused=prof != "eager") + logits + 2 * INDEX_BYTES
@@ -209,6 +209,12 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
 def fused_linear_ce(job: Job) -> bool:
     """The job runs Liger's fused linear cross-entropy (``TrainingSpec.cross_entropy``)."""
     return job.training.cross_entropy == "fused_linear"
+
+
+def compiled_ce(job: Job) -> bool:
+    """The loss runs under torch.compile (``TrainingSpec.cross_entropy`` 'compiled'): the
+    logits saved and their gradient written at the training dtype, no fp32 copies."""
+    return job.training.cross_entropy == "compiled"
 
 
 def flce_chunk_tokens(job: Job, micro_batch: int) -> int:
@@ -362,6 +368,5 @@ def loss_peak_bytes(job: Job, micro_batch: int, tp: int = 1) -> float:
         m = job.model
         chunk = min(flce_chunk_tokens(job, micro_batch), micro_batch * job.training.seq_len)
         return _div(chunk * (m.vocab_size + m.hidden_size) * job.training.param_bytes, tp)
-    per = (job.training.param_bytes if job.training.cross_entropy == "compiled"
-           else LOSS_PEAK_PER_V[profile_of(job)])
+    per = job.training.param_bytes if compiled_ce(job) else LOSS_PEAK_PER_V[profile_of(job)]
     return _div(per * job.model.vocab_size * micro_batch * job.training.seq_len, tp)

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Literal
 
 from amsp_planner.cost.fp8_casts import (
@@ -29,6 +27,7 @@ from amsp_planner.cost.fp8_casts import (
     te_linear_cast_bytes,
     tp_cast_bytes,
 )
+from amsp_planner.cost.fp8_grid import fp8_data, grid_speedup
 from amsp_planner.errors import AmspUserError
 
 RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
@@ -225,51 +224,12 @@ class Speedup:
     source: str = ""
 
 
-@lru_cache(maxsize=1)
-def fp8_data() -> dict:
-    import yaml
-
-    path = Path(__file__).resolve().parent.parent / "presets" / "fp8_matmul.yaml"
-    return yaml.safe_load(path.read_text())
-
-
 def _grid(gpu, recipe: str, family: str) -> dict | None:
     """The grid of this architecture, recipe and family: one naming the GPU, else a general one."""
     fits = [g for g in fp8_data()["grids"]
             if g["gpu_arch"] == gpu.arch and g["recipe"] == recipe and g["source"] == family]
     return (next((g for g in fits if gpu.name in g.get("gpu_names", ())), None)
             or next((g for g in fits if not g.get("gpu_names")), None))
-
-
-def _axis(values: list[int], x: float) -> tuple[int, int, float, bool]:
-    """Bracketing indices and weight in log2 space; clamped to the ends (flagged)."""
-    lx = math.log2(x)
-    logs = [math.log2(v) for v in values]
-    if lx <= logs[0] or lx >= logs[-1]:
-        i = 0 if lx <= logs[0] else len(values) - 1
-        return i, i, 0.0, not math.isclose(lx, logs[i])
-    j = next(i for i, v in enumerate(logs) if v >= lx)
-    w = (lx - logs[j - 1]) / (logs[j] - logs[j - 1])
-    return j - 1, j, w, False
-
-
-def grid_speedup(g: dict, m: int, k: int, n: int) -> tuple[float, bool]:
-    """Trilinear interpolation of a grid in (log2 M, log2 K, log2 N); a coordinate outside
-    the grid takes the edge value (no extrapolation), and the result says it was clamped."""
-    nk = len(g["K"])
-    axes = [_axis(g["M"], m), _axis(g["K"], k), _axis(g["N"], n)]
-    total = 0.0
-    for bm in (0, 1):
-        for bk in (0, 1):
-            for bn in (0, 1):
-                w = 1.0
-                idx = []
-                for bit, (lo, hi, t, _) in zip((bm, bk, bn), axes, strict=True):
-                    w *= t if bit else 1.0 - t
-                    idx.append(hi if bit else lo)
-                if w:
-                    total += w * g["speedup"][idx[0] * nk + idx[1]][idx[2]]
-    return total, any(a[3] for a in axes)
 
 
 def roofline_linear_s(gpu, m: int, k: int, n: int, fp8: Fp8Recipe | None,
@@ -305,18 +265,12 @@ def linear_speedup(gpu, recipe: str, m: int, k: int, n: int,
     LayerNorm and Sigmoid around the linear), interpolated (grid_speedup). Otherwise the
     roofline (roofline_linear_s) prices both, the casts as the engine runs them (`compiled`:
     under torch.compile, ``cast_bytes``). docs/fp8.md."""
+    found = pricing_grid(gpu, recipe, engine)
+    if found is not None:
+        v, clamped = grid_speedup(found.grid, m, k, n)
+        return Speedup(v, found.how + (", clamped to its edge" if clamped else ""), found.source)
     fam = family_of(engine)
     r = recipe_for(recipe, engine, gpu.arch)
-    cal = calibrated_grid(gpu, recipe, engine)
-    if cal is not None:
-        v, clamped = grid_speedup({"M": cal.M, "K": cal.K, "N": cal.N, "speedup": cal.speedup},
-                                  m, k, n)
-        return Speedup(v, "calibrated, clamped to its edge" if clamped else "calibrated",
-                       cal.measured)
-    g = _grid(gpu, recipe, fam)
-    if g is not None:
-        v, clamped = grid_speedup(g, m, k, n)
-        return Speedup(v, "table, clamped to its edge" if clamped else "table", g["id"])
     bf16 = roofline_linear_s(gpu, m, k, n, None)
     return Speedup(bf16 / roofline_linear_s(gpu, m, k, n, r, fam, compiled=compiled),
                    "roofline")
@@ -331,14 +285,31 @@ def calibrated_grid(gpu, recipe: str, engine: str):
     return next((c for c in gpu.fp8_linear if c.recipe == recipe), None)
 
 
+@dataclass(frozen=True)
+class PricingGrid:
+    grid: dict
+    how: str      # Speedup.how: 'calibrated' or 'table'
+    source: str   # Speedup.source
+    label: str    # what grid_note names
+
+
+def pricing_grid(gpu, recipe: str, engine: str) -> PricingGrid | None:
+    """The grid that prices `recipe`'s linears on `gpu` under `engine`, in linear_speedup's
+    order: this cluster's measured one, else a preset's (_grid); None: the roofline does."""
+    if cal := calibrated_grid(gpu, recipe, engine):
+        return PricingGrid({"M": cal.M, "K": cal.K, "N": cal.N, "speedup": cal.speedup},
+                           "calibrated", cal.measured,
+                           f"this cluster's measured grid: {cal.measured}")
+    g = None if engine in GATHER_ONLY else _grid(gpu, recipe, family_of(engine))
+    return g and PricingGrid(g, "table", g["id"],
+                             f"the grid {g['id']} ({g['gpu']}, {g['measures']})")
+
+
 def grid_note(job) -> str | None:
-    """The FP8 line naming the grid (measured here, else a preset) that prices the linears."""
-    gpu, engine = job.cluster.gpu, job.engine
-    r = check_training(job.training, engine, gpu.arch)
-    if cal := calibrated_grid(gpu, r, engine):
-        return f"FP8 {r} linears priced from this cluster's measured grid: {cal.measured}"
-    g = None if engine in GATHER_ONLY else _grid(gpu, r, family_of(engine))
-    return g and f"FP8 {r} linears priced from the grid {g['id']} ({g['gpu']}, {g['measures']})"
+    """The FP8 line naming the grid that prices the job's linears (None: the roofline)."""
+    r = check_training(job.training, job.engine, job.cluster.gpu.arch)
+    found = pricing_grid(job.cluster.gpu, r, job.engine)
+    return found and f"FP8 {r} linears priced from {found.label}"
 
 
 def block_matmul_s(job, tokens: int, tp: int, bf16_s) -> float:
