@@ -53,6 +53,13 @@ PUBLISHED = [
     # PyTorch blog "Supercharging Training using float8 and FSDP2", Table 3 (512 H100)
     ("ibm-f8-h100-l3-70b-512-fp8", "ibm-f8-h100-l3-70b-512-bf16", 1448 / 960),
     ("ibm-f8-h100-l31-405b-tp4-512-fp8", "ibm-f8-h100-l31-405b-tp4-512-bf16", 217 / 152),
+    # mosaicml/llm-foundry scripts/train/benchmarking/README.md at b2a43a1, "H100 80GB FP8"
+    # against "H100 80GB BF16" (Throughput T/s/GPU), the same micro-batch and accumulation
+    ("mpt-h100-3b-s32768-8-fp8", "mpt-h100-3b-s32768-8", 5856 / 5873),
+    ("mpt-h100-3b-s8192-8-fp8", "mpt-h100-3b-s8192-8", 19146 / 16578),
+    ("mpt-h100-3b-s512-8-fp8", "mpt-h100-3b-s512-8", 36527 / 27965),
+    ("mpt-h100-1b-s32768-8-fp8", "mpt-h100-1b-s32768-8", 12580 / 12025),
+    ("mpt-h100-1b-s512-8-fp8", "mpt-h100-1b-s512-8", 70315 / 52275),
 ]
 
 
@@ -69,6 +76,7 @@ def test_the_fp8_rows_name_their_recipe(pairs):
     recipes = {k: p.fp8.recipe for k, p in pairs.items()}
     assert recipes["torchao-h100-l3-8b-fp8row"] == "rowwise"
     assert recipes["tt-h100-l3-8b-8-fp8"] == "tensorwise"
+    assert recipes["mpt-h100-1b-s512-8-fp8"] == "delayed"  # Transformer Engine's default
     assert set(pairs) == {p[0] for p in PUBLISHED}
 
 
@@ -96,3 +104,29 @@ def test_a_bad_bf16_row_is_named(doc, change, says):
     change(row)
     with pytest.raises(ValueError, match=f"row tt-h100-l3-8b-128-fp8: .*{says}"):
         check_rows(bad)
+
+
+def test_composers_transformer_engine_layers_recast_every_micro_batch():
+    """llm-foundry's FP8 rows (Composer's amp_fp8 over FSDP1, ``te.Linear`` layers): nothing
+    sets TE's ``is_first_microbatch``, so each micro-batch casts every weight again, and FSDP1
+    gathers the parameters in their own dtype; Megatron-Core shares one cast per step and
+    gathers FP8 with --fp8-param-gather. Small job: 4 GPUs, one 128-token micro-batch, 1 or 8
+    a step, delayed scaling on an H100."""
+    from amsp_testlib import small_model
+
+    from amsp_planner.cost.fp8 import block_linear_speedup, fp8_all_gather_supported, fp8_matmuls
+    from amsp_planner.cost.job import Job
+    from amsp_planner.specs import TrainingSpec, load_cluster
+
+    def speedup(engine, batch):
+        spec = TrainingSpec(seq_len=128, global_batch_seqs=4 * batch, precision="fp8",
+                            fp8_recipe="delayed", sequence_parallel=False)
+        job = Job.create(small_model(), load_cluster("dgx-h100-ndr"), spec, 4, engine)
+        qkv = fp8_matmuls(job.model, "delayed", engine).block[0]
+        return block_linear_speedup(job, "delayed", 128, qkv, 1)
+
+    assert speedup("fsdp", 8) == speedup("fsdp", 1)
+    assert speedup("megatron", 8) > speedup("megatron", 1)
+    assert speedup("fsdp", 1) == speedup("megatron", 1)  # the same TE kernels otherwise
+    assert not fp8_all_gather_supported("delayed", "fsdp")
+    assert fp8_all_gather_supported("delayed", "megatron")

@@ -30,8 +30,10 @@ policy (every second matmul recomputed: ``activations.op_recomputed_matmuls``) a
 forward of wk, wo and w3 (GELU: wk, wo and fc2).
 
 Elementwise bytes per token and block, forward (eager, a = activation bytes per element):
-  2 RMSNorms 2 x 14h a  (upcast to fp32, variance, normalise, downcast, weight: ~7 passes of h)
-  RoPE on q and k 6(h + d_kv) a,  2 residual adds 6h a,  SwiGLU SiLU + product 5f a (GELU 2f a)
+  2 RMSNorms 2 x 14h a  (upcast to fp32, variance, normalise, downcast, weight: ~7 passes of h;
+  a LayerNorm is torch's one native kernel, aten::native_layer_norm: read h, write h, 2 x 2h a)
+  RoPE on q and k 6(h + d_kv) a (none with learned positions),  2 residual adds 6h a,
+  SwiGLU SiLU + product 5f a (GELU 2f a)
 Under torch.compile (``training.compile``) Inductor fuses each residual add into the norm after
 it and RoPE's pointwise ops and SwiGLU's into one kernel each, so every tensor is read and
 written once (the rate stays ``hbm``):
@@ -111,13 +113,18 @@ def _act_elements(job: Job) -> int:
 
 
 def _elementwise_block(job: Job) -> float:
-    """Forward elementwise bytes per token of one block (module docstring)."""
+    """Forward elementwise bytes per token of one block (module docstring). RoPE only where
+    the model rotates (``position_embedding: rope``; learned positions are added once, at the
+    embedding); eager LayerNorm is torch's one native kernel (read h, write h), not RMSNorm's
+    seven passes."""
     m = job.model
     h, kv = m.hidden_size, m.kv_dim
     a = job.training.param_bytes
+    rope = m.position_embedding == "rope"
     if fused_elementwise(job):  # add + norm one kernel each (read 2h, write 2h), RoPE fused
-        return (2 * 4 * h + 2 * (h + kv) + _act_elements(job)) * a
-    return (28 * h + 6 * (h + kv) + 6 * h + _act_elements(job)) * a
+        return (2 * 4 * h + (2 * (h + kv) if rope else 0) + _act_elements(job)) * a
+    norms = 2 * (2 * h if m.norm_type == "layernorm" else 14 * h)
+    return (norms + (6 * (h + kv) if rope else 0) + 6 * h + _act_elements(job)) * a
 
 
 def _unsplit_elementwise(job: Job, tokens: int, tp: int) -> float:

@@ -32,8 +32,11 @@ from amsp_planner.errors import AmspUserError
 
 RecipeName = Literal["tensorwise", "rowwise", "blockwise", "mxfp8", "delayed"]
 RECIPES: tuple[str, ...] = ("tensorwise", "rowwise", "blockwise", "mxfp8", "delayed")
-FAMILY = {"torchtitan": "torchao", "fsdp2": "torchao", "megatron": "te"}
-"""Engine -> the FP8 implementation it runs (engines not listed have none)."""
+FAMILY = {"torchtitan": "torchao", "fsdp2": "torchao", "megatron": "te", "fsdp": "te"}
+"""Engine -> the FP8 implementation it runs (engines not listed have none). ``fsdp`` (FSDP1,
+a profile of published rows only): Composer's ``amp_fp8`` precision, Transformer Engine's
+``fp8_autocast`` around llm-foundry's ``te.Linear`` layers (``fc_type: te``); its FSDP gathers
+stay in the parameters' dtype and no micro-batch reuses another's FP8 weight cast."""
 GATHER_ONLY = {"amsp": "torchao"}
 """Engines whose FP8 is the tensorwise weight all-gather only (runtime/fp8.py), torchao's
 scheme; their matmuls stay in the engine's precision, on any GPU or CPU."""
@@ -361,6 +364,10 @@ def weight_casts_shared(job, tokens: int, tp: int) -> float:
     ``disable_parameter_transpose_cache``); NVIDIA/Megatron-LM at d98e8a6. The count is the
     step's micro-batches on one rank, global tokens x tp / (GPUs x micro-batch tokens) (under
     context parallelism and pipeline stages the job here is already one rank's view)."""
+    from amsp_planner.engines import runs_as
+
+    if runs_as(job.engine) != "megatron":  # Composer's TE layers: no is_first_microbatch
+        return 1.0
     t = job.training
     return max(1.0, t.batch_seqs * t.seq_len * tp / (job.num_gpus * tokens))
 
@@ -379,8 +386,12 @@ def named_matmuls_s(job, tokens: int, tp: int, names, bf16_s) -> float:
 def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     """torchao: tensorwise only (Float8LinearConfig asserts it; rowwise and MX gather in the
     param dtype: MXFP8TrainingWeightWrapper's fsdp_pre_all_gather casts to bf16). Megatron:
-    --fp8-param-gather for every FP8 recipe."""
-    return family_of(engine) == "te" or recipe == "tensorwise"
+    --fp8-param-gather for every FP8 recipe. FSDP1 with Transformer Engine layers: none."""
+    from amsp_planner.engines import runs_as
+
+    if family_of(engine) == "te":
+        return runs_as(engine) == "megatron"
+    return recipe == "tensorwise"
 
 
 PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts, the "

@@ -160,13 +160,16 @@ def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "
     for name in preference.tie_breaks:
         tie = _least(tie, crit[name], tie_rtol(name))
     out = [solution(first(tie))]
-    taken = {out[0].decision}
+    # configurations that decode to one strategy (identical factors and prices: llama-13b at
+    # TP 8 on 64 A100s has two) are one decision, as the ILP's no-good cut excludes them
+    # together
+    taken = {str(out[0].strategy)}
     for i in np.lexsort((mem_bytes, obj)):
         if len(out) > runners_up:
             break
         sol = solution(int(i))
-        if sol.decision not in taken:
-            taken.add(sol.decision)
+        if str(sol.strategy) not in taken:
+            taken.add(str(sol.strategy))
             out.append(sol)
     stats.status = "Optimal"
     stats.solve_time_s = _time.perf_counter() - t1
