@@ -257,6 +257,9 @@ def job_options(f=None, *, precisions: bool = False):
                           "their gradient at the training dtype), or Liger's fused linear "
                           "cross-entropy, chunked (fused_linear: no logits kept; "
                           "docs/memory.md)."),
+        click.option("--z-loss", is_flag=True,
+                     help="An eager z-loss beside the cross-entropy (OLMo-core's "
+                          "z_loss_multiplier): its passes over the fp32 logits priced."),
         engine_option,
     ]
     for opt in reversed(opts):
@@ -342,7 +345,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               memory_limit=None, activation_profile="auto", engine="amsp", fp8_recipe="auto",
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
               expert_routing="uniform", no_master_weights=False, offload_optimizer=False,
-              tp_overlap="off", compile_=False, pp=1, cross_entropy="logits", **_ignored):
+              tp_overlap="off", compile_=False, pp=1, cross_entropy="logits", z_loss=False,
+              **_ignored):
     """(Job, memory limit in bytes) from the shared options (`pp`: the pipeline stages it is
     planned with, ``Job.create``)."""
     from pydantic import ValidationError
@@ -372,7 +376,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
                          master_weights=not no_master_weights,
                          optimizer_offload="cpu" if offload_optimizer else "none",
                          tp_overlap=tp_overlap == "on", compile=compile_,
-                         cross_entropy=cross_entropy)
+                         cross_entropy=cross_entropy, z_loss=z_loss)
     except ValidationError as e:
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":

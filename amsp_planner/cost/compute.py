@@ -184,6 +184,10 @@ def head_compute(job: Job, micro_batch: int, tp: int = 1) -> UnitCompute:
     mm = _matmul(r, t, m.hidden_size, _div(m.vocab_size, tp))
     ce = _div(t * m.vocab_size, tp) / r.hbm if r.hbm else 0.0
     fwd, bwd = CE_BYTES[profile(job.engine).fused_cross_entropy]
+    if not profile(job.engine).fused_cross_entropy and job.training.cross_entropy == "logits":
+        for name, (f, b) in LOSS_EXTRA_BYTES.items():
+            if getattr(job.training, name):
+                fwd, bwd = fwd + f, bwd + b
     return UnitCompute(mm + fwd * ce, 2 * mm + bwd * ce)
 
 
@@ -197,6 +201,15 @@ d0067d0: ``online_softmax_kernel`` reads the row, ``cross_entropy_kernel`` reads
 stores the gradient in bf16; transformer_engine/pytorch/triton/cross_entropy.py
 ``cross_entropy_backward``: ``element_mul_kernel`` reads and writes it, skipped only when the
 incoming gradient is the scalar 1.0, which Megatron's per-token losses are not)."""
+
+
+LOSS_EXTRA_BYTES = {"z_loss": (8, 20), "logits_copy": (8, 12)}
+"""HBM bytes per fp32 logit, forward and backward, that an eager loss adds beside CE_BYTES
+(TrainingSpec fields). z-loss: ``logits.logsumexp(-1)`` reads the logits twice (the max, then
+the sum of exponentials); its backward writes ``exp(x - lse)`` times the incoming gradient
+(read 4, write 4) and autograd adds it into the cross-entropy's gradient of the same logits
+(read 4 + 4, write 4). The shifted copy: read 4, write 4; backward, the slice's gradient is a
+zero-filled tensor the copy's gradient is written into (write 4, read 4, write 4)."""
 
 
 def recompute_s(job: Job, micro_batch: int, ckpt: bool | int | str, tp: int = 1,

@@ -65,6 +65,11 @@ def check_tp(strategy, job=None) -> None:
                                 "logits, so the plan's memory is not its own: re-plan with "
                                 "--cross-entropy logits, or export the plan to the framework "
                                 "that runs that loss")
+        extra = [k for k in ("z_loss", "logits_copy") if getattr(job.training, k)]
+        if extra:
+            raise AmspUserError(f"{', '.join(extra)}: the bundled runtime takes the "
+                                "cross-entropy alone: re-plan without --z-loss, or export the "
+                                "plan to the framework that runs that loss")
     if getattr(strategy, "cp", 1) > 1:
         raise AmspUserError(
             f"plan has cp={strategy.cp}: the bundled runtime does not run context parallelism "

@@ -57,6 +57,16 @@ class TrainingSpec(BaseModel):
     chunk by chunk in the forward, each chunk's gradients of the head's input and weight taken
     there; saved: the input's gradient and the weight's). Left out of the dump at its
     default."""
+    z_loss: bool = False
+    """PaLM's auxiliary z-loss taken eagerly over the fp32 logits beside the cross-entropy
+    (OLMo-core's ``z_loss_multiplier``: ``logits.logsumexp(-1).pow(2)``,
+    nn/functional/cross_entropy_loss.py at 984eb263f): priced as its HBM traffic
+    (cost/compute.py ``LOSS_EXTRA_BYTES``) with the eager loss ('logits'); a compiled or
+    fused loss computes it inside its own kernels. Left out of the dump at its default."""
+    logits_copy: bool = False
+    """The loss takes a contiguous copy of the shifted fp32 logits
+    (``logits[..., :-1, :].contiguous()``: OLMo-core's ``Trainer.get_losses`` at 984eb263f):
+    priced as its traffic with the eager loss. Left out of the dump at its default."""
     model_load: Literal["sharded", "whole"] = "sharded"
     """How the parameters reach the GPUs where the plan shards them (s_P > 1): 'sharded'
     (created sharded: deepspeed.zero.Init, FSDP's meta-device or per-module init, what the
@@ -129,7 +139,8 @@ class TrainingSpec(BaseModel):
                      "expert_routing": "uniform", "master_weights": True,
                      "sequence_parallel": True, "optimizer_offload": "none",
                      "tp_overlap": False, "dp_overlap": False, "compile": False,
-                     "cross_entropy": "logits", "model_load": "sharded"}
+                     "cross_entropy": "logits", "model_load": "sharded", "z_loss": False,
+                     "logits_copy": False}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
     @model_serializer(mode="wrap")
