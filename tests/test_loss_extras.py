@@ -74,3 +74,16 @@ def test_olmo_core_1b_within_the_band():
     assert set(rows) == {"olmocore-h100-1b-bf16", "olmocore-h100-1b-fp8"}
     for r in rows.values():
         assert abs(r.error) < 0.10, (r.id, r.error)
+
+
+def test_an_eager_z_loss_keeps_the_fp32_logits():
+    # torch's LogsumexpBackward0 saves its input (derivatives.yaml: logsumexp_backward(grad,
+    # self, result, ...)): 4 bytes per token and vocabulary entry beside log-softmax's output
+    from amsp_planner.cost.activations import head_bytes_per_token
+
+    eager = dict(activation_profile="torchtitan")
+    assert head_bytes_per_token(job(**eager, z_loss=True)) - head_bytes_per_token(
+        job(**eager)) == 4 * V
+    compiled = dict(cross_entropy="compiled", compile=True)
+    assert head_bytes_per_token(job(**compiled, z_loss=True)) == head_bytes_per_token(
+        job(**compiled))

@@ -68,8 +68,8 @@ def check_tp(strategy, job=None) -> None:
         extra = [k for k in ("z_loss", "logits_copy") if getattr(job.training, k)]
         if extra:
             raise AmspUserError(f"{', '.join(extra)}: the bundled runtime takes the "
-                                "cross-entropy alone: re-plan without --z-loss, or export the "
-                                "plan to the framework that runs that loss")
+                                "cross-entropy alone: re-plan without them (--z-loss), or "
+                                "export the plan to the framework that runs that loss")
     if getattr(strategy, "cp", 1) > 1:
         raise AmspUserError(
             f"plan has cp={strategy.cp}: the bundled runtime does not run context parallelism "
