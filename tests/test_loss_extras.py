@@ -87,3 +87,15 @@ def test_an_eager_z_loss_keeps_the_fp32_logits():
     compiled = dict(cross_entropy="compiled", compile=True)
     assert head_bytes_per_token(job(**compiled, z_loss=True)) == head_bytes_per_token(
         job(**compiled))
+
+
+def test_an_export_says_the_z_loss_is_the_scripts(tmp_path):
+    plan = tmp_path / "plan.json"
+    code, _, err = run_cli(["plan", "--model", "llama3-8b", "--gpus", "16", "--cluster",
+                            "dgx-h100-ndr", "--z-loss", "-o", str(plan)])
+    assert code == 0, err
+    for target in ("torchtitan", "deepspeed"):
+        code, out, err = run_cli(["export", str(plan), "--to", target,
+                                  "-o", str(tmp_path / f"{target}.out")])
+        assert code == 0, err
+        assert "prices z_loss beside the cross-entropy" in out + err

@@ -206,5 +206,9 @@ def finish(target: str, job: Job, plan: Strategy, memory_limit: float | None, re
     knob's difference line; `notes(closest)` lists the caveats of the exported strategy.
     """
     closest, exact, tjob, diffs = translate(job, plan, target, memory_limit, why)
+    loss = [k for k in ("z_loss", "logits_copy") if getattr(job.training, k)]
+    extra = [f"the plan prices {' and '.join(loss)} beside the cross-entropy; the exported "
+             "configuration has no loss setting: the training script computes it"] if loss else []
     return ExportResult(target=target, text=render(tjob, closest), exact=exact, closest=closest,
-                        differences=tuple(diffs), notes=tuple(notes(closest)) if notes else ())
+                        differences=tuple(diffs),
+                        notes=(tuple(notes(closest)) if notes else ()) + tuple(extra))
