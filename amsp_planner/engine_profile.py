@@ -65,6 +65,13 @@ class EngineProfile:
     the activation, each one kernel), priced as cost/compute.py prices a compiled block
     (``training.compile``) without torch.compile: NeMo 24.07's Transformer Engine modules with
     its fusion switches (engine_versions.py)."""
+    ckpt_early_stop: bool = False
+    """Its full (or first-K-blocks) checkpointing runs torch's non-reentrant checkpoint, which
+    since torch 2.1 stops the recomputation as soon as every tensor the block saved is back
+    (``torch.utils.checkpoint`` early stop, on by default: pytorch/pytorch PR 96866): the
+    block's last linear (the MLP's down projection, whose input is the last tensor saved) and
+    what follows it are not rerun (cost/compute.py ``block_compute``). Reentrant checkpointing
+    (Megatron's, DeepSpeed's, Hugging Face's default) reruns the whole block."""
     fused_cross_entropy: str = ""
     """Its loss kernel, where it runs a fused one on the full logits: '' none (the eager fp32
     cross-entropy, cost/compute.py), 'te' Transformer Engine's Triton parallel cross-entropy

@@ -233,5 +233,31 @@ VERSIONS: dict[str, dict] = {
     "megatron-bridge@0.4.0": _bridge("v0.4.0"),
     "megatron-bridge@0.4.1": _bridge("v0.4.1"),
     "megatron-bridge@0.5.0": _bridge("v0.5.0"),
+    # Full checkpointing with torch's non-reentrant checkpoint stops recomputing once the
+    # block's saved tensors are back (EngineProfile.ckpt_early_stop, torch >= 2.1).
+    "torchtitan@0.1.0": {
+        "base": "torchtitan",
+        "title": "torchtitan 0.1 (and the commits before it)",
+        "ckpt_early_stop": True,
+        "sources": (
+            "github.com/pytorch/torchtitan v0.1.0 (2025-06-17) "
+            "torchtitan/models/llama3/infra/parallelize.py _apply_ac_to_transformer_block: "
+            "ptd_checkpoint_wrapper(module, preserve_rng_state=False), torch's early stop on "
+            "by default; 25413d224 (2025-08-29) passes early_stop=False, v0.2.0 on",),
+    },
+    "fsdp@1.13.1": {
+        "base": "fsdp",
+        "title": "FSDP1, torch 1.13.1",
+        "ckpt_early_stop": False,
+        "sources": ("pytorch/pytorch PR 96866 (2023-03-22): early stop made the default of "
+                    "the non-reentrant checkpoint, first released in torch 2.1",),
+    },
+    "fsdp@2.0.0": {
+        "base": "fsdp",
+        "title": "FSDP1, torch 2.0",
+        "ckpt_early_stop": False,
+        "sources": ("pytorch/pytorch PR 96866 (2023-03-22, after torch 2.0 of 2023-03-15): "
+                    "no early stop in torch 2.0",),
+    },
 }
 """``<engine>@<version>`` -> the fields that differ from ``engines.PROFILES[base]``."""

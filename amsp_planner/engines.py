@@ -72,8 +72,10 @@ PROFILES = {
                 "two gather and two gradient buffers of the largest unit",
         checkpointing="the first K of L blocks (ckpt=K, ckpt for all), op-level (ckpt=op) or "
                       "each MoE layer's MLP part (ckpt=moe)",
-        sources=("amsp_planner/runtime/engine.py", "docs/runtime.md"),
-        ckpt_kinds=frozenset({"none", "full", "blocks", "op", "moe"}),
+        sources=("amsp_planner/runtime/engine.py", "docs/runtime.md",
+                 "amsp_planner/runtime/model.py (checkpoint(..., use_reentrant=False): "
+                 "ckpt_early_stop)"),
+        ckpt_kinds=frozenset({"none", "full", "blocks", "op", "moe"}), ckpt_early_stop=True,
         tp=True, tp_note="Megatron-style tensor + sequence parallelism in runtime/tp.py, with "
                          "every ZeRO factor combination and ZeRO++ (docs/runtime.md)",
     ),
@@ -173,7 +175,11 @@ PROFILES = {
                  "torch/distributed/fsdp/_fully_shard/_fsdp_api.py (MixedPrecisionPolicy."
                  "reduce_dtype: the export sets it to the plan's gradient dtype)",
                  "https://pytorch.org/docs/stable/distributed.tensor.parallel.html "
-                 "(parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel)"),
+                 "(parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel)",
+                 "torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py "
+                 "(checkpoint_impl=CheckpointImpl.NO_REENTRANT by default, the export's "
+                 "checkpoint_wrapper: ckpt_early_stop)"),
+        ckpt_early_stop=True,
         tp=True, tp_note="parallelize_module on the 'tp' dimension of a 2-D mesh, then fully_shard "
                          "on the data-parallel dimension",
         master_params=True, expert_rule="tied",
@@ -192,7 +198,10 @@ PROFILES = {
                  "data_parallel_shard_degree / data_parallel_replicate_degree)",
                  "torchtitan/models/llama3/parallelize.py (reduce_dtype from "
                  "mixed_precision_reduce; apply_tp: ColwiseParallel/RowwiseParallel with "
-                 "SequenceParallel norms)"),
+                 "SequenceParallel norms)",
+                 "torchtitan/distributed/activation_checkpoint.py at b5bcd76 (FullAC "
+                 "passes early_stop=False to ptd_checkpoint_wrapper since 25413d224: "
+                 "ckpt_early_stop off; torchtitan@0.1.0 before it)"),
         tp=True, tp_note="parallelism.tensor_parallel_degree, enable_async_tensor_parallel off",
         activation_profile="torchtitan", op_policy="alternate", master_params=True,
         expert_rule="titan",

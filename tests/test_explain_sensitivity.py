@@ -81,8 +81,8 @@ def test_memory_limit_flip_is_checked_by_replanning(explained):
 
 def test_capped_and_unchanged_assumptions_are_reported_as_such(explained):
     _, facts, sens = explained
-    eff = sens["compute_efficiency"]  # A100 matmul fraction 0.74: can grow only to 1
-    assert eff["value"] == pytest.approx(0.74)
+    eff = sens["compute_efficiency"]  # A100 matmul fraction 0.72: can grow only to 1
+    assert eff["value"] == pytest.approx(0.72)
     assert eff["high"] == pytest.approx(1.0) and eff["high_is_cap"]
     slow = sens["comm_compute_slowdown"]
     assert slow["value"] == pytest.approx(0.16) and slow["low"] == pytest.approx(0.04)
@@ -164,10 +164,10 @@ def test_scan_stops_at_a_fields_bound_and_zero_assumptions_are_not_scaled():
     # nic_gbit_per_s may be at most 100000: 2.5x, not 4x
     assert _side_factors(fast, a["inter_node_bandwidth"], "above") == [2.0, 2.5]
     assert _side_factors(job, a["inter_node_bandwidth"], "below") == [0.5, 0.25]
-    # A100 matmul 0.74 and attention 0.45 scale together; 0.74 reaches 1 first
-    j2, _ = scaled_job(job, 1.0, a["compute_efficiency"], 1 / 0.74)
+    # A100 matmul 0.72 and attention 0.45 scale together; 0.72 reaches 1 first
+    j2, _ = scaled_job(job, 1.0, a["compute_efficiency"], 1 / 0.72)
     assert j2.cluster.gpu.achievable_fraction == pytest.approx(1.0)
-    assert j2.cluster.gpu.attention_fraction == pytest.approx(0.45 / 0.74)
+    assert j2.cluster.gpu.attention_fraction == pytest.approx(0.45 / 0.72)
     # measured inter-node tables scale with the NIC speed, intra-node ones do not
     data = job.cluster.model_dump(mode="json")
     pts = [{"size_bytes": 1 << 20, "busbw_gbyte_per_s": 10.0}]

@@ -98,6 +98,20 @@ def _op_matmuls_s(job: Job, r: _Rates, t: int, tp: int) -> float:
     return sum(_matmul(r, t, *shape[n]) for n in names)
 
 
+def _last_linear_s(job: Job, r: _Rates, t: int, tp: int) -> float:
+    """Forward seconds of the block's last linear, the MLP's down projection (w2, fc2,
+    linear_fc2), in FP8 where the block's linears are: what a checkpoint that stops early does
+    not rerun (``EngineProfile.ckpt_early_stop``: its input is the last tensor the block saves,
+    and torch packs an op's inputs before it runs the op)."""
+    k, n = _block_matmuls(job, tp)[-1]
+    if fp8_linears(job):
+        from amsp_planner.cost.fp8 import block_linears, named_matmuls_s
+
+        name = block_linears(job.model, job.engine, tp)[-1][0]
+        return named_matmuls_s(job, t, tp, [name], lambda k, n: _matmul(r, t, k, n))
+    return _matmul(r, t, k, n)
+
+
 def fused_elementwise(job: Job) -> bool:
     """The elementwise kernels priced fused: under torch.compile, or where the engine's own
     kernels fuse them (``EngineProfile.fused_elementwise``)."""
@@ -167,7 +181,12 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
     fwd = mm + attn + elem
     bwd = 2 * mm + 2.5 * attn + 2 * elem
     k, op = checkpointed_blocks(ckpt, m.num_layers)
-    recompute = elem + _op_matmuls_s(job, r, t, tp) if op else fwd * (k / m.num_layers)
+    if op:
+        recompute = elem + _op_matmuls_s(job, r, t, tp)
+    elif k and job.profile.ckpt_early_stop and not m.is_moe:  # the last linear is not rerun
+        recompute = (fwd - _last_linear_s(job, r, t, tp)) * (k / m.num_layers)
+    else:
+        recompute = fwd * (k / m.num_layers)
     if is_moe_only(ckpt) and m.is_moe:  # the MoE layers' MLP forward, the mean over the blocks
         from amsp_planner.cost.activations import KORTHIKANTI, profile_of
         from amsp_planner.cost.moe_compute import moe_layer_forward_s

@@ -155,4 +155,10 @@ def tp_recompute_s(job: Job, micro_batch: int, ckpt, tp: int) -> float:
     k, op_level = checkpointed_blocks(ckpt, job.model.num_layers)
     if tp == 1 or op_level or not k:
         return 0.0
-    return tp_block_forward_s(job, micro_batch, tp) * k / job.model.num_layers
+    block = tp_block_forward_s(job, micro_batch, tp)
+    if job.profile.ckpt_early_stop and not job.model.is_moe and not overlapped(job, tp):
+        # a checkpoint that stops early does not rerun the down projection's reduce-scatter
+        t = job.training
+        elems = micro_batch * t.seq_len * job.model.hidden_size
+        block -= job.topology.collective_time("reduce_scatter", tp, 1, elems * t.param_bytes)
+    return block * k / job.model.num_layers
