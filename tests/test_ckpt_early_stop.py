@@ -96,3 +96,15 @@ def test_tensor_parallel_recompute_skips_the_last_reduce_scatter():
     rs = stop.topology.collective_time("reduce_scatter", 2, 1, elems * 2)
     assert tp_recompute_s(full, 2, True, 2) - tp_recompute_s(stop, 2, True, 2) == \
         pytest.approx(rs)
+
+
+def test_an_engine_switch_names_the_early_stop_where_the_plan_checkpoints():
+    from amsp_planner.exports.common import translate
+    from amsp_planner.strategy import Strategy
+
+    job = _job("amsp")
+    for ckpt, named in ((True, True), (False, False), ("op", False)):
+        s = Strategy(s_p=4, s_g=4, s_os=4, micro_batch=2, ckpt=ckpt is True,
+                     ckpt_op=ckpt == "op")
+        diffs = " ".join(translate(job, s, "deepspeed", None)[3])
+        assert ("ckpt_early_stop on -> off" in diffs) is named, (ckpt, diffs)

@@ -111,11 +111,13 @@ def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     return cands
 
 
-def behaviour_differences(job: Job, target_job: Job) -> list[str]:
+def behaviour_differences(job: Job, target_job: Job, s: Strategy | None = None) -> list[str]:
     """What the target engine runs differently from the plan's job, beyond the strategy: its
-    gradient dtype, and the execution-profile values that separate the two engines' prices
-    (engines.execution_differences)."""
+    gradient dtype, the execution-profile values that separate the two engines' prices
+    (engines.execution_differences), and, where strategy `s` checkpoints whole blocks, whether
+    the recomputation stops early (``EngineProfile.ckpt_early_stop``)."""
     from amsp_planner.engines import execution_differences
+    from amsp_planner.strategy import checkpointed_blocks
 
     a, b = job.training, target_job.training
     out = []
@@ -124,6 +126,11 @@ def behaviour_differences(job: Job, target_job: Job) -> list[str]:
                    f"{target_job.profile.title} reduces gradients "
                    f"{target_job.profile.reduce_source}")
     ex = execution_differences(job.profile, target_job.profile)
+    stop = (job.profile.ckpt_early_stop, target_job.profile.ckpt_early_stop)
+    k, op = checkpointed_blocks(s.ckpt_value, job.model.num_layers) if s else (0, False)
+    if k and not op and stop[0] != stop[1]:
+        ex.append(f"ckpt_early_stop {'on' if stop[0] else 'off'} -> {'on' if stop[1] else 'off'} "
+                  "(whether a checkpointed block's recomputation skips its last linear)")
     if ex:
         out.append(f"{target_job.profile.title} executes {', '.join(ex)} (its execution profile, "
                    "amsp_planner/engines.py)")
@@ -149,7 +156,7 @@ def translate(job: Job, plan: Strategy, engine: str, memory_limit: float | None,
             groups.setdefault(why.get(knob) if lost else None, []).append(line)
         diffs += [f"{', '.join(lines)}: {reason}" if reason else ", ".join(lines)
                   for reason, lines in groups.items()]
-    diffs += behaviour_differences(job, tjob)
+    diffs += behaviour_differences(job, tjob, closest)
     if diffs:
         diffs.append(cost_difference(pe, ce))
     return closest, exact, tjob, diffs
