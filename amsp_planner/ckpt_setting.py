@@ -60,3 +60,10 @@ def is_moe_only(value) -> bool:
     ``tensor_parallel.checkpoint(custom_forward, False, hidden_states, ...)``)."""
     return isinstance(value, str) and value == "moe"
 
+
+
+def stops_early(job) -> bool:
+    """A checkpointed block's recomputation stops before the block's last linear (and its TP
+    reduce-scatter): the engine's checkpoint stops early (``EngineProfile.ckpt_early_stop``)
+    and the block is dense (a MoE block ends in the experts' combine)."""
+    return job.profile.ckpt_early_stop and not job.model.is_moe

@@ -201,7 +201,8 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
         return (head_bytes_per_token(job) - whole) / tp + whole + _gathered(job, tp, 1)
     logits = (0 if fused_linear_ce(job) else ab * m.vocab_size if compiled_ce(job)
               else 4 * m.vocab_size)
-    if job.training.z_loss and job.training.cross_entropy == "logits" and prof != "fused":
+    if "z_loss" in job.training.loss_extras and job.training.cross_entropy == "logits" \
+            and prof != "fused":
         # eager z-loss: LogsumexpBackward0 keeps its fp32 input (derivatives.yaml logsumexp:
         # logsumexp_backward(grad, self, result, ...)), beside log-softmax's output
         logits += 4 * m.vocab_size

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amsp_planner.ckpt_setting import is_moe_only
+from amsp_planner.ckpt_setting import is_moe_only, stops_early
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.roofline import (  # noqa: F401 (_Rates, fp8_linears: re-exported)
     _block_matmuls,
@@ -183,7 +183,7 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
     k, op = checkpointed_blocks(ckpt, m.num_layers)
     if op:
         recompute = elem + _op_matmuls_s(job, r, t, tp)
-    elif k and job.profile.ckpt_early_stop and not m.is_moe:  # the last linear is not rerun
+    elif k and stops_early(job):  # the last linear is not rerun
         recompute = (fwd - _last_linear_s(job, r, t, tp)) * (k / m.num_layers)
     else:
         recompute = fwd * (k / m.num_layers)
@@ -202,11 +202,11 @@ def head_compute(job: Job, micro_batch: int, tp: int = 1) -> UnitCompute:
     t = micro_batch * job.training.seq_len
     mm = _matmul(r, t, m.hidden_size, _div(m.vocab_size, tp))
     ce = _div(t * m.vocab_size, tp) / r.hbm if r.hbm else 0.0
-    fwd, bwd = CE_BYTES[profile(job.engine).fused_cross_entropy]
-    if not profile(job.engine).fused_cross_entropy and job.training.cross_entropy == "logits":
-        for name, (f, b) in LOSS_EXTRA_BYTES.items():
-            if getattr(job.training, name):
-                fwd, bwd = fwd + f, bwd + b
+    kernel = job.profile.fused_cross_entropy
+    fwd, bwd = CE_BYTES[kernel]
+    if not kernel and job.training.cross_entropy == "logits":  # the eager loss's extra passes
+        for name in job.training.loss_extras:
+            fwd, bwd = fwd + LOSS_EXTRA_BYTES[name][0], bwd + LOSS_EXTRA_BYTES[name][1]
     return UnitCompute(mm + fwd * ce, 2 * mm + bwd * ce)
 
 

@@ -133,12 +133,11 @@ def tp_entries(job: Job, tp: int, micro_batch: int, ckpt, n_micro: int) -> list[
 def tp_block_forward_s(job: Job, micro_batch: int, tp: int) -> float:
     """Seconds of one block's forward TP collectives for one micro-batch (2 all-gathers and 2
     reduce-scatters of b*s*h elements)."""
-    t, m = job.training, job.model
-    elems = micro_batch * t.seq_len * m.hidden_size
+    elems = micro_batch * job.training.seq_len * job.model.hidden_size
     gb, amax = _block_gather_bytes(job)
     topo = job.topology
     ag = topo.collective_time("all_gather", tp, 1, elems * gb)
-    rs = topo.collective_time("reduce_scatter", tp, 1, elems * t.param_bytes)
+    rs = _block_rs_s(job, micro_batch, tp)
     amax_s = 2 * amax * topo.collective_time("all_reduce", tp, 1, 4)
     if overlapped(job, tp):  # what the pipelined rule leaves exposed (cost/tp_overlap.py)
         return (block_call_costs(job, micro_batch, tp, "recompute", "all_gather", ag)
@@ -147,18 +146,22 @@ def tp_block_forward_s(job: Job, micro_batch: int, tp: int) -> float:
     return 2 * (ag + rs) + amax_s
 
 
+def _block_rs_s(job: Job, micro_batch: int, tp: int) -> float:
+    """Seconds of one of a block's forward TP reduce-scatters (b*s*h elements)."""
+    t = job.training
+    elems = micro_batch * t.seq_len * job.model.hidden_size
+    return job.topology.collective_time("reduce_scatter", tp, 1, elems * t.param_bytes)
+
+
 def tp_recompute_s(job: Job, micro_batch: int, ckpt, tp: int) -> float:
     """Seconds per block (the average over the L blocks) and micro-batch that checkpointing
     setting `ckpt` adds in TP collectives (the recomputed forward's; op-level repeats none)."""
-    from amsp_planner.strategy import checkpointed_blocks
+    from amsp_planner.ckpt_setting import checkpointed_blocks, stops_early
 
     k, op_level = checkpointed_blocks(ckpt, job.model.num_layers)
     if tp == 1 or op_level or not k:
         return 0.0
     block = tp_block_forward_s(job, micro_batch, tp)
-    if job.profile.ckpt_early_stop and not job.model.is_moe and not overlapped(job, tp):
-        # a checkpoint that stops early does not rerun the down projection's reduce-scatter
-        t = job.training
-        elems = micro_batch * t.seq_len * job.model.hidden_size
-        block -= job.topology.collective_time("reduce_scatter", tp, 1, elems * t.param_bytes)
+    if stops_early(job) and not overlapped(job, tp):  # the down projection's is not rerun
+        block -= _block_rs_s(job, micro_batch, tp)
     return block * k / job.model.num_layers

@@ -117,7 +117,7 @@ def behaviour_differences(job: Job, target_job: Job, s: Strategy | None = None) 
     (engines.execution_differences), and, where strategy `s` checkpoints whole blocks, whether
     the recomputation stops early (``EngineProfile.ckpt_early_stop``)."""
     from amsp_planner.engines import execution_differences
-    from amsp_planner.strategy import checkpointed_blocks
+    from amsp_planner.ckpt_setting import checkpointed_blocks, stops_early
 
     a, b = job.training, target_job.training
     out = []
@@ -126,7 +126,7 @@ def behaviour_differences(job: Job, target_job: Job, s: Strategy | None = None) 
                    f"{target_job.profile.title} reduces gradients "
                    f"{target_job.profile.reduce_source}")
     ex = execution_differences(job.profile, target_job.profile)
-    stop = (job.profile.ckpt_early_stop, target_job.profile.ckpt_early_stop)
+    stop = (stops_early(job), stops_early(target_job))
     k, op = checkpointed_blocks(s.ckpt_value, job.model.num_layers) if s else (0, False)
     if k and not op and stop[0] != stop[1]:
         ex.append(f"ckpt_early_stop {'on' if stop[0] else 'off'} -> {'on' if stop[1] else 'off'} "
@@ -213,7 +213,7 @@ def finish(target: str, job: Job, plan: Strategy, memory_limit: float | None, re
     knob's difference line; `notes(closest)` lists the caveats of the exported strategy.
     """
     closest, exact, tjob, diffs = translate(job, plan, target, memory_limit, why)
-    loss = [k for k in ("z_loss", "logits_copy") if getattr(job.training, k)]
+    loss = job.training.loss_extras
     extra = [f"the plan prices {' and '.join(loss)} beside the cross-entropy; the exported "
              "configuration has no loss setting: the training script computes it"] if loss else []
     return ExportResult(target=target, text=render(tjob, closest), exact=exact, closest=closest,

@@ -65,8 +65,7 @@ def check_tp(strategy, job=None) -> None:
                                 "logits, so the plan's memory is not its own: re-plan with "
                                 "--cross-entropy logits, or export the plan to the framework "
                                 "that runs that loss")
-        extra = [k for k in ("z_loss", "logits_copy") if getattr(job.training, k)]
-        if extra:
+        if extra := job.training.loss_extras:
             raise AmspUserError(f"{', '.join(extra)}: the bundled runtime takes the "
                                 "cross-entropy alone: re-plan without them (--z-loss), or "
                                 "export the plan to the framework that runs that loss")

@@ -143,6 +143,12 @@ class TrainingSpec(BaseModel):
                      "logits_copy": False}
     _FP8_FIELDS = ("fp8_recipe", "fp8_all_gather")
 
+    @property
+    def loss_extras(self) -> tuple[str, ...]:
+        """The eager loss's extra passes this job takes ('z_loss', 'logits_copy'), in
+        cost/compute.py ``LOSS_EXTRA_BYTES`` order."""
+        return tuple(k for k in ("z_loss", "logits_copy") if getattr(self, k))
+
     @model_serializer(mode="wrap")
     def _dump(self, handler):
         out = handler(self)
