@@ -32,6 +32,12 @@ class Execution:
     """'module' grouping: the engine prefetches the next module's parameters only while the
     parameters it holds stay under this many elements; a module gathered after one at least
     this large is fetched on demand (``cost/schedule.py`` ``on_demand``). None: no limit."""
+    max_reuse_distance: int | None = None
+    """'module' grouping: after a module runs, the engine frees its gathered parameters unless
+    they are used again within this many elements of the module trace. With checkpointing, a
+    recomputed module whose own backward comes later than that is gathered a third time in
+    the step (``cost/module_fetch.py`` ``regather_fraction``). None: each unit's parameters
+    are gathered once for forward and once for backward (its recomputation included)."""
     prefetch_depth: int = 1
     """Units gathered ahead of the one computing (the step model prices one)."""
     reduce_bucket: int | None = None
@@ -134,7 +140,7 @@ def execution_differences(a, b) -> list[str]:
     for f in dataclasses.fields(Execution):
         x, y = getattr(a.execution, f.name), getattr(b.execution, f.name)
         if f.name != "sources" and x != y:
-            none = {"max_live_params": "no limit",
+            none = {"max_live_params": "no limit", "max_reuse_distance": "none",
                     "replicated_overlap": "as sync_overlap"}.get(f.name, "per unit")
             out.append(f"{f.name} {_words(x, none)} -> {_words(y, none)}")
     return out

@@ -105,7 +105,7 @@ PROFILES = {
                  "bf16 grad_accum_dtype)"),
         execution=Execution(
             gather_grouping="module", persistence_threshold=100_000, prefetch_bucket=50_000_000,
-            max_live_params=1_000_000_000,
+            max_live_params=1_000_000_000, max_reuse_distance=1_000_000_000,
             reduce_bucket=500_000_000, update_bucket=500_000_000, replicated_reduce="all_reduce",
             zero2_reduce="all_reduce", sync_overlap=False, replicated_overlap=True,
             reduce_host_us=REDUCE_HOST_US,
@@ -132,6 +132,12 @@ PROFILES = {
                  "fetch_sub_module prefetches min(max_live_parameters - n_available_params, "
                  "prefetch_bucket_size) elements after fetching a module: none while the "
                  "module just fetched holds 1e9 or more"),
+                ("max_reuse_distance", "deepspeed/runtime/zero/config.py max_reuse_distance "
+                 "(stage3_max_reuse_distance) = 1e9; partitioned_param_coordinator.py "
+                 "__params_to_release: after a module's forward or backward its parameters are "
+                 "freed unless the modules that run next, within max_reuse_distance elements "
+                 "of the trace, use them again; with checkpointing a block's recomputed "
+                 "modules whose backward lies further on are gathered again for it"),
                 ("reduce_bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8"),
                 ("update_bucket", "deepspeed/runtime/zero/config.py allgather_bucket_size = 5e8"),
                 ("replicated_reduce", "deepspeed/runtime/zero/config.py "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.memory import MemoryBreakdown, memory
-from amsp_planner.cost.schedule import ScheduleEntry, build_schedule
+from amsp_planner.cost.schedule import ScheduleEntry, build_schedule, regather
 from amsp_planner.cost.step_time import StepTime, step_time
 from amsp_planner.strategy import Strategy
 
@@ -87,8 +87,9 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
              schedules: dict | None = None) -> Evaluation:
     """Everything the cost model predicts for `s` on `job` (checks `s` first). `schedules`,
     when given, caches the collective schedule across strategies that differ only in
-    checkpointing (which moves no bytes without TP: with tp > 1 the recomputed forward repeats
-    its TP collectives, so the key keeps the checkpointing)."""
+    checkpointing (which moves no bytes without TP and without an engine that gathers a
+    recomputed block again: with tp > 1 the recomputed forward repeats its TP collectives, so
+    the key keeps the checkpointing; the re-gathers' multiple is part of the key)."""
     if s.pp > 1:
         return evaluate_pipeline(job, s, memory_limit, schedules)
     s = job.checked(s)
@@ -98,7 +99,8 @@ def evaluate(job: Job, s: Strategy, memory_limit: float | None = None,
     if schedules is None:
         sched = build_schedule(job, s, n_micro)
     else:
-        key = s if s.tp > 1 or s.ep > 1 else s.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False)
+        key = s if s.tp > 1 or s.ep > 1 else (s.with_(ckpt=False, ckpt_blocks=0, ckpt_op=False),
+                                              regather(job, s))
         if key not in schedules:
             schedules[key] = build_schedule(job, s, n_micro)
         sched = schedules[key]

@@ -76,8 +76,10 @@ def _trace(emb: tuple[int, ...], block: tuple[int, ...], head: tuple[int, ...], 
 
 
 def _replay(order: list[int], sizes: list[int], bucket: int, max_live: int, reuse: int,
-            persistent: int) -> int:
-    """Peak gathered elements (persistent ones included) over the trace (module docstring)."""
+            persistent: int, fetched: list[int] | None = None) -> int:
+    """Peak gathered elements (persistent ones included) over the trace (module docstring);
+    `fetched`, when given, gets the parameter id of every gather appended (fetch or
+    prefetch)."""
     n = len(order)
     nxt, seen = [n] * n, {}
     for i in range(n - 1, -1, -1):
@@ -89,6 +91,8 @@ def _replay(order: list[int], sizes: list[int], bucket: int, max_live: int, reus
         if p not in live:
             live[p] = sizes[i]
             avail += sizes[i]
+            if fetched is not None:
+                fetched.append(p)
         ptr = max(ptr, i + 1)
         room, got = min(max_live - avail, bucket), 0
         while ptr < n and got < room:
@@ -97,6 +101,8 @@ def _replay(order: list[int], sizes: list[int], bucket: int, max_live: int, reus
                 live[q] = sizes[ptr]
                 avail += sizes[ptr]
                 got += sizes[ptr]
+                if fetched is not None:
+                    fetched.append(q)
             ptr += 1
         peak = max(peak, avail)
         # freed unless used again within `reuse` elements of the modules that follow, or
@@ -119,6 +125,44 @@ def _peak(emb: tuple[int, ...], block: tuple[int, ...], head: tuple[int, ...], l
         best = max(best, _replay([order[i] for i in keep], [sizes[i] for i in keep], bucket,
                                  MAX_LIVE, MAX_REUSE, persistent))
     return best
+
+
+@lru_cache(maxsize=256)
+def _regather(emb: tuple[int, ...], block: tuple[int, ...], head: tuple[int, ...], layers: int,
+              tied: bool, bucket: int, threshold: int, reuse: int) -> float:
+    gathered = sum(x for x in block if x >= threshold)
+    if not gathered:
+        return 0.0
+    got = []
+    for recompute in (False, True):
+        order, sizes = _trace(emb, block, head, layers, tied, recompute)
+        first = len(emb) + layers // 2 * len(block)  # a middle block, away from both ends
+        size = dict(zip(order[first:first + len(block)], block, strict=True))
+        keep = [i for i, x in enumerate(sizes) if x >= threshold]
+        fetched: list[int] = []
+        _replay([order[i] for i in keep], [sizes[i] for i in keep], bucket, MAX_LIVE, reuse, 0,
+                fetched)
+        got.append(sum(size[p] for p in fetched if p in size))
+    # what the recomputation adds: its gather replaces the backward's, and a module freed
+    # after it is gathered again for its backward
+    return max(0.0, (got[1] - got[0]) / gathered)
+
+
+def regather_fraction(job: Job, tp: int = 1) -> float:
+    """Of a checkpointed block's gathered elements, the share an engine with a reuse distance
+    (``Execution.max_reuse_distance``) gathers a third time in the step: the recomputed
+    forward gathers the block again, and a module whose own backward lies more than the reuse
+    distance further on in the trace is freed after its recomputation and gathered once more
+    for its backward (``__params_to_release``). Replayed over a step with every block
+    recomputed and without: the difference of a middle block's gathered elements over its
+    parameters' (one TP rank's shards). 0 for an engine without a reuse distance, and for a mixture of experts
+    (its expert modules are not in the trace)."""
+    ex = job.profile.execution
+    if ex.max_reuse_distance is None or ex.gather_grouping == "unit" or job.model.is_moe:
+        return 0.0
+    emb, block, head = (tuple(x // tp for x in t) for t in module_tensors(job))
+    return _regather(emb, block, head, job.model.num_layers, job.model.tied_embeddings,
+                     ex.prefetch_bucket or 0, ex.persistence_threshold, ex.max_reuse_distance)
 
 
 def gathered_elements(job: Job) -> float:

@@ -180,7 +180,7 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
            kernel_elements: Callable[[int], int] | None = None,
            copies: bool = False, tp: int = 1, role: str = "gather",
            exposed: bool = False, by_class: tuple[float, ...] | None = None,
-           copy_back: float = 1.0) -> ScheduleEntry:
+           copy_back: float = 1.0, scale: tuple[float, ...] = (1.0, 1.0, 1.0)) -> ScheduleEntry:
     """One entry: `per_unit` calls per unit and micro-batch (``n_micro`` of them), each call
     moving ``full(unit elements)`` bytes; ``kernel_elements(unit elements)``: the 16-bit
     elements the (de)quantization kernels read or write per call, at the GPU's
@@ -195,7 +195,9 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     step; their seconds are charged to the embedding, the last unit of backward, whose
     reduction the step model exposes whole (cost/step_time.py). `by_class`: bytes per call of
     each unit class, in place of ``full`` (the FP8 all-gather; a class of 0 bytes issues no
-    call). `copy_back`: of an all-reduce's buffer, the share copied back out after it."""
+    call). `copy_back`: of an all-reduce's buffer, the share copied back out after it.
+    `scale`: per unit class, the calls' bytes, seconds and kernels multiplied (a checkpointed
+    block's gathers repeated in backward: ``regather``)."""
     topo, gpu = job.topology, job.cluster.gpu
     rate = gpu.quant_gbyte_per_s * 1e9
     lay = topo.layout(size, stride)
@@ -223,7 +225,8 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
             out[i < len(late) and late[i]] += per_unit * t
         return out[0], out[1]
 
-    both = tuple(seconds(c, u) for c, u in enumerate(sizes))
+    both = tuple((t * scale[c], d * scale[c])
+                 for c, (t, d) in ((c, seconds(c, u)) for c, u in enumerate(sizes)))
     unit_t = tuple(t for t, _ in both)
     demand = tuple(d for _, d in both)  # on the compute stream's critical path
     if role == "update" and job.profile.execution.update_collective == "broadcast" and size > 1:
@@ -248,10 +251,10 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
             return 2 * (1 + copy_back) * full(u, c) / (gpu.hbm_gbyte_per_s * 1e9)
         return 0.0
 
-    unit_k = tuple(kernel(u, c) * per_unit + d for c, (u, d) in enumerate(zip(sizes, demand,
-                                                                            strict=True)))
-    total = n_micro * sum(n * full(u, c) for c, (n, u) in enumerate(zip(counts, sizes,
-                                                                         strict=True))) * per_unit
+    unit_k = tuple(kernel(u, c) * per_unit * scale[c] + d
+                   for c, (u, d) in enumerate(zip(sizes, demand, strict=True)))
+    total = n_micro * sum(n * full(u, c) * scale[c]
+                          for c, (n, u) in enumerate(zip(counts, sizes, strict=True))) * per_unit
     intra, inter = split_bytes(op, total, lay)
     time = n_micro * sum(c * (t + d) for c, t, d in zip(counts, unit_t, demand, strict=True))
     kern = n_micro * sum(c * k for c, k in zip(counts, unit_k, strict=True))
@@ -264,6 +267,20 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
     return ScheduleEntry(phase, op, group, size, stride, lay.members_per_node, dtype, calls,
                          int(total), intra, inter, time, kern, unit_t, unit_k, algo,
                          unit_demand_s=demand)
+
+
+def regather(job: Job, s: Strategy) -> tuple[float, float, float]:
+    """Per unit class, the backward gathers' multiple: 1 + r K / L for the blocks, with K of
+    the L blocks checkpointed whole and r the share of a recomputed block the engine gathers
+    once more for its backward (``cost/module_fetch.py`` ``regather_fraction``: DeepSpeed's
+    reuse distance); 1 elsewhere. Averaged over the blocks, as their compute is."""
+    from amsp_planner.ckpt_setting import checkpointed_blocks
+    from amsp_planner.cost.module_fetch import regather_fraction
+
+    L = job.model.num_layers
+    k, _ = checkpointed_blocks(s.ckpt_value, L)
+    r = regather_fraction(job, s.tp) if k else 0.0
+    return (1.0, 1.0 + r * k / L, 1.0)
 
 
 def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
@@ -289,14 +306,14 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     ex = job.profile.execution
 
     def add(phase, op, group, size, stride, dtype, full, kernel=None, per_mb=True, by=None,
-            copy_back=1.0, overlap=ex.sync_overlap):
+            copy_back=1.0, overlap=ex.sync_overlap, scale=(1.0, 1.0, 1.0)):
         role = {"forward": "gather", "backward": "gather" if op == "all_gather" else "reduce",
                 "grad_sync": "reduce", "update": "update"}[phase]
         out.append(_entry(job, phase, op, group, size, stride * tp, dtype, 1,
                           n_micro if per_mb else 1, full, kernel, copies=per_mb, tp=tp,
                           role="amax" if by and not per_mb else role,
                           exposed=phase == "grad_sync" and not overlap, by_class=by,
-                          copy_back=copy_back))
+                          copy_back=copy_back, scale=scale))
 
     fp8 = fp8_gathers(job, tp) if gathers_fp8(job, s) else None
     if s.s_p > 1 and per_micro_batch:
@@ -310,10 +327,12 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
             fwd_full, fwd_dt, qe = (lambda u: u * pb), pdt, None
         by = tuple(g.gather_bytes for g in fp8) if fp8 else None
         add("forward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe, by=by)
+        again = regather(job, s)
         if s.hpz > 1:
-            add("backward", "all_gather", "hpZ", s.hpz, 1, pdt, lambda u: u * pb)
+            add("backward", "all_gather", "hpZ", s.hpz, 1, pdt, lambda u: u * pb, scale=again)
         else:
-            add("backward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe, by=by)
+            add("backward", "all_gather", "P", s.s_p, 1, fwd_dt, fwd_full, qe, by=by,
+                scale=again)
     if s.s_g > 1 and per_micro_batch:
         if s.qgz:
             s0, s1 = s.mesh("g", job.gpus_per_node)

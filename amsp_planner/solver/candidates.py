@@ -93,7 +93,8 @@ class Configs:
         self.gb = np.where(on_h, hp(T.hpz)[zi], self.gf)
         self.kb = np.where(on_h, hp(T.khz)[zi], self.kf)
         df = np.where(q, _by_factor(T.dmq, fi)[pi], _by_factor(T.dm, fi)[pi])
-        self.dm = df + np.where(on_h, hp(T.dmh)[zi], df)
+        self.dmb = np.where(on_h, hp(T.dmh)[zi], df)
+        self.dm = df + self.dmb
         """Gathers fetched on demand per unit call, forward + backward (the 'comm' objective)."""
         self.red = np.where(qg, _by_factor(T.qgz, fi)[gi], _by_factor(T.rs, fi)[gi])
         self.kr = np.where(qg, _by_factor(T.kg, fi)[gi], _by_factor(T.krs, fi)[gi])
@@ -240,14 +241,22 @@ def objective_of(job: Job, T: Tables, cf: Configs, cand: Candidates, objective: 
     expressions (solver/step_rows.py ``_add_time``) on arrays."""
     c = cand.c
     ci = {cls: i for i, cls in enumerate(CLASSES)}
-    comm = {"gather_fwd": cf.gf[c], "gather_bwd": cf.gb[c], "reduce": cf.red[c],
+    gb, kb, dm = cf.gb[c], cf.kb[c], cf.dm[c]
+    if T.regather and T.kblocks:  # re-gathers of checkpointed blocks (step_rows._regather)
+        ranged = np.array([j in T.krange for j in cand.options])
+        lo = np.array([T.kblocks[j] for j in cand.options])
+        kk = np.where(ranged[cand.option], cand.blocks, lo[cand.option])
+        extra = np.zeros((len(c), len(CLASSES)))
+        extra[:, ci["block"]] = T.regather * kk / job.model.num_layers
+        gb, kb, dm = gb * (1 + extra), kb * (1 + extra), dm + cf.dmb[c] * extra
+    comm = {"gather_fwd": cf.gf[c], "gather_bwd": gb, "reduce": cf.red[c],
             "sync": cf.sync[c]}
     fwd = cand.fwd + cf.kf[c]
-    bwd = cand.bwd + cf.kb[c] + cf.kr[c]
+    bwd = cand.bwd + kb + cf.kr[c]
     counts = {"embedding": 1, "block": job.model.num_layers, "head": 1}
     if objective == "comm":
         per_mb = sum(counts[k] * (comm["gather_fwd"][:, i] + comm["gather_bwd"][:, i]
-                                  + comm["reduce"][:, i] + cf.dm[c][:, i]) for k, i in ci.items())
+                                  + comm["reduce"][:, i] + dm[:, i]) for k, i in ci.items())
         return (cand.n * per_mb + sum(counts[k] * comm["sync"][:, i] for k, i in ci.items())
                 + cf.cu[c] + cand.tpc)
 

@@ -32,6 +32,11 @@ from amsp_planner.cost.schedule import CLASSES
 from amsp_planner.cost.step_time import stage_time, stages
 
 
+def _key(j) -> str:
+    """An activation option as a row-name fragment."""
+    return "_".join(str(x) for x in j)
+
+
 def dot(pulp, terms, constant: float = 0.0):
     """sum(c * v for v, c in terms) + constant as one PuLP expression, built in place (PuLP's
     ``lpSum(v * c ...)`` makes two expressions per term; these models have thousands)."""
@@ -83,6 +88,11 @@ class StepRows:
                             + zero2(T.krs2, T.krs, i))
             q["fwd", c] = col(T.fwd, self.y, i) + fwd_kernel
             q["bwd", c] = col(T.bwd, self.y, i) + col(T.dbwd, self.k, i) + qx["bwd", c]
+        again = self._regather(J)
+        if again:  # a checkpointed block's modules gathered once more for its backward
+            q["gather_bwd", "block"] = q["gather_bwd", "block"] + again["time"]
+            qx["bwd", "block"] = qx["bwd", "block"] + again["kernel"]
+            q["bwd", "block"] = q["bwd", "block"] + again["kernel"]
         self._expert_time(q, qx, CLASSES)  # a mixture of experts' class (solver/expert_rows.py)
         e_upd, e_opt = self._expert_step_terms()
         Cu = dot(pulp, ((v, T.upd[k]) for k, v in self.zPO.items()), T.metrics) + e_upd
@@ -91,6 +101,8 @@ class StepRows:
         if self.objective == "comm":  # the gathers fetched on demand count too (T.dm)
             demand = {c: col(T.dm, self.xPn, i) + col(T.dmq, self.xPq, i) + col(T.dm, vn, i)
                       + col(T.dmq, vq, i) + col(T.dmh, self.h, i) for c, i in idx.items()}
+            if again:
+                demand["block"] = demand["block"] + again["demand"]
             per_mb = lin(counts[c] * (q["gather_fwd", c] + q["gather_bwd", c] + q["reduce", c]
                                       + demand[c]) for c in CLASSES)
             bound = self._bound_comm()
@@ -124,6 +136,44 @@ class StepRows:
                     "backward") * (1 - ymb), f"bwd_x_n_mb{mb}"
         self._add_micro_batch_cuts(J, q, qx, EF, EB, sig, eta)
         self.step_expr = EF + EB + phase["last"] + t_opt + Cu
+
+    def _regather(self, J) -> dict:
+        """The re-gathers of checkpointed blocks (cost/schedule.py ``regather``): per block
+        call, r K/L times the block's backward gathers (their time, kernels, and the part
+        fetched on demand), K the blocks option j checkpoints (lo + k_j for a range). Each an
+        auxiliary rho >= 0 with, per option j and backward gather choice c (vPn_f, vPq_f,
+        h_z, each 0 or 1 at an integer point),
+            rho >= (r T_c / L)(K_lo,j y_j + k_j) - M (2 - y_j - c),   M = r max_c T_c,
+        exact at integer points (y_j = c = 1: the product; otherwise <= 0); the step time
+        grows with rho, so the optimum takes the bound. {} when the engine re-gathers
+        nothing."""
+        T, r = self.T, self.T.regather
+        if not r or not T.kblocks:
+            return {}
+        pulp, prob, B = self.pulp, self.prob, self.prob.add_variable
+        i, L = CLASSES.index("block"), self.job.model.num_layers
+        out = {}
+        for name, tabs in (("time", (T.ag, T.agq, T.hpz)), ("kernel", (T.ka, T.kq, T.khz)),
+                           ("demand", (T.dm, T.dmq, T.dmh))):
+            if name == "demand" and self.objective != "comm":
+                continue
+            rho = out[name] = B(f"regather_{name}", lowBound=0)
+            choices = [(v, d[key][i]) for d, vs in zip(tabs, (self.vPn, self.vPq, self.h),
+                                                       strict=True)
+                       for key, v in vs.items() if key in d and d[key][i] > 0]
+            if not choices:
+                continue
+            big = r * max(x for _, x in choices)
+            for j in J:
+                lo, kj = T.kblocks[j], self.k.get(j)
+                if not lo and kj is None:
+                    continue
+                for n, (v, x) in enumerate(choices):
+                    terms = [(self.y[j], r * x * lo / L + big), (v, big)]
+                    if kj is not None:
+                        terms.append((kj, r * x / L))
+                    prob += rho >= dot(pulp, terms, -2 * big), f"regather_{name}_{_key(j)}_{n}"
+        return out
 
     def _add_micro_batch_cuts(self, J, q, qx, EF, EB, sig, eta) -> None:
         """Valid inequalities for E_F and E_B without the big-M of the micro-batch products.
@@ -190,12 +240,14 @@ class StepRows:
         for i, c in enumerate(CLASSES):
             top = functools.partial(_top, i)
             out["gather_fwd", c] = top(T.ag, T.agq)
-            out["gather_bwd", c] = top(T.ag, T.agq, T.hpz)
+            again = 1 + (self.T.regather if c == "block" else 0.0)  # re-gathers: _regather
+            out["gather_bwd", c] = top(T.ag, T.agq, T.hpz) * again
             out["reduce", c] = top(T.rs, T.qgz, T.rs2 or {})
             out["sync", c] = top(T.osrs) + top(T.ar)
             out["fwd", c] = top(T.fwd) + top(T.ka, T.kq)
-            out["bwd", c] = (top(T.bwd, T.bwd_hi) + top(T.ka, T.kq, T.khz)
+            out["bwd", c] = (top(T.bwd, T.bwd_hi) + top(T.ka, T.kq, T.khz) * again
                              + top(T.krs, T.kg, T.krs2 or {}))
+            out["demand", c] = top(T.dm, T.dmq) + top(T.dm, T.dmq, T.dmh) * again
         self._expert_qmax(out, CLASSES)
         return out
 
@@ -211,4 +263,5 @@ class StepRows:
         qm = self._qmax()
         L = self.job.model.num_layers
         return sum((L if c == "block" else 1) * (qm["gather_fwd", c] + qm["gather_bwd", c]
-                                                 + qm["reduce", c]) for c in CLASSES)
+                                                 + qm["reduce", c] + qm["demand", c])
+                   for c in CLASSES)

@@ -32,6 +32,8 @@ from amsp_planner.cost.memory import (
     job_state_bytes,
     model_state_bytes,
 )
+from amsp_planner.ckpt_setting import checkpointed_blocks
+from amsp_planner.cost.module_fetch import regather_fraction
 from amsp_planner.cost.moe_compute import dispatch_buffer_bytes
 from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
 from amsp_planner.cost.step_time import optimizer_time, tp_unit_seconds
@@ -121,6 +123,11 @@ class Tables:
     time_unit: float = 1.0
     """Seconds per model time unit."""
     krange: dict | None = None
+    kblocks: dict | None = None
+    """option j -> the blocks it checkpoints whole (a range option's at K = lo)."""
+    regather: float = 0.0
+    """Of a checkpointed block's backward gathers, the share the engine repeats (cost/schedule.py
+    ``regather``: the block class's backward gather tables times 1 + regather K / L)."""
     rec: dict | None = None
     """option j -> recompute per step of its checkpointing (model time units)."""
     drec: dict | None = None
@@ -221,6 +228,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
             step_buf[g, o] = buffer_bytes(job, s)["step_buffer"] / GIB
     perm = job.tp_max_unit(tp) * gb / GIB
     fwd, bwd, nn, act = {}, {}, {}, {}
+    kblocks: dict = {}  # option j -> the blocks it checkpoints whole (a range's at K = lo)
     krange, bwd_hi, dbwd, dact = {}, {}, {}, {}
     rec, drec = {}, {}  # recompute seconds per step of option j, and per block of K
     # A mixture of experts recomputes the all-to-alls of the MoE layers among the first K: affine
@@ -253,6 +261,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
             n * (u["fwd", c] + u["bwd", c]) for n, c in zip(counts, CLASSES, strict=True))
 
     def probe(j, mb, ck):
+        kblocks[j] = checkpointed_blocks(ck, job.model.num_layers)[0]
         rec[j] = recompute_s(job, mb, ck, tp, sp.ep)
         tpc[j] = tp_step(mb, ck)
         fwd[j], bwd[j] = compute(mb, ck)
@@ -297,6 +306,8 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     tables.tpc = {j: v / unit for j, v in tpc.items()}
     tables.dtpc = {j: v / unit for j, v in dtpc.items()}
     tables.drec = {j: v / unit for j, v in drec.items()}
+    tables.kblocks = kblocks
+    tables.regather = regather_fraction(job, tp)
     if moe:
         ex = expert_tables(job, sp)
         for name in TIME_TABLES:
