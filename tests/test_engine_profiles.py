@@ -29,6 +29,7 @@ def test_deepspeed_values_are_its_own_config_defaults():
     assert ex.prefetch_bucket == stage3.prefetch_bucket_size
     assert ex.persistence_threshold == stage3.param_persistence_threshold
     assert ex.max_live_params == stage3.max_live_parameters
+    assert ex.max_reuse_distance == stage3.max_reuse_distance
     # stages 1-2 all-reduce the bucket (multi-rank bucket all-reduce), on the current stream
     assert stage1.use_multi_rank_bucket_allreduce and ex.replicated_reduce == "all_reduce"
     # overlap_comm defaults off for stages 1-2, but the export writes it on: ZeRO-1's
