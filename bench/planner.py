@@ -30,6 +30,10 @@ CASES = [
                                "--global-batch-seqs", "4096"]),
     ("llama3-405b, 16384 GPUs", ["--model", "llama3-405b", "--gpus", "16384",
                                  "--global-batch-seqs", "16384"]),
+    # DeepSpeed's re-gathers of recomputed blocks (docs/cost-model.md): rows per option and
+    # backward gather choice in the ILP
+    ("gpt3-175b deepspeed, 1024 GPUs", ["--model", "gpt3-175b", "--gpus", "1024",
+                                        "--engine", "deepspeed"]),
     # mixtures of experts (docs/moe.md): one ILP per expert-parallel degree and placement
     ("qwen3-30b-a3b, 64 GPUs", ["--model", "qwen3-30b-a3b", "--gpus", "64"]),
     ("deepseek-v3, 2048 GPUs, 2048 seqs", ["--model", "deepseek-v3", "--gpus", "2048",
