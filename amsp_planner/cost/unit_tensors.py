@@ -13,8 +13,8 @@ def unit_tensors(model) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ..
     m = model
     h, f, q, kv = m.hidden_size, m.ffn_hidden_size, m.q_dim, m.kv_dim
     qkv_b = m.attention_bias in ("qkv", "all")
-    attn = [h * q + (q if qkv_b else 0), h * kv + (kv if qkv_b else 0),
-            h * kv + (kv if qkv_b else 0), q * h + (h if m.attention_bias == "all" else 0)]
+    qkv = [h * x + (x if qkv_b else 0) for x in (q, kv, kv)]  # fused: one (d_q + 2 d_kv) x h
+    attn = ([sum(qkv)] if m.fused_qkv else qkv) + [q * h + (h if m.attention_bias == "all" else 0)]
     up = [h * f + (f if m.mlp_bias else 0)] * (m.ffn_matrices - 1)
     mlp = up + [f * h + (h if m.mlp_bias else 0)]
     norm = m._norm_params()
@@ -32,10 +32,11 @@ def unit_tensor_counts(model) -> tuple[int, int, int]:
     weights (and biases) apart, as an engine that reduces tensor by tensor sees them."""
     m = model
     norm = 2 if m.norm_type == "layernorm" else 1
-    biases = (3 if m.attention_bias in ("qkv", "all") else 0) + (
+    qkv = 1 if m.fused_qkv else 3
+    biases = (qkv if m.attention_bias in ("qkv", "all") else 0) + (
         1 if m.attention_bias == "all" else 0) + (m.ffn_matrices if m.mlp_bias else 0)
     qk = 2 if m.qk_norm in ("head", "full") else 0
-    block = 4 + m.ffn_matrices + biases + norm * (4 if m.post_norms else 2) + qk
+    block = qkv + 1 + m.ffn_matrices + biases + norm * (4 if m.post_norms else 2) + qk
     emb = 1 + (1 if m.position_embedding == "learned" else 0)
     head = norm + (0 if m.tied_embeddings else 1)
     return emb, block, head

@@ -99,6 +99,9 @@ def check_attention(m) -> None:
             raise ValueError(f"{given[0]} is set but kv_lora_rank is not (multi-head latent "
                              "attention): give kv_lora_rank, or drop it")
         return
+    if m.fused_qkv:
+        raise ValueError("fused_qkv is set with kv_lora_rank: multi-head latent attention has "
+                         "no QKV projection to fuse: drop fused_qkv")
     missing = [k for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
                if mla[k] is None]
     if missing:

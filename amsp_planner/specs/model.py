@@ -88,6 +88,12 @@ class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
     (OLMo 2)."""
     post_norms: Flag = False
     """Two more norms per block, after attention and after the MLP (Gemma 2 and 3)."""
+    fused_qkv: Flag = False
+    """Queries, keys and values are one linear module, (d_q + 2 d_kv) x h with its bias, as the
+    model's implementation builds it (Megatron-LM's ParallelAttention ``query_key_value``,
+    BLOOM's ``query_key_value``); false: three modules (Hugging Face Llama-style q_proj,
+    k_proj, v_proj). The parameters are the same; an engine that gathers or reduces module by
+    module, tensor by tensor (DeepSpeed ZeRO-3) sees one tensor (cost/schedule.py)."""
 
     # ----- mixture of experts (docs/moe.md); all at their defaults for a dense model ---------
     num_experts: Int(0, 65536) = 0
@@ -139,7 +145,7 @@ class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
     # Fields a preset leaves at their default stay out of its dump, so the plan files and hashes
     # of models that do not use them are what they were before the fields existed.
     _OMIT_DEFAULT = {"head_dim": None, "qk_norm": "none", "post_norms": False,
-                     "num_experts": 0, "experts_per_token": 0, "expert_ffn_hidden_size": None,
+                     "fused_qkv": False, "num_experts": 0, "experts_per_token": 0, "expert_ffn_hidden_size": None,
                      "shared_expert_ffn_hidden_size": 0, "dense_layers": (),
                      "router_bias": False, "shared_expert_gate": False,
                      "routing": "softmax_topk", "mtp_layers": 0, "attention_sinks": False,
