@@ -5,6 +5,8 @@ that backward lies beyond ``stage3_max_reuse_distance`` (cost/module_fetch.py
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_solver import check_against_brute_force
 from test_solver import make_job as solver_job
 
@@ -29,6 +31,14 @@ def test_a_175b_block_regathers_all_but_its_last_projection_by_hand():
     want = (4 * qkvo + fc1) / (4 * qkvo + fc1 + fc2)
     assert regather_fraction(_job()) == pytest.approx(want, rel=1e-12)
     assert want == pytest.approx(2 / 3, rel=1e-4)
+
+
+def test_a_405b_swiglu_block_keeps_only_its_down_projection():
+    m = _job("llama3-405b", layers=4).model
+    h, f, kv = m.hidden_size, m.ffn_hidden_size, m.kv_dim
+    block = 2 * h * h + 2 * h * kv + 3 * h * f  # q, o, k, v, gate, up, down (no biases)
+    assert regather_fraction(_job("llama3-405b", layers=4)) == pytest.approx(
+        1 - h * f / block, rel=1e-12)
 
 
 @pytest.mark.parametrize("model, engine", [("llama-7b", "deepspeed"),    # a block under 1e9
@@ -85,3 +95,19 @@ def test_ilp_equals_brute_force_where_recomputed_blocks_are_gathered_again(layer
             chosen.append(got.strategy)
     if layers == 5:  # a sharded, checkpointed optimum: the re-gathers are in its price
         assert any(s.s_p > 1 and s.ckpt_value for s in chosen), chosen
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.fixed_dictionaries({
+    "layers": st.integers(2, 6), "nodes": st.sampled_from([1, 2, 4, 8]),
+    "seqs": st.sampled_from([1, 2, 4]), "frac": st.sampled_from([0.08, 0.15, 0.3, 1.0]),
+    "objective": st.sampled_from(["time", "comm"]),
+    "model": st.sampled_from(["gpt3-175b", "llama3-405b"])}))
+def test_ilp_equals_brute_force_on_random_jobs_with_regathers(p):
+    # blocks over the reuse distance: 175B (r = 2/3) and Llama-3.1-405B, whose SwiGLU block
+    # keeps only its down projection (gate, up and down are 8.7e8 elements each: up's backward
+    # lies past down's recomputation and backward, 1.7e9 > 1e9), r = 1 - down / block = 0.726
+    job = _job(p["model"], gpus=8 * p["nodes"], layers=p["layers"], seqs=p["seqs"])
+    ddp = evaluate(job, Strategy(), float("inf")).memory.total
+    check_against_brute_force(job, ddp * p["frac"], True, p["objective"])
