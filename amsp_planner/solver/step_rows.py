@@ -5,7 +5,10 @@ Per-micro-batch collective times (tables T from the cost model's schedule, see
 ``tables.tables_for``): C_f = sum_f xPn_f T_ag(f) + xPq_f T_agq(f) (forward gathers);
 C_bag = sum_f vPn_f T_ag(f) + vPq_f T_agq(f) + sum_z h_z T_hpz(z) (backward gathers: the
   forward ones without hpZ, hpZ's with it; [hpz]);
-C_g = sum_g xGn_g T_rs(g) + xGq_g T_qgz(g); C_b = C_bag + C_g.
+C_g = sum_g xGn_g T_rs(g) + xGq_g T_qgz(g); C_b = C_bag + C_g. With an engine that gathers a
+recomputed block again (Tables.regather r > 0), the block's C_bag and its backward gather
+kernels gain r K/L of themselves, each an auxiliary linearised per (option, gather choice)
+(``_regather``).
 Once per step: C_s = sum_GO zGO T_osrs(g, o) + sum_o xO_o T_ar(o);
 C_u = sum_PO zPO T_upd(p, o) + T_metrics. Compute: T_f = sum_j y_j Tf_j,
 T_b = sum_j (y_j Tb_j + k_j dTb_j); activations sum_j (y_j A_j + k_j dA_j).
