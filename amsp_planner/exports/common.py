@@ -116,8 +116,8 @@ def behaviour_differences(job: Job, target_job: Job, s: Strategy | None = None) 
     gradient dtype, the execution-profile values that separate the two engines' prices
     (engines.execution_differences), and, where strategy `s` checkpoints whole blocks, whether
     the recomputation stops early (``EngineProfile.ckpt_early_stop``)."""
-    from amsp_planner.engines import execution_differences
     from amsp_planner.ckpt_setting import checkpointed_blocks, stops_early
+    from amsp_planner.engines import execution_differences
 
     a, b = job.training, target_job.training
     out = []

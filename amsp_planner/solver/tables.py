@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from amsp_planner.ckpt_setting import checkpointed_blocks
 from amsp_planner.cost.communicators import communicator_bytes, used_kinds
 from amsp_planner.cost.compute import recompute_s, unit_computes
 from amsp_planner.cost.job import Job
@@ -32,7 +33,6 @@ from amsp_planner.cost.memory import (
     job_state_bytes,
     model_state_bytes,
 )
-from amsp_planner.ckpt_setting import checkpointed_blocks
 from amsp_planner.cost.module_fetch import regather_fraction
 from amsp_planner.cost.moe_compute import dispatch_buffer_bytes
 from amsp_planner.cost.schedule import CLASSES, ScheduleEntry, build_schedule
