@@ -122,7 +122,8 @@ def _metadata(path: Path) -> tuple[dict, dict[str, int]]:
         with contextlib.redirect_stderr(io.StringIO()):
             md = _MetadataUnpickler(io.BytesIO(f.read_bytes())).load()
     except Exception as e:  # noqa: BLE001 - any damage of the pickle is one line
-        raise _Damaged(f"cannot be read ({type(e).__name__}: {str(e)[:80]})") from None
+        why = " ".join(str(e).split())[:80]  # the pickle's message may span lines
+        raise _Damaged(f"cannot be read ({type(e).__name__}: {why})") from None
     sdm = getattr(md, "state_dict_metadata", None)
     if not isinstance(md, Metadata) or not isinstance(sdm, dict) or not isinstance(
             md.storage_data, dict):
