@@ -61,7 +61,6 @@ def is_moe_only(value) -> bool:
     return isinstance(value, str) and value == "moe"
 
 
-
 def stops_early(job) -> bool:
     """A checkpointed block's recomputation stops before the block's last linear (and its TP
     reduce-scatter): the engine's checkpoint stops early (``EngineProfile.ckpt_early_stop``)

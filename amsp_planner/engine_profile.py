@@ -72,6 +72,14 @@ class EngineProfile:
     block's last linear (the MLP's down projection, whose input is the last tensor saved) and
     what follows it are not rerun (cost/compute.py ``block_compute``). Reentrant checkpointing
     (Megatron's, DeepSpeed's, Hugging Face's default) reruns the whole block."""
+    te_weight_cache: bool = False
+    """With Transformer Engine's FP8 layers, each weight is cast once per step and the copy
+    reused by the step's other micro-batches: the engine marks the first micro-batch
+    (``is_first_microbatch``; cost/fp8.py ``weight_casts_shared``)."""
+    te_param_gather: bool = False
+    """With Transformer Engine's FP8 layers, the data-parallel parameter gathers can move FP8
+    under every recipe (Megatron's ``--fp8-param-gather``; cost/fp8.py
+    ``fp8_all_gather_supported``)."""
     fused_cross_entropy: str = ""
     """Its loss kernel, where it runs a fused one on the full logits: '' none (the eager fp32
     cross-entropy, cost/compute.py), 'te' Transformer Engine's Triton parallel cross-entropy

@@ -261,7 +261,12 @@ PROFILES = {
                       "--recompute-granularity selective --recompute-modules moe recomputes "
                       "each MoE layer (ckpt=moe)",
         ckpt_kinds=frozenset({"none", "full", "blocks", "moe"}),
+        te_weight_cache=True, te_param_gather=True,
         sources=(
+            "megatron/core/transformer/module.py set_is_first_microbatch (from "
+            "pipeline_parallel/schedules.py forward_step) and extensions/transformer_engine.py "
+            "TELinear.forward: te_weight_cache",
+            "megatron/training/arguments.py --fp8-param-gather: te_param_gather",
             "megatron/core/distributed/distributed_data_parallel_config.py "
             "(use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather, bucket_size, "
             "grad_reduce_in_fp32)",

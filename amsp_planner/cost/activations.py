@@ -201,8 +201,7 @@ def head_bytes_per_token(job: Job, tp: int = 1) -> float:
         return (head_bytes_per_token(job) - whole) / tp + whole + _gathered(job, tp, 1)
     logits = (0 if fused_linear_ce(job) else ab * m.vocab_size if compiled_ce(job)
               else 4 * m.vocab_size)
-    if "z_loss" in job.training.loss_extras and job.training.cross_entropy == "logits" \
-            and prof != "fused":
+    if "z_loss" in eager_loss_extras(job) and prof != "fused":
         # eager z-loss: LogsumexpBackward0 keeps its fp32 input (derivatives.yaml logsumexp:
         # logsumexp_backward(grad, self, result, ...)), beside log-softmax's output
         logits += 4 * m.vocab_size
@@ -220,6 +219,16 @@ def compiled_ce(job: Job) -> bool:
     """The loss runs under torch.compile (``TrainingSpec.cross_entropy`` 'compiled'): the
     logits saved and their gradient written at the training dtype, no fp32 copies."""
     return job.training.cross_entropy == "compiled"
+
+
+def eager_loss_extras(job: Job) -> tuple[str, ...]:
+    """The extra passes (``TrainingSpec.loss_extras``: z-loss, the shifted-logits copy) the
+    job's loss runs eagerly over the fp32 logits: none where the loss is compiled, fused with
+    the head, or the engine's own fused kernel (``EngineProfile.fused_cross_entropy``), which
+    compute them inside their kernels."""
+    if job.training.cross_entropy != "logits" or job.profile.fused_cross_entropy:
+        return ()
+    return job.training.loss_extras
 
 
 def flce_chunk_tokens(job: Job, micro_batch: int) -> int:

@@ -202,11 +202,11 @@ def head_compute(job: Job, micro_batch: int, tp: int = 1) -> UnitCompute:
     t = micro_batch * job.training.seq_len
     mm = _matmul(r, t, m.hidden_size, _div(m.vocab_size, tp))
     ce = _div(t * m.vocab_size, tp) / r.hbm if r.hbm else 0.0
-    kernel = job.profile.fused_cross_entropy
-    fwd, bwd = CE_BYTES[kernel]
-    if not kernel and job.training.cross_entropy == "logits":  # the eager loss's extra passes
-        for name in job.training.loss_extras:
-            fwd, bwd = fwd + LOSS_EXTRA_BYTES[name][0], bwd + LOSS_EXTRA_BYTES[name][1]
+    from amsp_planner.cost.activations import eager_loss_extras
+
+    fwd, bwd = CE_BYTES[job.profile.fused_cross_entropy]
+    for name in eager_loss_extras(job):  # the eager loss's extra passes
+        fwd, bwd = fwd + LOSS_EXTRA_BYTES[name][0], bwd + LOSS_EXTRA_BYTES[name][1]
     return UnitCompute(mm + fwd * ce, 2 * mm + bwd * ce)
 
 

@@ -364,9 +364,7 @@ def weight_casts_shared(job, tokens: int, tp: int) -> float:
     ``disable_parameter_transpose_cache``); NVIDIA/Megatron-LM at d98e8a6. The count is the
     step's micro-batches on one rank, global tokens x tp / (GPUs x micro-batch tokens) (under
     context parallelism and pipeline stages the job here is already one rank's view)."""
-    from amsp_planner.engines import runs_as
-
-    if runs_as(job.engine) != "megatron":  # Composer's TE layers: no is_first_microbatch
+    if not job.profile.te_weight_cache:  # Composer's TE layers: no is_first_microbatch
         return 1.0
     t = job.training
     return max(1.0, t.batch_seqs * t.seq_len * tp / (job.num_gpus * tokens))
@@ -386,11 +384,12 @@ def named_matmuls_s(job, tokens: int, tp: int, names, bf16_s) -> float:
 def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     """torchao: tensorwise only (Float8LinearConfig asserts it; rowwise and MX gather in the
     param dtype: MXFP8TrainingWeightWrapper's fsdp_pre_all_gather casts to bf16). Megatron:
-    --fp8-param-gather for every FP8 recipe. FSDP1 with Transformer Engine layers: none."""
-    from amsp_planner.engines import runs_as
+    --fp8-param-gather for every FP8 recipe (``EngineProfile.te_param_gather``). FSDP1 with
+    Transformer Engine layers: none."""
+    from amsp_planner.engines import profile
 
     if family_of(engine) == "te":
-        return runs_as(engine) == "megatron"
+        return profile(engine).te_param_gather
     return recipe == "tensorwise"
 
 

@@ -113,39 +113,48 @@ def _replay(order: list[int], sizes: list[int], bucket: int, max_live: int, reus
     return peak
 
 
+def _gathered(emb: tuple[int, ...], block: tuple[int, ...], head: tuple[int, ...], layers: int,
+              tied: bool, recompute: bool, threshold: int) -> tuple[list[int], list[int], list[int]]:
+    """(the whole trace's parameter ids, then the ids and elements of the calls the engine
+    gathers: every parameter of ``threshold`` elements or more; the rest stay whole)."""
+    order, sizes = _trace(emb, block, head, layers, tied, recompute)
+    keep = [i for i, x in enumerate(sizes) if x >= threshold]
+    return order, [order[i] for i in keep], [sizes[i] for i in keep]
+
+
 @lru_cache(maxsize=256)
 def _peak(emb: tuple[int, ...], block: tuple[int, ...], head: tuple[int, ...], layers: int,
-          tied: bool, bucket: int, threshold: int) -> int:
+          tied: bool, bucket: int, threshold: int, max_live: int, reuse: int) -> int:
     persistent = sum(x for x in (*emb, *head) if x < threshold) + layers * sum(
         x for x in block if x < threshold)
-    best = 0
-    for recompute in (False, True):
-        order, sizes = _trace(emb, block, head, layers, tied, recompute)
-        keep = [i for i, x in enumerate(sizes) if x >= threshold]
-        best = max(best, _replay([order[i] for i in keep], [sizes[i] for i in keep], bucket,
-                                 MAX_LIVE, MAX_REUSE, persistent))
-    return best
+    return max(_replay(*_gathered(emb, block, head, layers, tied, recompute, threshold)[1:],
+                       bucket, max_live, reuse, persistent)
+               for recompute in (False, True))
 
 
 @lru_cache(maxsize=256)
 def _regather(emb: tuple[int, ...], block: tuple[int, ...], head: tuple[int, ...], layers: int,
-              tied: bool, bucket: int, threshold: int, reuse: int) -> float:
+              tied: bool, bucket: int, threshold: int, max_live: int, reuse: int) -> float:
     gathered = sum(x for x in block if x >= threshold)
     if not gathered:
         return 0.0
     got = []
     for recompute in (False, True):
-        order, sizes = _trace(emb, block, head, layers, tied, recompute)
+        order, ids, sizes = _gathered(emb, block, head, layers, tied, recompute, threshold)
         first = len(emb) + layers // 2 * len(block)  # a middle block, away from both ends
         size = dict(zip(order[first:first + len(block)], block, strict=True))
-        keep = [i for i, x in enumerate(sizes) if x >= threshold]
         fetched: list[int] = []
-        _replay([order[i] for i in keep], [sizes[i] for i in keep], bucket, MAX_LIVE, reuse, 0,
-                fetched)
+        _replay(ids, sizes, bucket, max_live, reuse, 0, fetched)
         got.append(sum(size[p] for p in fetched if p in size))
     # what the recomputation adds: its gather replaces the backward's, and a module freed
     # after it is gathered again for its backward
     return max(0.0, (got[1] - got[0]) / gathered)
+
+
+def _limits(job: Job) -> tuple[int, int]:
+    """(max live, reuse distance) in elements: the profile's, else DeepSpeed's defaults."""
+    ex = job.profile.execution
+    return ex.max_live_params or MAX_LIVE, ex.max_reuse_distance or MAX_REUSE
 
 
 def regather_fraction(job: Job, tp: int = 1) -> float:
@@ -155,14 +164,14 @@ def regather_fraction(job: Job, tp: int = 1) -> float:
     distance further on in the trace is freed after its recomputation and gathered once more
     for its backward (``__params_to_release``). Replayed over a step with every block
     recomputed and without: the difference of a middle block's gathered elements over its
-    parameters' (one TP rank's shards). 0 for an engine without a reuse distance, and for a mixture of experts
-    (its expert modules are not in the trace)."""
+    parameters' (one TP rank's shards). 0 for an engine without a reuse distance, and for a
+    mixture of experts (its expert modules are not in the trace)."""
     ex = job.profile.execution
     if ex.max_reuse_distance is None or ex.gather_grouping == "unit" or job.model.is_moe:
         return 0.0
     emb, block, head = (tuple(x // tp for x in t) for t in module_tensors(job))
     return _regather(emb, block, head, job.model.num_layers, job.model.tied_embeddings,
-                     ex.prefetch_bucket or 0, ex.persistence_threshold, ex.max_reuse_distance)
+                     ex.prefetch_bucket or 0, ex.persistence_threshold, *_limits(job))
 
 
 def gathered_elements(job: Job) -> float:
@@ -171,7 +180,7 @@ def gathered_elements(job: Job) -> float:
     ex = job.profile.execution
     emb, block, head = module_tensors(job)
     return float(_peak(emb, block, head, job.model.num_layers, job.model.tied_embeddings,
-                       ex.prefetch_bucket or 0, ex.persistence_threshold))
+                       ex.prefetch_bucket or 0, ex.persistence_threshold, *_limits(job)))
 
 
 def grad_bucket_elements(job: Job) -> float:

@@ -67,8 +67,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from amsp_planner.ckpt_setting import checkpointed_blocks
 from amsp_planner.cost.fp8 import GATHER_ONLY
 from amsp_planner.cost.job import Job
+from amsp_planner.cost.module_fetch import regather_fraction
 from amsp_planner.cost.schedule_entry import (
     CLASSES,  # noqa: F401 - also this module's API
     ScheduleEntry,
@@ -274,9 +276,6 @@ def regather(job: Job, s: Strategy) -> tuple[float, float, float]:
     the L blocks checkpointed whole and r the share of a recomputed block the engine gathers
     once more for its backward (``cost/module_fetch.py`` ``regather_fraction``: DeepSpeed's
     reuse distance); 1 elsewhere. Averaged over the blocks, as their compute is."""
-    from amsp_planner.ckpt_setting import checkpointed_blocks
-    from amsp_planner.cost.module_fetch import regather_fraction
-
     L = job.model.num_layers
     k, _ = checkpointed_blocks(s.ckpt_value, L)
     r = regather_fraction(job, s.tp) if k else 0.0

@@ -213,7 +213,9 @@ def finish(target: str, job: Job, plan: Strategy, memory_limit: float | None, re
     knob's difference line; `notes(closest)` lists the caveats of the exported strategy.
     """
     closest, exact, tjob, diffs = translate(job, plan, target, memory_limit, why)
-    loss = job.training.loss_extras
+    from amsp_planner.cost.activations import eager_loss_extras
+
+    loss = eager_loss_extras(job)
     extra = [f"the plan prices {' and '.join(loss)} beside the cross-entropy; the exported "
              "configuration has no loss setting: the training script computes it"] if loss else []
     return ExportResult(target=target, text=render(tjob, closest), exact=exact, closest=closest,

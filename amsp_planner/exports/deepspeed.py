@@ -88,15 +88,14 @@ def stage_of(s: Strategy, num_gpus: int) -> int:
 def buffers(job: Job, stage: int) -> dict[str, int]:
     """The zero_optimization buffer fields, in elements, the memory and step models price
     (module text): DeepSpeed's own defaults, as the deepspeed engine profile records them."""
-    from amsp_planner.cost.module_fetch import MAX_LIVE, MAX_REUSE
-
     ex = PROFILES[TARGET].execution
     out = {"reduce_bucket_size": ex.reduce_bucket}
     if stage in (1, 2):
         out["allgather_bucket_size"] = ex.update_bucket
     if stage == 3:
         out.update(stage3_prefetch_bucket_size=ex.prefetch_bucket,
-                   stage3_max_live_parameters=MAX_LIVE, stage3_max_reuse_distance=MAX_REUSE,
+                   stage3_max_live_parameters=ex.max_live_params,
+                   stage3_max_reuse_distance=ex.max_reuse_distance,
                    stage3_param_persistence_threshold=ex.persistence_threshold)
     return out
 

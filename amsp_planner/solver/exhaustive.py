@@ -168,8 +168,8 @@ def search(job: Job, space: SearchSpace, usable_bytes: float, objective: str = "
         if len(out) > runners_up:
             break
         sol = solution(int(i))
-        if str(sol.strategy) not in taken:
-            taken.add(str(sol.strategy))
+        if (key := str(sol.strategy)) not in taken:
+            taken.add(key)
             out.append(sol)
     stats.status = "Optimal"
     stats.solve_time_s = _time.perf_counter() - t1

@@ -145,7 +145,8 @@ class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
     # Fields a preset leaves at their default stay out of its dump, so the plan files and hashes
     # of models that do not use them are what they were before the fields existed.
     _OMIT_DEFAULT = {"head_dim": None, "qk_norm": "none", "post_norms": False,
-                     "fused_qkv": False, "num_experts": 0, "experts_per_token": 0, "expert_ffn_hidden_size": None,
+                     "fused_qkv": False, "num_experts": 0, "experts_per_token": 0,
+                     "expert_ffn_hidden_size": None,
                      "shared_expert_ffn_hidden_size": 0, "dense_layers": (),
                      "router_bias": False, "shared_expert_gate": False,
                      "routing": "softmax_topk", "mtp_layers": 0, "attention_sinks": False,
