@@ -50,10 +50,11 @@ from amsp_planner.errors import AmspUserError
 ENGINES = ("amsp", "deepspeed", "fsdp2", "torchtitan", "internevo", "megatron")
 DEFAULT_ENGINE = "amsp"
 
-REDUCE_HOST_US = 33.5
+REDUCE_HOST_US = 22.0
 """DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted by
-bench/fit_reduce_host.py, to runs of a release without that function: docs/cost-model.md
-"Published runs of past releases")."""
+bench/fit_reduce_host.py to the published ZeRO-3 runs of GPT-3 175B at 128-1,536 GPUs:
+DeepSpeed 0.6.2's, which run that function, and spring 2021's, which predate it;
+docs/cost-model.md)."""
 
 _FSDP2_SOURCES = (
     ("gather_grouping", "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: one "
@@ -114,10 +115,10 @@ PROFILES = {
                  "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
                  "world_sz x tensors slices every tensor into per-rank chunks and interleaves "
                  "them (with padding) for one torch.cat; the time per (rank, tensor) is fitted "
-                 "to the published ZeRO-3 runs of 175B at 384-1,536 GPUs "
-                 "(bench/fit_reduce_host.py, docs/cost-model.md), which "
-                 "ran DeepSpeed of spring 2021, before the function existed (v0.6.0; "
-                 "engine_versions.py): the fit stands in for a gap of another cause; the "
+                 "to the published ZeRO-3 runs of 175B at 128-1,536 GPUs "
+                 "(bench/fit_reduce_host.py, docs/cost-model.md): DeepSpeed 0.6.2's on "
+                 "Azure (the function's own release line, v0.6.0 on) and spring 2021's, "
+                 "which predate it; the "
                  "function itself, run with 9 tensors and a stub for the collective, took "
                  "45 us more per (rank, tensor) from 256 to 1,024 ranks on a shared 2-core "
                  "development machine"),
