@@ -96,6 +96,11 @@ class Execution:
     launch_us: float = 0.0
     """Host time the engine adds per collective call (hooks, bucket bookkeeping, the launch),
     microseconds: it delays the call."""
+    prefetch_overlap: bool = True
+    """A prefetched parameter all-gather runs under the compute before it (cost/schedule.py
+    ``on_demand``). False: the compute waits for each gather call, as if fetched on demand
+    (``gather_grouping`` 'module' or 'parameter' only); the gradient reductions overlap as
+    the other fields say."""
     reduce_host_us: float = 0.0
     """Host time per (member of the group x parameter tensor) of a gradient reduce-scatter,
     microseconds: an engine that interleaves every tensor's per-rank chunks into the send

@@ -50,7 +50,7 @@ from amsp_planner.errors import AmspUserError
 ENGINES = ("amsp", "deepspeed", "fsdp2", "torchtitan", "internevo", "megatron")
 DEFAULT_ENGINE = "amsp"
 
-REDUCE_HOST_US = 22.0
+REDUCE_HOST_US = 13.5
 """DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted by
 bench/fit_reduce_host.py to the published ZeRO-3 runs of GPT-3 175B at 128-1,536 GPUs:
 DeepSpeed 0.6.2's, which run that function, and spring 2021's, which predate it;
@@ -84,7 +84,8 @@ PROFILES = {
         name="deepspeed", title="DeepSpeed 0.19", shapes="stages", hpz=True, qwz=True, qgz=True,
         qgz_needs_p=True, reduce_dtype=None, expert_rule="stages", optimizer_offload=True,
         gathers="stage 3 fetches parameters per module and prefetches up to "
-                "stage3_prefetch_bucket_size elements within stage3_max_live_parameters; the "
+                "stage3_prefetch_bucket_size elements within stage3_max_live_parameters, the "
+                "compute waiting for each gather (measured at scale: docs/cost-model.md); the "
                 "export writes DeepSpeed's defaults, which the memory model replays module by "
                 "module (cost/module_fetch.py)",
         checkpointing="activation_checkpointing section (number_checkpoints: the first K "
@@ -109,7 +110,7 @@ PROFILES = {
             max_live_params=1_000_000_000, max_reuse_distance=1_000_000_000,
             reduce_bucket=500_000_000, update_bucket=500_000_000, replicated_reduce="all_reduce",
             zero2_reduce="all_reduce", sync_overlap=False, replicated_overlap=True,
-            reduce_host_us=REDUCE_HOST_US,
+            prefetch_overlap=False, reduce_host_us=REDUCE_HOST_US,
             sources=(
                 ("reduce_host_us", "deepspeed/runtime/comm/coalesced_collectives.py "
                  "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
@@ -122,6 +123,14 @@ PROFILES = {
                  "function itself, run with 9 tensors and a stub for the collective, took "
                  "45 us more per (rank, tensor) from 256 to 1,024 ranks on a shared 2-core "
                  "development machine"),
+                ("prefetch_overlap", "measured, not read: partitioned_param_coordinator.py "
+                 "fetch_sub_module issues the next module's all-gather on its own stream "
+                 "before the current module's compute, but a profile of stage 3 (DeepSpeed "
+                 "issue #1069, 2021-06-29: 'the kernel operations in default stream are not "
+                 "starting until the allgathers have completed') and the published ZeRO-3 runs "
+                 "of DeepSpeed 0.6.2 at 128-1,024 GPUs (the Azure blog: fitted within a median "
+                 "of 4.7 % with the gathers waited for, docs/cost-model.md) say the compute "
+                 "waits for each"),
                 ("gather_grouping", "deepspeed/runtime/zero/partitioned_param_coordinator.py "
                  "fetch_sub_module: the parameters of each submodule fetched on its pre-forward/"
                  "pre-backward hook, the next ones prefetched together (__all_gather_params)"),

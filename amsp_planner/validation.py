@@ -168,6 +168,10 @@ def row_job(row: dict, models: dict, engine: str | None = None):
     engine = engine or pricing_engine(row["engine"], row.get("engine_version"))[0]
     pp = parse_strategy_or_baseline(row["strategy"], row["gpus"], cluster.gpus_per_node).pp
     job = Job.create(model, cluster, training, row["gpus"], engine=engine, pp=pp)
+    if row.get("execution"):  # the run's own configuration (validation_rows._check_execution)
+        import dataclasses
+
+        job = dataclasses.replace(job, settings=tuple(sorted(row["execution"].items())))
     s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
     job.check(s)
     return job, s
@@ -207,7 +211,9 @@ def predict_rows(doc: dict | None = None) -> list[RowResult]:
         if not row.get("strategy") or not row.get("cluster"):
             continue  # out of scope and not expressible as a job of this model
         job, s, engine, why = priced_job(row, doc.get("models", {}))
-        r.priced_as = engine + (f" ({why})" if why else "")
+        r.priced_as = engine + (f" ({why})" if why else "") + (
+            " [the run's settings: " + ", ".join(f"{k} {v:,.0f}" for k, v in job.settings)
+            + "]" if job.settings else "")
         r.activation_profile = job.training.activation_profile
         if r.precision == "fp8":
             from amsp_planner.cost.fp8 import default_recipe

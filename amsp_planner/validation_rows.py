@@ -33,11 +33,35 @@ def check_rows(doc: dict) -> dict:
         if "engine_version" in row and not isinstance(row["engine_version"], str):
             raise ValueError(f"validation.yaml: row {name}: field 'engine_version' must be a "
                              "quoted release, e.g. '0.3.14'")
+        _check_execution(name, row.get("execution"))
         if row["scope"] == "in" and not (row.get("strategy") and row.get("cluster")):
             raise ValueError(f"validation.yaml: row {name}: a row in scope needs fields "
                              "'strategy' and 'cluster'")
     _check_bf16_rows(doc["rows"])
     return doc
+
+
+def _check_execution(name: str, settings: object) -> None:
+    """A row's `execution:` names fields of the engine profile's ``Execution`` with numbers
+    (ValueError naming the row and the field otherwise)."""
+    if settings is None:
+        return
+    import dataclasses
+
+    from amsp_planner.engine_execution import Execution
+
+    fields = {f.name for f in dataclasses.fields(Execution)} - {"sources"}
+    if not isinstance(settings, dict) or not settings:
+        raise ValueError(f"validation.yaml: row {name}: field 'execution' must map Execution "
+                         "fields to the run's values, e.g. {max_live_params: 3000000000}")
+    for k, v in settings.items():
+        if k not in fields:
+            raise ValueError(f"validation.yaml: row {name}: field 'execution': '{k}' is not an "
+                             f"Execution field (amsp_planner/engine_execution.py): use one of "
+                             f"{', '.join(sorted(fields))}")
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"validation.yaml: row {name}: field 'execution': '{k}' must be "
+                             f"a number, got {v!r}")
 
 
 def _check_bf16_rows(rows: list[dict]) -> None:

@@ -3,6 +3,8 @@ that gathers and reduces module by module sees it: one module, one weight and on
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from amsp_testlib import make_job
 
@@ -24,6 +26,9 @@ def gpt530(fused: bool) -> ModelSpec:
 def late_share(model: ModelSpec) -> tuple[tuple[bool, ...], float]:
     """(on demand per gather call of a block, the on-demand calls' share of its bytes)."""
     job = make_job(640, model=model, seq_len=2048, batch_seqs=640).for_engine("deepspeed")
+    # the coordinator's prefetch rule, priced where the prefetch overlaps (prefetch_overlap
+    # on; DeepSpeed's profile waits for every gather: tests/test_deepspeed_azure_rows.py)
+    job = dataclasses.replace(job, settings=(("prefetch_overlap", True),))
     u = unit_elements(job)[1]
     late = on_demand(job, 1, u)
     fr = [f for _, f in call_groups(job, "gather", 1, u)]

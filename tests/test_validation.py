@@ -56,7 +56,10 @@ def test_every_row_has_a_source_an_engine_and_a_scope(doc):
 
 @pytest.mark.parametrize(("field", "value", "says"), [
     ("engine", None, "field 'engine' is missing"), ("scope", "", "field 'scope' is missing"),
-    ("source", "nowhere", "field 'source'"), ("strategy", None, "needs fields 'strategy'")])
+    ("source", "nowhere", "field 'source'"), ("strategy", None, "needs fields 'strategy'"),
+    ("execution", {"max_live": 3}, "field 'execution': 'max_live' is not an Execution field"),
+    ("execution", {"max_live_params": "3e9"}, "field 'execution': 'max_live_params' must be"),
+    ("execution", [1], "field 'execution' must map")])
 def test_a_bad_row_is_named_with_its_field(doc, field, value, says):
     bad = copy.deepcopy(doc)
     row = next(r for r in bad["rows"] if r["scope"] == "in")
@@ -171,7 +174,8 @@ def test_every_row_is_priced_with_its_own_engines_profile(results):
 
     for r in results:
         if r.priced_as and r.engine in ENGINES:  # its own, or its own at the row's release
-            assert r.priced_as.split("@")[0] == r.engine, (r.id, r.priced_as)
+            own = r.priced_as.split(" [")[0]  # a run's own settings follow in brackets
+            assert own.split("@")[0] == r.engine, (r.id, r.priced_as)
     tp2 = [r for r in results if r.id.startswith("internlm-tp2-zero1-all")]
     assert tp2 and all(r.priced_as == "internevo" for r in tp2)
 

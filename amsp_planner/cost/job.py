@@ -96,6 +96,10 @@ class Job:
     """1 for every job as stated; C in the per-rank view of context parallelism C
     (``cost/context_parallel.py: cp_view``): sequences of s/C tokens whose attention runs over
     a context of C times that."""
+    settings: tuple[tuple[str, int | float | str | bool], ...] = ()
+    """Execution values this job's run sets against its engine profile's (``Execution`` field,
+    value): a published run's own configuration (presets/validation.yaml ``execution:``, e.g.
+    DeepSpeed's stage3_max_live_parameters); empty for a planned job."""
 
     @staticmethod
     def fit_nodes(cluster: ClusterSpec, num_gpus: int) -> tuple[ClusterSpec, str | None]:
@@ -181,9 +185,13 @@ class Job:
     @property
     def profile(self) -> EngineProfile:
         """The engine's profile; with ``training.dp_overlap`` its opt-in overlaps on."""
-        if self.training.dp_overlap:
-            return _overlapped(self.engine)
-        return profile(self.engine)
+        p = _overlapped(self.engine) if self.training.dp_overlap else profile(self.engine)
+        if self.settings:
+            import dataclasses
+
+            p = dataclasses.replace(p, execution=dataclasses.replace(p.execution,
+                                                                     **dict(self.settings)))
+        return p
 
     # ----- derived --------------------------------------------------------------------------
     @property

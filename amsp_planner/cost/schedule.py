@@ -146,6 +146,8 @@ def on_demand(job: Job, cls: int, unit: int, tp: int = 1) -> tuple[bool, ...]:
     calls = _module_calls(job, cls, unit)
     if not calls:
         return ()
+    if not ex.prefetch_overlap:
+        return (True,) * len(calls)  # every call waited for by the compute
     before = _module_calls(job, 1, unit_elements(job, tp)[1]) if cls else None
     prev = [before[-1][1] if before else 0] + [own for _, own in calls[:-1]]
     late = [cap is not None and p >= cap for p in prev]
