@@ -106,6 +106,11 @@ class Execution:
     microseconds: an engine that interleaves every tensor's per-rank chunks into the send
     buffer in Python pays it on the thread that launches the backward kernels, so it adds to
     the backward's critical path (compute stream)."""
+    gather_host_us: float = 0.0
+    """Host time per (member of the group x gathered parameter) of a parameter all-gather,
+    microseconds, on the compute stream's critical path: an engine that builds each gather's
+    per-rank output list in Python and copies the result out rank by rank (DeepSpeed 0.3's
+    ``_allgather_param`` into torch's list all-gather) pays it with the compute waiting."""
     sources: tuple[tuple[str, str], ...] = ()
     """(field, where it is written) for every value above that is not the default."""
 

@@ -30,7 +30,19 @@ profile, for ZeRO-3:
   ``stage3_prefetch_bucket_size`` 5e7 elements, ``get_params_to_prefetch``), every gather but
   the last waits for the one before it with nothing computing (``gather_grouping``
   'parameter', cost/schedule.py ``on_demand``). Modules of 5e7 elements or more (every one of
-  a 175B model's blocks) are one prefetch each: overlapped as now.
+  a 175B model's blocks) are one prefetch each.
+- the compute waits for every gather (``prefetch_overlap`` off, as the current profile: a
+  profile of stage 3 of that code line, DeepSpeed issue #1069 of 2021-06-29, shows "the
+  kernel operations in default stream are not starting until the allgathers have
+  completed").
+- host time per (rank, gathered parameter), with the compute waiting (``gather_host_us``):
+  ``_allgather_param`` builds its output list in a Python loop over the ranks (a ``narrow``
+  and a ``torch.distributed.get_rank`` each) and hands it to torch's list ``all_gather``,
+  which in the PyTorch of the period gathers into a flat buffer and copies it out with one
+  ``copy_`` per rank issued from the calling thread, all after a ``torch.cuda.synchronize()``.
+  Fitted (bench/fit_reduce_host.py) to the 175B runs of arXiv 2104.04473 Table 2, its 530B
+  runs held out: 42 us, several times what those calls take alone, so it stands in partly
+  for what else slowed that stack (docs/cost-model.md).
 - the rest as now: parameters fetched per module (``PartitionedParameterCoordinator``
   ``fetch_sub_module``), prefetched only while the parameters held stay under
   ``stage3_max_live_parameters`` 1e9 (``prefetch_next_sub_modules``:
@@ -116,6 +128,9 @@ from __future__ import annotations
 from amsp_planner.engine_execution import Execution
 
 _DS_0_3_14 = "github.com/microsoft/DeepSpeed v0.3.14 (0cd9abf2)"
+GATHER_HOST_US_0_3_14 = 42.0
+"""DeepSpeed 0.3.14's host time per (rank, gathered parameter) of a stage-3 all-gather
+(fitted by bench/fit_reduce_host.py: module docstring)."""
 _NEMO_LAUNCHER = "github.com/NVIDIA/NeMo-Framework-Launcher tag 24.07 (8325688d)"
 _NEMO = "github.com/NVIDIA/NeMo branch r2.0.0rc1 (db624485)"
 _BRIDGE = "github.com/NVIDIA-NeMo/Megatron-Bridge"
@@ -160,8 +175,18 @@ VERSIONS: dict[str, dict] = {
             gather_grouping="parameter", persistence_threshold=100_000,
             prefetch_bucket=50_000_000,
             max_live_params=1_000_000_000, reduce_bucket=500_000_000,
-            sharded_reduce="all_reduce",
+            sharded_reduce="all_reduce", prefetch_overlap=False,
+            gather_host_us=GATHER_HOST_US_0_3_14,
             sources=(
+                ("prefetch_overlap", f"{_DS_0_3_14} stage3.py fetch_sub_module issues the "
+                 "prefetch on comm_stream, but a profile of stage 3 of that code line "
+                 "(DeepSpeed issue #1069, 2021-06-29) shows 'the kernel operations in default "
+                 "stream are not starting until the allgathers have completed'"),
+                ("gather_host_us", f"{_DS_0_3_14} partition_parameters.py _allgather_param "
+                 "(torch.cuda.synchronize(), then a Python loop over world_size building the "
+                 "output list for torch.distributed.all_gather, whose tensor-list form copies "
+                 "the gathered buffer out rank by rank); fitted to arXiv 2104.04473 Table 2's "
+                 "175B runs (bench/fit_reduce_host.py)"),
                 ("gather_grouping", f"{_DS_0_3_14} stage3.py PartitionedParameterCoordinator."
                  "fetch_sub_module (the submodule's own parameters) and "
                  "prefetch_next_sub_modules (the next ones in the recorded trace, "

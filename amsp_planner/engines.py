@@ -50,11 +50,10 @@ from amsp_planner.errors import AmspUserError
 ENGINES = ("amsp", "deepspeed", "fsdp2", "torchtitan", "internevo", "megatron")
 DEFAULT_ENGINE = "amsp"
 
-REDUCE_HOST_US = 13.5
+REDUCE_HOST_US = 10.5
 """DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter (fitted by
-bench/fit_reduce_host.py to the published ZeRO-3 runs of GPT-3 175B at 128-1,536 GPUs:
-DeepSpeed 0.6.2's, which run that function, and spring 2021's, which predate it;
-docs/cost-model.md)."""
+bench/fit_reduce_host.py to the published ZeRO-3 runs of GPT-3 175B at 128-1,024 GPUs of
+DeepSpeed 0.6.2, a release that runs that function; docs/cost-model.md)."""
 
 _FSDP2_SOURCES = (
     ("gather_grouping", "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: one "
@@ -116,10 +115,9 @@ PROFILES = {
                  "reduce_scatter_coalesced (stage 3's gradient reduction): a Python loop over "
                  "world_sz x tensors slices every tensor into per-rank chunks and interleaves "
                  "them (with padding) for one torch.cat; the time per (rank, tensor) is fitted "
-                 "to the published ZeRO-3 runs of 175B at 128-1,536 GPUs "
-                 "(bench/fit_reduce_host.py, docs/cost-model.md): DeepSpeed 0.6.2's on "
-                 "Azure (the function's own release line, v0.6.0 on) and spring 2021's, "
-                 "which predate it; the "
+                 "to the published ZeRO-3 runs of 175B at 128-1,024 GPUs of DeepSpeed "
+                 "0.6.2 (the DeepSpeed Azure blog; the function is in v0.6.0 on: "
+                 "bench/fit_reduce_host.py, docs/cost-model.md); the "
                  "function itself, run with 9 tensors and a stub for the collective, took "
                  "45 us more per (rank, tensor) from 256 to 1,024 ranks on a shared 2-core "
                  "development machine"),
@@ -129,7 +127,7 @@ PROFILES = {
                  "issue #1069, 2021-06-29: 'the kernel operations in default stream are not "
                  "starting until the allgathers have completed') and the published ZeRO-3 runs "
                  "of DeepSpeed 0.6.2 at 128-1,024 GPUs (the Azure blog: fitted within a median "
-                 "of 4.7 % with the gathers waited for, docs/cost-model.md) say the compute "
+                 "of 3.6 % with the gathers waited for, docs/cost-model.md) say the compute "
                  "waits for each"),
                 ("gather_grouping", "deepspeed/runtime/zero/partitioned_param_coordinator.py "
                  "fetch_sub_module: the parameters of each submodule fetched on its pre-forward/"

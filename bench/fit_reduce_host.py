@@ -1,20 +1,21 @@
-"""Fit DeepSpeed's host time per (rank, tensor) of a stage-3 gradient reduce-scatter
-(``engines.REDUCE_HOST_US``, the deepspeed profile's ``reduce_host_us``) to the published
-ZeRO-3 runs of GPT-3 175B at scale, and print the 530B runs of the same sources as held out:
+"""Fit DeepSpeed's two host-time terms to the published ZeRO-3 runs of GPT-3 175B, each priced
+with the profile of the release that ran it, and print the 530B runs of the same sources as
+held out; every other value of the cost model stays as it is:
 
-- the DeepSpeed Azure blog (DeepSpeed 0.6.2, 2022): 175B at 128-1,024 A100s, sequence 512
-  and 1,024, micro-batches 1-32 (rows azure-175b-*), 530B at 512 and 1,024 (azure-530b-*);
-- arXiv 2104.04473 Table 2 (DeepSpeed of spring 2021): 175B at 384-1,536 A100s (mz3-175b-*),
-  530B at 640-2,240 (mz3-530b-*).
+- ``reduce_host_us`` of the current profile (``engines.REDUCE_HOST_US``): the per-(rank, tensor)
+  interleave of ``reduce_scatter_coalesced`` (DeepSpeed >= 0.6.0), fitted to the runs of
+  DeepSpeed 0.6.2 (the DeepSpeed Azure blog: 175B at 128-1,024 A100s, rows azure-175b-*; 530B
+  at 512 and 1,024, azure-530b-*, held out);
+- ``gather_host_us`` of ``deepspeed@0.3.14`` (``engine_versions.GATHER_HOST_US_0_3_14``): the
+  per-(rank, gathered parameter) list all-gather of that release, fitted to the 175B runs of
+  arXiv 2104.04473 Table 2 (mz3-175b-*), its 530B runs (mz3-530b-*) held out.
 
-    python bench/fit_reduce_host.py [--lo 5] [--hi 60] [--step 0.5]
+    python bench/fit_reduce_host.py [--step 0.5]
 
-The value minimises the sum of squared throughput errors (relative) over the 175B rows that
-fit in memory, on a grid; every other value of the cost model stays as it is. The two sources
-disagree (the 2021 runs are 1.6x slower than the 2022 ones at the same work per GPU) and
-their N-dependence is flatter than a per-rank cost: the term stands in partly for what the
-model lacks at these scales (docs/cost-model.md), so its fit is redone whenever the rest of
-the model moves these rows (tests/test_fused_qkv.py keeps the constant at the fit).
+Each value minimises the sum of squared relative throughput errors over its fitted rows that
+fit in memory, on a grid. Both stand in partly for what the model lacks at these scales
+(docs/cost-model.md), so the fits are redone whenever the rest of the model moves these rows
+(tests/test_fused_qkv.py keeps both constants at their fits).
 """
 
 from __future__ import annotations
@@ -30,46 +31,52 @@ sys.path.insert(0, str(ROOT))
 from amsp_planner import engines  # noqa: E402
 from amsp_planner.validation import load_rows, predict_rows  # noqa: E402
 
-FIT, HELD_OUT = ("azure-175b-", "mz3-175b-"), ("azure-530b-", "mz3-530b-")
+TERMS = {  # profile key: (Execution field, fitted rows, held-out rows, grid lo, hi)
+    "deepspeed": ("reduce_host_us", "azure-175b-", "azure-530b-", 0.0, 40.0),
+    "deepspeed@0.3.14": ("gather_host_us", "mz3-175b-", "mz3-530b-", 0.0, 80.0),
+}
 
 
-def errors(doc: dict, us: float) -> dict[str, float]:
-    """Throughput error of each row of `doc` that fits in memory, with ``reduce_host_us`` =
-    `us`; the profile is restored after."""
-    base = engines.PROFILES["deepspeed"]
-    engines.PROFILES["deepspeed"] = dataclasses.replace(
-        base, execution=dataclasses.replace(base.execution, reduce_host_us=us))
+def rows_of(doc: dict, key: str) -> dict:
+    """The in-scope rows of `key`'s fit and its held-out set."""
+    _, fit, held, _, _ = TERMS[key]
+    return {**doc, "rows": [r for r in doc["rows"]
+                            if r["id"].startswith((fit, held)) and r["scope"] == "in"]}
+
+
+def errors(doc: dict, us: float, key: str = "deepspeed") -> dict[str, float]:
+    """Throughput error of each row of `doc` that fits in memory, with the profile `key`'s
+    term = `us`; the profile is restored after."""
+    field = TERMS[key][0]
+    base = engines.PROFILES[key]
+    engines.PROFILES[key] = dataclasses.replace(
+        base, execution=dataclasses.replace(base.execution, **{field: us}))
     try:
         return {r.id: r.error for r in predict_rows(doc) if r.fits and r.error is not None}
     finally:
-        engines.PROFILES["deepspeed"] = base
+        engines.PROFILES[key] = base
 
 
-def rows_of(doc: dict) -> dict:
-    """The in-scope rows of the fit and of the held-out set."""
-    return {**doc, "rows": [r for r in doc["rows"]
-                            if r["id"].startswith(FIT + HELD_OUT) and r["scope"] == "in"]}
-
-
-def sse(doc: dict, us: float) -> float:
-    return sum(v * v for k, v in errors(doc, us).items() if k.startswith(FIT))
+def sse(doc: dict, us: float, key: str = "deepspeed") -> float:
+    fit = TERMS[key][1]
+    return sum(v * v for k, v in errors(doc, us, key).items() if k.startswith(fit))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lo", type=float, default=5.0)
-    ap.add_argument("--hi", type=float, default=60.0)
     ap.add_argument("--step", type=float, default=0.5)
     a = ap.parse_args(argv)
-    doc = rows_of(load_rows())
-    grid = [a.lo + i * a.step for i in range(int((a.hi - a.lo) / a.step) + 1)]
-    best = min(grid, key=lambda us: sse(doc, us))
-    now = engines.PROFILES["deepspeed"].execution.reduce_host_us
-    print(f"reduce_host_us fitted: {best:g} us per (rank, tensor) (the profile has {now:g})")
-    print("| row | error at the fit | fitted or held out |")
-    print("| --- | ---: | --- |")
-    for k, v in errors(doc, best).items():
-        print(f"| {k} | {v * 100:+.1f} % | {'fitted' if k.startswith(FIT) else 'held out'} |")
+    doc = load_rows()
+    for key, (field, fit, _, lo, hi) in TERMS.items():
+        rows = rows_of(doc, key)
+        grid = [lo + i * a.step for i in range(int((hi - lo) / a.step) + 1)]
+        best = min(grid, key=lambda us: sse(rows, us, key))
+        now = getattr(engines.PROFILES[key].execution, field)
+        print(f"\n{key} {field} fitted: {best:g} us (the profile has {now:g})\n")
+        print("| row | error at the fit | fitted or held out |")
+        print("| --- | ---: | --- |")
+        for k, v in errors(rows, best, key).items():
+            print(f"| {k} | {v * 100:+.1f} % | {'fitted' if k.startswith(fit) else 'held out'} |")
     return 0
 
 

@@ -31,7 +31,7 @@ def test_versioned_profiles_are_priced_only_for_published_runs():
 
     named = {f"{r['engine']}@{r['engine_version']}" for r in load_rows()["rows"]
              if r.get("engine_version") and r.get("scope") == "in"}
-    assert named == set(VERSIONED) - {OLD}  # each priced row's release has its profile
+    assert named == set(VERSIONED)  # each priced row's release has its profile, and back
     assert not set(VERSIONED) & set(ENGINES)  # never a choice of --engine: the planner prices the current one
     old, new = PROFILES[OLD], PROFILES["deepspeed"]
     assert old.engine == new.engine == "deepspeed" and old.name == OLD
@@ -102,13 +102,17 @@ def test_gathers_of_one_prefetch_batch_wait_for_each_other(monkeypatch):
     # whole (4096 < 1e5); q, k, v, o 16.8M each, gate, up, down 45.1M each: seven calls (the
     # current release coalesces them into five). Batches: [q, k, v] (50.3M), [o, gate]
     # (61.9M), [up, down] (90.2M): q, k, o and up wait with nothing computing, v, gate and
-    # down are prefetched. With a bucket of one element each call is its own batch.
+    # down are prefetched. With a bucket of one element each call is its own batch. (The
+    # batching rule prices where the prefetch overlaps, prefetch_overlap on, set here as a
+    # run's setting: the profile waits for every gather, measured at scale.)
     from amsp_planner import engines
     from amsp_planner.cost.schedule import call_groups, on_demand
 
     n = 16
+    on = (("prefetch_overlap", True),)
     job = make_job(n, model=load_model("llama-7b"), seq_len=2048,
                    batch_seqs=4 * n).for_engine(OLD)
+    job = dataclasses.replace(job, settings=on)
     u = unit_elements(job)[1]
     scale = u / job.model.block_params()
     a, f = 4096 * 4096, 4096 * 11008
@@ -121,7 +125,7 @@ def test_gathers_of_one_prefetch_batch_wait_for_each_other(monkeypatch):
     one = dataclasses.replace(PROFILES[OLD], execution=dataclasses.replace(
         PROFILES[OLD].execution, prefetch_bucket=1))
     monkeypatch.setitem(engines.PROFILES, OLD, one)
-    after = evaluate(job.for_engine("amsp").for_engine(OLD), s)
+    after = evaluate(dataclasses.replace(job.for_engine("amsp").for_engine(OLD), settings=on), s)
     ga = {(e.phase, e.group): e for e in before.schedule}[("forward", "P")]
     gb = {(e.phase, e.group): e for e in after.schedule}[("forward", "P")]
     topo, pb = job.topology, job.training.param_bytes
@@ -150,3 +154,21 @@ def test_a_row_is_priced_with_the_release_it_names():
                                             "scope": "x", "engine_version": 0.3}]}
     with pytest.raises(ValueError, match="engine_version"):
         check_rows(doc)
+
+
+def test_v0_3_14_pays_its_host_time_per_rank_and_gathered_parameter_by_hand():
+    # _allgather_param: a Python loop over the ranks and one copy per rank for every gathered
+    # parameter. A GPT-3 175B block gathers q, k, v, o, fc1 and fc2 (weights; its biases and
+    # norms are under the 1e5 persistence threshold and kept whole): 6 calls, so each block's
+    # forward gather adds 6 x n x gather_host_us to its compute on n ranks
+    from amsp_planner.engine_versions import GATHER_HOST_US_0_3_14
+
+    n = 64
+    job = make_job(n, model=load_model("gpt3-175b"), seq_len=2048, batch_seqs=n).for_engine(OLD)
+    s = Strategy(s_p=n, s_g=n, s_os=n)
+    with_host = {(e.phase, e.group): e for e in evaluate(job, s).schedule}[("forward", "P")]
+    plain = dataclasses.replace(job, settings=(("gather_host_us", 0.0),))
+    without = {(e.phase, e.group): e for e in evaluate(plain, s).schedule}[("forward", "P")]
+    want = 6 * n * GATHER_HOST_US_0_3_14 * 1e-6
+    assert with_host.unit_kernel_s[1] - without.unit_kernel_s[1] == pytest.approx(want, rel=1e-9)
+    assert with_host.time_s == pytest.approx(without.time_s)  # the bytes' seconds unchanged

@@ -212,7 +212,9 @@ def buffer_bytes(job: Job, s: Strategy) -> dict[str, float]:
     t = job.training
     u, pb, gb = job.tp_max_unit(s.tp), t.param_bytes, t.grad_bytes
     e = job.tp_units(s.tp)[0] if job.model.tied_embeddings else 0
-    per_module = job.profile.execution.gather_grouping == "module" and s.tp == 1
+    # DeepSpeed's coordinator holds what its replay says whether it gathers a module's
+    # parameters in one call or one by one (0.3.14's 'parameter' grouping)
+    per_module = job.profile.execution.gather_grouping in ("module", "parameter") and s.tp == 1
     gather = 0.0
     if s.s_p > 1:
         gather = (gathered_elements(job) if per_module else 2 * u + e) * pb

@@ -241,8 +241,14 @@ def _entry(job: Job, phase: str, op: str, group: str, size: int, stride: int, dt
 
     host = job.profile.execution.reduce_host_us * 1e-6 * size
     tensors = unit_tensor_counts(job.model)
+    g_host = job.profile.execution.gather_host_us * 1e-6 * size if op == "all_gather" else 0.0
 
-    def kernel(u: int, c: int = 0) -> float:
+    def kernel(u: int, c: int = 0) -> float:  # the engine's host time, then the kernels
+        late = g_host * len(call_groups(job, role, c, u, tp)) if g_host and role == "gather" \
+            else 0.0  # per gathered parameter, the compute waiting
+        return late + kernels(u, c)
+
+    def kernels(u: int, c: int = 0) -> float:
         if kernel_elements:
             return kernel_elements(u) * 2 / rate
         if host and op == "reduce_scatter" and copies:  # the engine's per-rank interleave
