@@ -224,6 +224,20 @@ def test_cli_engine_end_to_end(tmp_path):
     assert out.startswith("engine: torchtitan (the plan was made for deepspeed)")
 
 
+def test_explain_on_another_engine_prices_the_alternatives_on_it_too(tmp_path):
+    # a plan made for FSDP2 at ZeRO-3 and explained as DeepSpeed runs it: the zero3 baseline is
+    # the plan's own sharding, so on the same engine it is the same step and memory; the plan
+    # file's figures for it are FSDP2's, which DeepSpeed prices several times slower
+    plan = tmp_path / "fsdp2.json"
+    code, out, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "1024", "--engine",
+                              "fsdp2", "--strategy", "zero3", "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["explain", str(plan), "--engine", "deepspeed", "--no-sensitivity"])
+    assert code == 0, err
+    zero3 = next(ln for ln in out.splitlines() if ln.lstrip().startswith("zero3 "))
+    assert "+0.00% step time, +0.00 GiB; differs by same sharding" in zero3, zero3
+
+
 def test_cli_engine_note_and_bad_value(tmp_path):
     args = ["--model", "llama-7b", "--gpus", "64"]
     code, out, err = run_cli(["compare", *args, "--engine", "torchtitan"])

@@ -157,10 +157,12 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
     facts["alternatives"] = []
     for name, r in alts:
         other = Strategy.parse(r["strategy"])
-        d_step = r["step_s"] / e.step_s - 1
-        d_mem = (r["memory_bytes"] - e.memory.total) / GIB
-        fit = "" if r["fits"] else " (does not fit)"
+        # priced as the plan is: on the engine it is explained for (`amsp explain --engine`
+        # re-prices the plan; the plan file's figures are its own engine's)
         ev_other = evaluate(job, other, limit)
+        d_step = ev_other.step_s / e.step_s - 1
+        d_mem = (ev_other.memory.total - e.memory.total) / GIB
+        fit = "" if ev_other.fits else " (does not fit)"
         parts = step_differences(e, ev_other)
         lines.append(f"  {name:10s} {r['strategy']}: {d_step * 100:+.2f}% step time, "
                      f"{d_mem:+.2f} GiB{fit}; differs by {_diff(e.strategy, other)}")
