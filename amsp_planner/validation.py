@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from amsp_planner.validation_rows import (  # noqa: F401 (re-exported)
@@ -169,9 +169,7 @@ def row_job(row: dict, models: dict, engine: str | None = None):
     pp = parse_strategy_or_baseline(row["strategy"], row["gpus"], cluster.gpus_per_node).pp
     job = Job.create(model, cluster, training, row["gpus"], engine=engine, pp=pp)
     if row.get("execution"):  # the run's own configuration (validation_rows._check_execution)
-        import dataclasses
-
-        job = dataclasses.replace(job, settings=tuple(sorted(row["execution"].items())))
+        job = replace(job, settings=tuple(sorted(row["execution"].items())))
     s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)
     job.check(s)
     return job, s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from amsp_planner.engines import DEFAULT_ENGINE, EngineProfile, profile
@@ -96,7 +96,7 @@ class Job:
     """1 for every job as stated; C in the per-rank view of context parallelism C
     (``cost/context_parallel.py: cp_view``): sequences of s/C tokens whose attention runs over
     a context of C times that."""
-    settings: tuple[tuple[str, int | float | str | bool], ...] = ()
+    settings: tuple[tuple[str, object], ...] = ()
     """Execution values this job's run sets against its engine profile's (``Execution`` field,
     value): a published run's own configuration (presets/validation.yaml ``execution:``, e.g.
     DeepSpeed's stage3_max_live_parameters); empty for a planned job."""
@@ -187,10 +187,7 @@ class Job:
         """The engine's profile; with ``training.dp_overlap`` its opt-in overlaps on."""
         p = _overlapped(self.engine) if self.training.dp_overlap else profile(self.engine)
         if self.settings:
-            import dataclasses
-
-            p = dataclasses.replace(p, execution=dataclasses.replace(p.execution,
-                                                                     **dict(self.settings)))
+            p = replace(p, execution=replace(p.execution, **dict(self.settings)))
         return p
 
     # ----- derived --------------------------------------------------------------------------
@@ -350,10 +347,8 @@ class Job:
 def _overlapped(engine: str) -> EngineProfile:
     """`engine`'s profile with its opt-in data-parallel overlaps on (``dp_overlap``); a user
     error naming the field where the engine has no such switch."""
-    import dataclasses
-
     p = profile(engine)
     if not p.execution.overlap_flags:
         raise AmspUserError(f"dp_overlap: {p.title} has no opt-in overlap of its gradient "
                             "reduction and parameter all-gather: drop dp_overlap")
-    return dataclasses.replace(p, execution=p.execution.overlapped())
+    return replace(p, execution=p.execution.overlapped())

@@ -138,7 +138,10 @@ def on_demand(job: Job, cls: int, unit: int, tp: int = 1) -> tuple[bool, ...]:
     (stage3.py ``get_params_to_prefetch``), issued before the current module's compute is
     launched: every call of such a batch but its last waits for the one before it with
     nothing computing. Batches are counted from each unit's first call; a call is on demand
-    when it is not the last of its batch, or by the ``max_live_params`` rule above."""
+    when it is not the last of its batch, or by the ``max_live_params`` rule above.
+
+    With ``prefetch_overlap`` off (DeepSpeed's profiles: measured, docs/cost-model.md) every
+    call is waited for, whatever the rules above say the engine prefetches."""
     ex = job.profile.execution
     cap = ex.max_live_params
     if ex.gather_grouping not in ("module", "parameter"):
