@@ -44,11 +44,50 @@ from amsp_planner.runtime.worker import (
     worker,
 )
 
+DEFAULT_MASTER_PORT = 29500
+"""The rendezvous port of a cluster launch (``--node-rank``) without ``--master-port``:
+torchrun's default, the same on every node."""
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
 
 def free_port() -> int:
+    """A port free on this host for a rendezvous on loopback, taken below the kernel's
+    ephemeral range where one is free: a port the kernel hands out (bind to 0) is also what
+    every outgoing connection of a busy host draws from, so between this check and torchrun's
+    bind another process may take it (``_run`` retries the launch on that)."""
+    import random
+
+    lo, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(64 if lo > 11000 else 0):
+        port = rng.randrange(10000, lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+PORT_TRIES = 3
+"""Launches on a port the launcher chose before it reports that torchrun could not bind it."""
+
+
+def _port_taken(log_text: str) -> bool:
+    """torchrun's store could not listen on the rendezvous port (another process took it
+    after ``free_port``), before any rank ran."""
+    t = log_text.lower()
+    return "eaddrinuse" in t or "address already in use" in t
 
 
 def torchrun_cmd(nproc: int, port: int, nnodes: int = 1, node_rank: int = 0,
@@ -132,6 +171,8 @@ def launch(plan_path: str, plan, opts: dict, *, local_nodes: bool = False,
             f"the plan is for {n} nodes of {r}: run `amsp train` on every node with "
             "--node-rank I --master-addr HOST, or simulate them on this host with --local-nodes"
         )
+    if node_rank is not None:
+        master_port = _check_cluster_launch(n, node_rank, local_nodes, master_addr, master_port)
     ranks = range(n) if local_nodes or n == 1 else [node_rank]
     if master_port is not None and 0 in ranks:  # this host serves the rendezvous
         check_port(master_port)
@@ -143,10 +184,45 @@ def launch(plan_path: str, plan, opts: dict, *, local_nodes: bool = False,
         release(lock)
 
 
+def _check_cluster_launch(n: int, node_rank: int, local_nodes: bool, master_addr: str | None,
+                          master_port: int | None) -> int:
+    """Refuse the options of one node of a cluster launch that cannot meet the others (one
+    line, exit 2); returns the rendezvous port, ``DEFAULT_MASTER_PORT`` unless given."""
+    if local_nodes:
+        raise AmspUserError(f"--node-rank {node_rank} and --local-nodes: --local-nodes runs "
+                            "every node here: give one of them")
+    if n == 1:
+        raise AmspUserError(f"--node-rank {node_rank}: the plan is for one node: drop the "
+                            "option, or re-plan for more GPUs")
+    if node_rank >= n:
+        raise AmspUserError(f"--node-rank {node_rank}: the plan has {n} nodes (ranks 0 to "
+                            f"{n - 1}): give this node's index")
+    if not master_addr:
+        raise AmspUserError(f"--node-rank {node_rank}: needs --master-addr HOST, node 0's "
+                            "address, the same on every node")
+    return master_port or DEFAULT_MASTER_PORT
+
+
 def _run(plan_path: str, opts: dict, job, ranks, master_addr, master_port, env, lock) -> int:
+    """Launch; a launch on a port this launcher chose that another process took before
+    torchrun bound it is retried on a new port (``PORT_TRIES``)."""
+    for attempt in range(1, PORT_TRIES + 1):
+        port = master_port or free_port()
+        out = _launch_once(plan_path, opts, job, ranks, master_addr, port, env, lock,
+                           retry=master_port is None and attempt < PORT_TRIES)
+        if out is not None:
+            return out
+    raise AssertionError("unreachable: the last try returns")
+
+
+def _launch_once(plan_path: str, opts: dict, job, ranks, master_addr, port: int, env, lock,
+                 retry: bool) -> int | None:
+    """One launch; None when `retry` and torchrun could not bind the port (the run folder
+    removed: nothing ran)."""
+    import shutil
+
     n, r = job.num_nodes, job.gpus_per_node
     addr = master_addr or "127.0.0.1"
-    port = master_port or free_port()
     try:
         run = Path(tempfile.mkdtemp(prefix="amsp-run-"))
     except OSError as e:
@@ -172,6 +248,9 @@ def _run(plan_path: str, opts: dict, job, ranks, master_addr, master_port, env, 
         text = log.read()
         if sig.received:
             return _interrupted(run, sig.received[0], opts)
+    if retry and code and not faults.records(run) and _port_taken(text):
+        shutil.rmtree(run, ignore_errors=True)
+        return None
     return _outcome(run, code, text, job.num_gpus, opts)
 
 
