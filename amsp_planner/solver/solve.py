@@ -99,6 +99,12 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,
                                 quantization=pref.quantization != "off", tp=tp, ep=ep)
     notes = []
+    c = job.cluster
+    if objective == "time" and (c.rank_jitter > 0 or c.collective_rank_us > 0):
+        notes.append("the search ranks strategies without the straggler and per-rank sync "
+                     "terms of rank_jitter / collective_rank_us (docs/cost-model.md, "
+                     "'Collectives at scale'); the step times shown include them, and "
+                     "`amsp compare` ranks the baselines with them")
     if solver == "highs":
         try:
             import highspy  # noqa: F401
