@@ -27,10 +27,56 @@ from amsp_planner.runtime import faults, lifecycle
 
 
 def inside_launch() -> bool:
-    """True when this process is one rank of a torchrun (or SLURM srun) launch."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    """True when this process is one rank of a torchrun (or SLURM srun) launch; a launch
+    environment that cannot start a rank (a variable that is not a whole number, a rank
+    outside the world, no MASTER_ADDR) is refused in one line naming the variable."""
+    e = os.environ
+    if "RANK" in e and "WORLD_SIZE" in e:
+        world = env_int("WORLD_SIZE", lo=1)
+        _check_rank("RANK", env_int("RANK"), "WORLD_SIZE", world)
+        local = env_int("LOCAL_WORLD_SIZE", world, lo=1)
+        if "LOCAL_RANK" in e:
+            _check_rank("LOCAL_RANK", env_int("LOCAL_RANK"), "LOCAL_WORLD_SIZE", local)
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not e.get(name):
+                raise AmspUserError(f"launch environment: RANK and WORLD_SIZE are set but "
+                                    f"{name} is not: export node 0's {name} (torchrun sets it), "
+                                    "or unset RANK and WORLD_SIZE to let amsp train launch")
+        env_int("MASTER_PORT", lo=1)
         return True
-    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+    if "SLURM_PROCID" not in e or env_int("SLURM_NTASKS", 1, lo=1) <= 1:
+        return False
+    _check_rank("SLURM_PROCID", env_int("SLURM_PROCID"), "SLURM_NTASKS",
+                env_int("SLURM_NTASKS", lo=1))
+    if "SLURM_NTASKS_PER_NODE" in e:
+        env_int("SLURM_NTASKS_PER_NODE", lo=1, raw=e["SLURM_NTASKS_PER_NODE"].split("(")[0])
+    return True
+
+
+def env_int(name: str, default: int | None = None, lo: int = 0, raw: str | None = None) -> int:
+    """A launch variable as a whole number >= `lo` (`default` when unset), or one line naming
+    it. `raw`: the part of the value to read (SLURM's ``4(x2)`` task counts)."""
+    value = os.environ.get(name) if raw is None else raw
+    if value is None:
+        if default is None:
+            raise AmspUserError(f"launch environment: {name} is not set: the launcher "
+                                "(torchrun, srun) sets it")
+        return default
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise AmspUserError(f"launch environment: {name}={os.environ.get(name)!r} is not a "
+                            "whole number: fix or unset it (torchrun and srun set it)") from None
+    if n < lo:
+        raise AmspUserError(f"launch environment: {name}={n} is below {lo}: fix or unset it "
+                            "(torchrun and srun set it)")
+    return n
+
+
+def _check_rank(name: str, rank: int, world_name: str, world: int) -> None:
+    if rank >= world:
+        raise AmspUserError(f"launch environment: {name}={rank} is not below {world_name}="
+                            f"{world}: every rank is 0 to {world_name} - 1")
 
 
 def env_rank() -> int:

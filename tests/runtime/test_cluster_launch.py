@@ -110,3 +110,30 @@ def test_retries_a_port_taken_before_torchrun_binds_it(plans, monkeypatch):
         held.close()
     assert ex.value.code == 0
     assert len(calls) == 2 and calls[0] != calls[1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("variables,starts", [
+    ({"SLURM_NTASKS": "abc", "SLURM_PROCID": "0"}, "launch environment: SLURM_NTASKS='abc' is not a whole number"),
+    ({"RANK": "0", "WORLD_SIZE": "two"}, "launch environment: WORLD_SIZE='two' is not a whole number"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "abc"}, "launch environment: LOCAL_WORLD_SIZE='abc'"),
+    ({"RANK": "5", "WORLD_SIZE": "2"}, "launch environment: RANK=5 is not below WORLD_SIZE=2"),
+    ({"RANK": "-1", "WORLD_SIZE": "2", "MASTER_PORT": "29511"}, "launch environment: RANK=-1 is below 0"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": None}, "launch environment: RANK and WORLD_SIZE are set but MASTER_ADDR is not"),
+    ({"SLURM_NTASKS": "2", "SLURM_PROCID": "3"}, "launch environment: SLURM_PROCID=3 is not below SLURM_NTASKS=2"),
+    ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_NTASKS_PER_NODE": "x"}, "launch environment: SLURM_NTASKS_PER_NODE='x'"),
+])
+def test_refuses_a_launch_environment_that_cannot_start_a_rank(plans, variables, starts):
+    """Under an external launch (torchrun's or SLURM's variables set), a variable that is not a
+    whole number or a rank outside the world is one line naming the variable, exit 2: before,
+    a ValueError trace (exit 1) or a rank failure (exit 4)."""
+    e = env()
+    for k, v in variables.items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
+    e.setdefault("MASTER_PORT", "29511")
+    r = subprocess.run([*AMSP, "train", str(plans["p4"]), "--steps", "1"], cwd=plans["dir"],
+                       env=e, capture_output=True, text=True, timeout=60)
+    one_error_line(r, starts)
