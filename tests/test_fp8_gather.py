@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+from amsp_testlib import assert_user_error, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -169,3 +170,35 @@ def test_fp8_all_gather_on_gathers_every_strategy_in_fp8():
     plain, tagged = (_entries(job, Strategy(s_p=16, s_g=16, s_os=16, fp8ag=f))
                      for f in (False, True))
     assert plain == tagged and plain["forward", "all_gather", "P"].dtype == "fp8"
+
+
+def test_fp8_all_gather_on_refuses_qwz_and_the_zeropp_baseline_drops_it():
+    """--fp8-all-gather on gathers every sharded parameter in FP8: a strategy that also asks
+    for qwZ's INT8 gathers is refused in one line (it was accepted, its plan holding both),
+    and the zeropp baseline is priced and named without qwz (hpZ and qgZ kept)."""
+    from amsp_planner.cost.evaluate import evaluate_baselines
+
+    base = ["plan", "--model", "llama3-8b", "--gpus", "64", "--cluster", "dgx-h100-ndr",
+            "--engine", "torchtitan", "--precision", "fp8", "--fp8-recipe", "tensorwise"]
+    assert_user_error(*run_cli(base + ["--fp8-all-gather", "on", "-s",
+                                       "p=64,g=64,os=64,qwz,mb=1", "-o", "-"]),
+                      "qwz with --fp8-all-gather on", "--fp8-all-gather auto")
+    code, _, err = run_cli(base + ["--fp8-all-gather", "auto", "-s", "p=64,g=64,os=64,qwz,mb=1",
+                                   "-o", "-"])
+    assert code == 0, err  # auto: qwZ is one of the choices
+    job = make_job("llama-7b", "dgx-a100-hdr", 16, precision="fp8", fp8_all_gather="on")
+    zpp = evaluate_baselines(job)["zeropp"].strategy
+    assert not zpp.qwz and zpp.qgz and zpp.hpz > 1
+
+
+def test_notes_of_a_refused_job_are_not_printed():
+    """A refused plan prints its one error line alone: the notes about the job it would have
+    planned (a split into smaller nodes, a --seq-len past the model's) are dropped."""
+    assert_user_error(*run_cli(["plan", "--model", "tiny", "--cluster", "cpu-local", "--gpus",
+                                "6", "--seq-len", "128", "--global-batch-seqs", "32", "-o", "-"]),
+                      "--global-batch-seqs 32")
+    assert_user_error(*run_cli(["plan", "--model", "llama-7b", "--gpus", "64", "--seq-len",
+                                "1048576", "-o", "-"]), "global batch")
+    code, _, err = run_cli(["plan", "--model", "tiny", "--cluster", "cpu-local", "--gpus", "6",
+                            "--seq-len", "128", "--global-batch-seqs", "36", "-o", "-"])
+    assert code == 0 and err.startswith("note: --gpus 6 is not a whole number"), err

@@ -62,10 +62,16 @@ def main(argv: list[str] | None = None) -> None:
     # first model class is made (about 30 ms of a cold `amsp plan`); the specs use none.
     # A user's own setting of the variable stands.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from amsp_planner.cli import notes
     from amsp_planner.errors import AmspUserError, InfeasibleError, readable
 
     try:
-        rv = cli.main(args=argv, prog_name="amsp", standalone_mode=False)
+        try:
+            rv = cli.main(args=argv, prog_name="amsp", standalone_mode=False)
+        except BaseException:
+            notes.drop()  # refused, infeasible or stopped: its one line alone
+            raise
+        notes.flush()
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help())
         sys.exit(0)

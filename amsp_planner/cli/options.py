@@ -8,6 +8,7 @@ import math
 
 import click
 
+from amsp_planner.cli.notes import note
 from amsp_planner.errors import AmspUserError, shown
 from amsp_planner.specs.option_names import (  # noqa: F401 - also this module's API
     OPTION_OF,
@@ -325,9 +326,8 @@ def seq_len_for(model, seq_len: int, param: str = "seq_len") -> int:
     of the model (GPT-3: 2048), the model's max_seq_len, with a note."""
     if _given(param) or model.position_embedding != "learned" or seq_len <= model.max_seq_len:
         return seq_len
-    click.echo(f"note: --seq-len not given: planning at {model.max_seq_len}, the longest "
-               f"sequence {model.name}'s learned positions hold (the default {seq_len} is "
-               "longer)", err=True)
+    note(f"--seq-len not given: planning at {model.max_seq_len}, the longest "
+         f"sequence {model.name}'s learned positions hold (the default {seq_len} is longer)")
     return model.max_seq_len
 
 
@@ -335,9 +335,9 @@ def warn_seq_len(model, seq_len: int, param: str = "seq_len") -> None:
     """A note on stderr when a --seq-len given is longer than the model supports (the default
     4096 is the planner's reference job, so it says nothing)."""
     if _given(param) and seq_len > model.max_seq_len and model.position_embedding != "learned":
-        click.echo(f"warning: --seq-len {seq_len} is longer than {model.name}'s max_seq_len "
-                   f"{model.max_seq_len}: planning anyway; pass --seq-len {model.max_seq_len} "
-                   "to stay within it", err=True)
+        note(f"--seq-len {seq_len} is longer than {model.name}'s max_seq_len "
+             f"{model.max_seq_len}: planning anyway; pass --seq-len {model.max_seq_len} "
+             "to stay within it", "warning")
 
 
 def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_seqs, micro_batch,
@@ -386,15 +386,14 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     warn_seq_len(m, seq_len)
     c, split = Job.fit_nodes(c, gpus)
     if split:
-        click.echo(f"note: {split}", err=True)
+        note(split)
     job = Job.create(m, c, t, gpus, engine, pp=pp)
-    note = job.profile.training_note(t)
-    if note:
-        click.echo(f"note: {note}", err=True)
+    said = job.profile.training_note(t)
+    if said:
+        note(said)
     if t.activation_profile is None and job.training.activation_profile != "eager":
-        click.echo(f"note: activations priced as {job.profile.title} runs them "
-                   f"(--activation-profile {job.training.activation_profile}, docs/memory.md)",
-                   err=True)
+        note(f"activations priced as {job.profile.title} runs them "
+             f"(--activation-profile {job.training.activation_profile}, docs/memory.md)")
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
     return job, limit
 

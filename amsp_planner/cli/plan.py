@@ -10,6 +10,7 @@ import time
 
 import click
 
+from amsp_planner.cli.notes import note
 from amsp_planner.cli.options import (
     SECONDS,
     build_job,
@@ -143,8 +144,8 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         best, runners, baselines, best_bl = r.best, r.runners_up, r.baselines, r.best_baseline
         refs = {k: v for k, v in (("fastest", r.fastest), ("fastest_lossless", r.fastest_lossless))
                 if v is not None}
-        for note in r.notes:  # e.g. a solver fallback, the named baselines not priced at pp=1
-            click.echo(f"note: {note}", err=True)
+        for said in r.notes:  # e.g. a solver fallback, the named baselines not priced at pp=1
+            note(said)
         st = r.stats
         solver_info = None if pp > 1 else {
             "name": st.solver, "status": st.status, "objective": objective,

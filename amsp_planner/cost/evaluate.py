@@ -72,6 +72,8 @@ def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch:
         job.num_gpus, job.gpus_per_node, micro_batch, ckpt, tp).items()}
     if job.model.is_moe:  # the experts sharded as the dense triple; no ZeRO++ (docs/moe.md)
         bl.pop("zeropp", None)
+    elif job.fp8_gathers_all and "zeropp" in bl:  # its gathers are FP8's, not qwZ's
+        bl["zeropp"] = bl["zeropp"].with_(qwz=False)
     return {name: evaluate(job, s, memory_limit) for name, s in bl.items()}
 
 

@@ -302,6 +302,13 @@ class Job:
         self.check(s)
         return s.with_(ckpt=True, ckpt_blocks=0) if s.ckpt_blocks == self.model.num_layers else s
 
+    @property
+    def fp8_gathers_all(self) -> bool:
+        """``--precision fp8 --fp8-all-gather on`` on a dense model: every sharded parameter
+        is gathered in FP8 (``cost/schedule.py: gathers_fp8``), so no strategy runs qwZ."""
+        t = self.training
+        return t.precision == "fp8" and t.fp8_all_gather == "on" and not self.model.is_moe
+
     def check(self, strategy: Strategy) -> None:
         """Raise AmspUserError unless the strategy is valid for this job."""
         try:
@@ -320,6 +327,10 @@ class Job:
         elif strategy.ckpt_moe:
             raise AmspUserError(f"--strategy {strategy}: ckpt=moe recomputes MoE layers and the "
                                 "model has none: use ckpt, ckpt=K or ckpt=op")
+        if strategy.qwz and self.fp8_gathers_all:
+            raise AmspUserError(f"--strategy {strategy}: qwz with --fp8-all-gather on, which "
+                                "gathers every sharded parameter in FP8, not INT8: drop qwz, or "
+                                "give --fp8-all-gather auto to let the search choose")
         if strategy.cp > 1:
             from amsp_planner.cost.context_parallel import check_cp
 
