@@ -26,6 +26,17 @@ class InfeasibleError(Exception):
     exit_code = 3
 
 
+def in_context(e: AmspUserError, context: str, own: str) -> AmspUserError:
+    """`e` as the refusal of `context` (``--engine megatron: this fsdp2 plan ... cannot run
+    there``): a check written for the options of ``amsp plan`` names options another command
+    lacks, so the line first says which of this command's inputs it is about. A message that
+    already starts with `own` (this command's option) is kept."""
+    text = str(e)
+    if text.startswith(own):
+        return e
+    return AmspUserError(f"{context}: {text}")
+
+
 MAX_SHOWN = 100
 """Characters of one echoed input value shown in a message."""
 MAX_LINE = 1000

@@ -238,6 +238,34 @@ def test_explain_on_another_engine_prices_the_alternatives_on_it_too(tmp_path):
     assert "+0.00% step time, +0.00 GiB; differs by same sharding" in zero3, zero3
 
 
+def test_explain_on_an_engine_that_cannot_run_some_alternatives(tmp_path):
+    """A tp=2 plan explained as DeepSpeed runs it: DeepSpeed runs no tensor parallelism, so
+    the plan is priced at its closest tp=1 strategy and the tp=2 alternatives are listed as
+    not run, with the reason (the explanation ended in a refusal naming a --strategy the
+    user never gave). A pipeline plan that no strategy of the engine can run is refused in
+    one line that names --engine and the plan, not `amsp export`'s --to."""
+    plan = tmp_path / "tp2.json"
+    code, _, err = run_cli(["plan", "--model", "tiny", "--gpus", "8", "--cluster", "cpu-local",
+                            "--seq-len", "128", "--global-batch-seqs", "32", "--strategy",
+                            "tp=2,p=4,g=4,os=4,mb=1", "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["explain", str(plan), "--engine", "deepspeed", "--no-sensitivity"])
+    assert code == 0, err
+    skipped = [ln for ln in out.splitlines() if "not run by deepspeed" in ln]
+    assert skipped and all("does not run tensor parallelism" in ln for ln in skipped)
+    pp = tmp_path / "pp.json"
+    code, _, err = run_cli(["plan", "--model", "tiny", "--gpus", "8", "--cluster", "cpu-local",
+                            "--seq-len", "128", "--global-batch-seqs", "32", "--strategy",
+                            "pp=2,p=1,g=1,os=4,mb=1", "-o", str(pp)])
+    assert code == 0, err
+    line = assert_user_error(*run_cli(["explain", str(pp), "--engine", "fsdp2",
+                                       "--no-sensitivity"]),
+                             "--engine fsdp2: this amsp plan (pp=2", "another --engine")
+    assert "--to" not in line
+    assert_user_error(*run_cli(["export", "--to", "fsdp2", str(pp), "-o", "-"]),
+                      "--to fsdp2: ")
+
+
 def test_cli_engine_note_and_bad_value(tmp_path):
     args = ["--model", "llama-7b", "--gpus", "64"]
     code, out, err = run_cli(["compare", *args, "--engine", "torchtitan"])

@@ -24,7 +24,13 @@ def test_fp8_fields_stay_out_of_bf16_dumps():
 
 @pytest.mark.parametrize("argv,needles", [
     (["--precision", "fp8", "--engine", "deepspeed"], ("engine deepspeed has no FP8 path",
-                                                        "--engine")),
+                                                        "use --engine amsp, fsdp2, torchtitan, "
+                                                        "megatron, or --precision bf16")),
+    # on an Ampere GPU no recipe runs FP8 matmuls: the fix is bf16, not another recipe
+    (["--precision", "fp8", "--engine", "torchtitan", "--cluster", "dgx-a100-hdr",
+      "--fp8-recipe", "tensorwise"], ("use --precision bf16, or a cluster of such GPUs",)),
+    # the bundled runtime gathers tensorwise only: blockwise names that, not recipes it refuses
+    (["--precision", "fp8", "--fp8-recipe", "blockwise"], ("use --fp8-recipe tensorwise",)),
     # the bundled runtime's FP8 is its all-gather: tensorwise only
     (["--precision", "fp8", "--fp8-recipe", "rowwise"], ("tensorwise",)),
     (["--precision", "fp8", "--engine", "torchtitan", "--cluster", "dgx-a100-hdr"],

@@ -38,11 +38,20 @@ def explain(plan_file, engine, as_json, no_sensitivity, workers):
     made_for = p.job.engine
     head, changes = [], []
     if engine is not None and engine != made_for:
+        from amsp_planner.errors import AmspUserError, in_context
         from amsp_planner.exports import TARGETS, target_module
         from amsp_planner.exports.common import translate
 
         why = target_module(engine).WHY if engine in TARGETS else None
-        s, exact, tjob, changes = translate(p.job, p.strategy, engine, p.memory_limit, why)
+        try:
+            s, exact, tjob, changes = translate(p.job, p.strategy, engine, p.memory_limit, why)
+        except AmspUserError as e:
+            msg = str(e)
+            if msg.startswith(f"--to {engine}: "):  # the export's wording of the same refusal
+                e = AmspUserError(msg[len(f"--to {engine}: "):].replace(
+                    ": use another target", ": explain it on another --engine"))
+            raise in_context(e, f"--engine {engine}: this {made_for} plan ({p.strategy}) "
+                                "cannot be priced on it as made", "--engine") from None
         how = "the plan's strategy" if exact else "the closest strategy it runs"
         head.append(f"engine: {engine} (the plan was made for {made_for}) runs {s}, {how}")
         if changes:

@@ -189,8 +189,14 @@ def export(plan_file, target, output, do_check):
 
     if output == "-":  # stdout, as `amsp plan -o -`
         output = None
+    from amsp_planner.errors import AmspUserError, in_context
+
     plan = load_plan(plan_file)
-    result = do_export(target, plan.job, plan.strategy, plan.memory_limit)
+    try:
+        result = do_export(target, plan.job, plan.strategy, plan.memory_limit)
+    except AmspUserError as e:
+        raise in_context(e, f"--to {target}: this {plan.job.engine} plan ({plan.strategy}) "
+                            "cannot be exported as made", "--to") from None
     lines = summary_lines(result, output)
     better = engine_note(plan, target, result)
     if better:

@@ -99,8 +99,11 @@ def family_of(engine: str) -> str:
         return GATHER_ONLY[engine]
     engine = runs_as(engine)
     if engine not in FAMILY:
+        from amsp_planner.engines import ENGINES
+
+        ok = [e for e in ENGINES if e in FAMILY or e in GATHER_ONLY]
         raise AmspUserError(f"--precision fp8: engine {engine} has no FP8 path in the planner; "
-                            f"use --engine {', '.join(sorted(FAMILY))}, or --precision bf16")
+                            f"use --engine {', '.join(ok)}, or --precision bf16")
     return FAMILY[engine]
 
 
@@ -109,16 +112,23 @@ def recipe_for(name: str, engine: str, arch: str | None = None) -> Fp8Recipe:
     if name not in RECIPE:
         raise AmspUserError(f"--fp8-recipe {name}: use one of {', '.join(RECIPES)}")
     r, fam = RECIPE[name], family_of(engine)
-    if fam not in r.families:
-        ok = [n for n in RECIPES if fam in RECIPE[n].families]
-        raise AmspUserError(f"--fp8-recipe {name}: engine {engine} does not run it; use "
-                            f"{', '.join(ok)}")
     if engine in GATHER_ONLY and name != "tensorwise":
         raise AmspUserError(f"--fp8-recipe {name}: engine {engine} gathers FP8 weights with the "
                             "tensorwise recipe only; use --fp8-recipe tensorwise")
+    if fam not in r.families:
+        ok = [n for n in RECIPES if fam in RECIPE[n].families
+              and (arch is None or arch in RECIPE[n].archs)]
+        raise AmspUserError(f"--fp8-recipe {name}: engine {engine} does not run it; use "
+                            f"{', '.join(ok) or '--precision bf16'}")
     if arch is not None and arch not in r.archs and engine not in GATHER_ONLY:
-        raise AmspUserError(f"--fp8-recipe {name} needs a {' or '.join(r.archs)} GPU (this "
-                            f"cluster's is {arch}); pick another recipe or --precision bf16")
+        ok = [n for n in RECIPES if fam in RECIPE[n].families and arch in RECIPE[n].archs]
+        if not ok:
+            raise AmspUserError(f"--precision fp8 needs a hopper or blackwell GPU for FP8 "
+                                f"matmuls (this cluster's is {arch}): use --precision bf16, "
+                                "or a cluster of such GPUs")
+        raise AmspUserError(f"--precision fp8 with recipe {name} needs a "
+                            f"{' or '.join(r.archs)} GPU (this cluster's is {arch}): use "
+                            f"--fp8-recipe {' or '.join(ok)}, or --precision bf16")
     return r
 
 

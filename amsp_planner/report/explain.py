@@ -8,6 +8,7 @@ sensitivity of the choice to each assumption (``report/sensitivity.py``).
 
 from __future__ import annotations
 
+from amsp_planner.errors import AmspUserError
 from amsp_planner.report.fmt import GIB, gib, secs
 from amsp_planner.report.sensitivity import (  # noqa: F401 - also this module's API
     ASSUMPTIONS,
@@ -159,7 +160,12 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
         other = Strategy.parse(r["strategy"])
         # priced as the plan is: on the engine it is explained for (`amsp explain --engine`
         # re-prices the plan; the plan file's figures are its own engine's)
-        ev_other = evaluate(job, other, limit)
+        try:
+            ev_other = evaluate(job, other, limit)
+        except AmspUserError as why:  # explained on another engine, which cannot run it
+            reason = str(why).removeprefix(f"--strategy {other}: ").split(": use ")[0]
+            lines.append(f"  {name:10s} {r['strategy']}: not run by {job.engine} ({reason})")
+            continue
         d_step = ev_other.step_s / e.step_s - 1
         d_mem = (ev_other.memory.total - e.memory.total) / GIB
         fit = "" if ev_other.fits else " (does not fit)"
