@@ -66,6 +66,12 @@ def check_output(path: str | Path, option: str, what: str,
     long = path_too_long(p)
     if long:
         raise AmspUserError(f"{option} {shown(path)}: {long}: give a shorter path")
+    if not str(path).strip():
+        raise AmspUserError(f"{option} is empty: give a file name (or - for stdout where the "
+                            "command allows it)")
+    if str(path).endswith(("/", os.sep)):  # Path() drops it: a folder was meant, not a file
+        raise AmspUserError(f"{option} {shown(path)}: names a folder (it ends with /): give a "
+                            "file name")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise AmspUserError(f"{option} {shown(path)}: folder {shown(parent)} does not exist: "

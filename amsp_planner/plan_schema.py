@@ -70,7 +70,7 @@ class Inputs(_Strict):
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
-    num_gpus: int = Field(ge=1)
+    num_gpus: int = Field(ge=1, strict=True)  # not "8", 8.0 or true
     memory_limit_bytes: float = Field(gt=0)
     objective: Literal["time", "comm"] = "time"
     engine: EngineName = DEFAULT_ENGINE
@@ -159,7 +159,7 @@ class PlanDoc(_Strict):
     """The plan file (JSON). `amsp schema` prints its JSON Schema."""
 
     format: Literal["amsp-plan"]
-    version: int
+    version: int = Field(strict=True)
     inputs: Inputs
     decision: Decision
     predictions: dict[str, Any]

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from amsp_testlib import assert_user_error, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK = ["--min-size", "4K", "--max-size", "256K", "--seconds-per-point", "0.02",
@@ -210,3 +211,15 @@ def test_gpu_figures_keep_the_preset_peak():
     assert spec.gpu.peak_bf16_tflop_per_s == base.gpu.peak_bf16_tflop_per_s
     assert (spec.gpu.achievable_fraction, spec.gpu.kernel_overhead_us,
             spec.gpu.comm_compute_slowdown) == (0.7, 8.0, 0.2)
+
+
+def test_nccl_backend_refused_where_it_cannot_run(tmp_path):
+    """--backend nccl on a host without NCCL or a GPU: one line before any rank starts (it
+    launched the ranks, which failed with torchrun's trace, exit 1)."""
+    torch = pytest.importorskip("torch")
+    if torch.distributed.is_nccl_available() and torch.cuda.is_available():
+        pytest.skip("this host runs NCCL")
+    out = tmp_path / "cal.yaml"
+    assert_user_error(*run_cli(["calibrate", "--nproc", "2", "--backend", "nccl", "-o",
+                                str(out)]), "--backend nccl", "--backend gloo")
+    assert not out.exists()

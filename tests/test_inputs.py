@@ -378,9 +378,38 @@ def test_a_hf_config_value_of_the_wrong_type_or_zero_is_refused_naming_its_key(
     (["calibrate", "--timeout", "inf"], "--timeout"),
     (["calibrate", "--passes", "100000"], "--passes"),
     (["calibrate", "--matmul-size", "10000000"], "--matmul-size"),
+    (["whatif", "--model", "tiny", "--cluster", "cpu-local", "--gpus", "9" * 23], "--gpus"),
+    (["whatif", "--model", "tiny", "--cluster", "cpu-local", "--gpus", "8", "--seq-len",
+      "2000000"], "--seq-len"),
 ])
 def test_a_non_finite_or_huge_option_is_refused_naming_it(argv, option):
     assert_user_error(*cli(argv), option)
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["plan", "--model", "tiny", "--gpus", "8", "--cluster", "", "-o", "-"],
+     ("--cluster is empty",)),  # was the default cluster, silently
+    (["plan", "--model", " ", "--gpus", "8", "-o", "-"], ("--model is empty",)),
+    (["plan", *TINY, "-o", "no_such_folder/"], ("-o no_such_folder/", "ends with /")),
+    (["plan", *TINY, "-o", ""], ("-o is empty",)),
+])
+def test_an_empty_name_or_a_folder_path_is_refused(argv, needles, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(*cli(argv), *needles)
+    assert not any(tmp_path.iterdir())  # -o no_such_folder/ wrote a file of that name
+
+
+@pytest.mark.parametrize("field, value", [("num_gpus", "8"), ("num_gpus", 8.0),
+                                          ("num_gpus", True), ("version", 5.0)])
+def test_a_plan_number_of_another_type_is_refused(tmp_path, field, value):
+    """JSON has one number type per kind: "8", 8.0 or true for a GPU count is an edited plan
+    (true read as 1 GPU), refused naming the field, before its hashes are checked."""
+    doc = json.loads(PLAN_TEXT)
+    (doc["inputs"] if field == "num_gpus" else doc)[field] = value
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(doc))
+    where = f"inputs.{field}" if field == "num_gpus" else field
+    assert_user_error(*cli(["explain", f]), f"field '{where}'", "valid integer")
 
 
 # ----- duplicate keys, alias bombs, long echoes ---------------------------------------------------

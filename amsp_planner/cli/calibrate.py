@@ -83,6 +83,8 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
                             f"{','.join(OPS)}")
     sizes = fp8_grid_sizes(fp8_sizes, base) if fp8_sizes is not None else ()
     check_out(out)
+    if backend == "nccl":
+        _check_nccl()
     if not under_torchrun():
         if nproc is None:
             raise AmspUserError(
@@ -197,3 +199,20 @@ def launch_local(nproc: int, nnodes: int, args: list[str]) -> int:
             p.wait()
         raise
     return next((c for c in codes if c != 0), 0)
+
+
+def _check_nccl() -> None:
+    """--backend nccl on a host that cannot run it: refused before any rank starts."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return  # the launch refuses it with the runtime extra's install line
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_nccl_available()):
+        raise AmspUserError("--backend nccl: this torch has no NCCL (a CPU build): use "
+                            "--backend gloo, or a CUDA build of torch")
+    if not torch.cuda.is_available():
+        raise AmspUserError("--backend nccl: no CUDA GPU is visible on this host: use --backend "
+                            "gloo, or run it where the GPUs are")

@@ -39,12 +39,17 @@ def split_list(text: str | None, conv, option: str) -> tuple:
     return tuple(out)
 
 
-def _pos_int(t: str) -> int:
-    """write positive integers, e.g. 64,128"""
+def _pos_int(t: str, hi: int = 2**20) -> int:
+    """write positive integers up to 1048576, e.g. 64,128"""
     v = int(t)
-    if v < 1:
+    if not 1 <= v <= hi:  # amsp plan's ranges of --gpus and --seq-len
         raise ValueError
     return v
+
+
+def _batch_seqs(t: str) -> int:
+    """write positive integers up to 2**40, e.g. 1024,2048"""
+    return _pos_int(t, 2**40)
 
 
 def _pos_float(t: str, hi: float = 1e6) -> float:
@@ -177,7 +182,7 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
         raise AmspUserError("--compare-clusters: give at least two clusters, e.g. A,B")
     if global_batches and global_batch_seqs:
         raise AmspUserError("give --global-batch or --global-batch-seqs, not both")
-    batches = (split_list(global_batch_seqs, _pos_int, "--global-batch-seqs") if global_batch_seqs
+    batches = (split_list(global_batch_seqs, _batch_seqs, "--global-batch-seqs") if global_batch_seqs
                else split_list(global_batches, _batch, "--global-batch"))
     prices = ()
     if gpu_hour_price is not None:

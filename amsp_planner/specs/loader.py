@@ -62,6 +62,9 @@ def _unknown(name: str, kind: str) -> AmspUserError:
 
 
 def _resolve(name: str, kind: str) -> Path:
+    if not name.strip():
+        raise AmspUserError(f"--{kind} is empty: give a preset name (amsp specs list) or a "
+                            "spec file")
     path = Path(name)
     long = path_too_long(path)
     if long:
@@ -158,7 +161,7 @@ def load_cluster(name: str | None = None, overrides: dict[str, Any] | None = Non
 
     Overrides use dotted keys for nested fields, e.g. ``{"gpu.memory_gib": 40}``.
     """
-    path = _resolve(name or DEFAULT_CLUSTER, "cluster")
+    path = _resolve(DEFAULT_CLUSTER if name is None else name, "cluster")
     data = _read_mapping(path)
     data.setdefault("name", path.stem)
     try:
