@@ -81,13 +81,46 @@ def _input_note(err: dict) -> str:
     return f", got {shown(text, 40)} ({kind})"
 
 
-def format_validation_error(exc, source: str = "") -> str:
+_RANGE = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+
+
+def _known_fields(model, loc: tuple) -> list[str] | None:
+    """The field names of the (nested) pydantic model that holds ``loc[-1]``, or None."""
+    from pydantic import BaseModel
+
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    fields = getattr(model, "model_fields", None)
+    return sorted(fields) if fields else None
+
+
+def _extra_note(err: dict, model) -> str:
+    """An unknown field: the field meant (``did you mean``), when one is close."""
+    if err.get("type") != "extra_forbidden" or model is None:
+        return ""
+    from amsp_planner.specs.fields import suggest
+
+    loc = tuple(p for p in err.get("loc", ()) if p != "__root__")
+    names = _known_fields(model, loc) if loc else None
+    close = suggest(str(loc[-1]), names) if names else None
+    return f" (no such field: did you mean '{close}'?)" if close else " (no such field: remove it)"
+
+
+def format_validation_error(exc, source: str = "", model=None) -> str:
     """One line from a pydantic ValidationError naming every failing field and its message
-    (and, for a value of the wrong type, the value given and its type)."""
+    (for a value of the wrong type or out of range, the value given; for an unknown field of
+    `model`'s, the field meant)."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
-        msg = err.get("msg", "invalid value").removeprefix("Value error, ") + _input_note(err)
+        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+        if err.get("type") in _RANGE and "input" in err:
+            msg += f", got {shown(repr(err['input']), 40)}"
+        msg += _input_note(err) + _extra_note(err, model)
         parts.append(f"field '{loc}': {msg}" if loc else msg)
     where = f"{source}: " if source else ""
     return readable(where + "; ".join(parts))

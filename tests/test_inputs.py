@@ -517,3 +517,20 @@ def test_batch_errors_name_the_options_not_the_fields():
     line = assert_user_error(*cli(["compare", "--model", "llama-7b", "--gpus", "8",
                                    "--global-batch", "4000000"]), "--global-batch", "--seq-len")
     assert "global_batch_tokens" not in line and "seq_len" not in line
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("num_layers: 2\nhiden_size: 64\nnum_heads: 4\nffn_hidden_size: 176\nvocab_size: 256\n",
+     ("field 'hiden_size'", "did you mean 'hidden_size'?")),
+    ("num_layers: 2\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: -1\nvocab_size: 256\n",
+     ("field 'ffn_hidden_size'", "greater than or equal to 1, got -1")),
+])
+def test_a_spec_field_error_names_the_field_meant_or_the_value_given(tmp_path, text, needles):
+    f = tmp_path / "m.yaml"
+    f.write_text(text)
+    assert_user_error(*cli(["compare", "--model", f, "--cluster", "cpu-local", *JOB]), *needles)
+
+
+def test_an_unknown_nested_set_key_is_not_called_a_bad_value():
+    assert_user_error(*cli(["compare", *TINY, "--set", "gpu.memry_gib=40"]),
+                      "--set gpu.memry_gib=40: no such field: did you mean gpu.memory_gib?")

@@ -40,7 +40,7 @@ def _validate(cls: type[BaseModel], data: dict[str, Any], source: str):
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise AmspUserError(format_validation_error(e, source)) from None
+        raise AmspUserError(format_validation_error(e, source, cls)) from None
 
 
 ALIASES = {
@@ -184,9 +184,19 @@ def _cluster_error(e: ValidationError, path: Path, overrides: dict[str, Any]) ->
         if key in overrides:
             value = overrides[key]
             text = json.dumps(value) if isinstance(value, bool) or value is None else value
+            if err.get("type") == "extra_forbidden":
+                from amsp_planner.errors import _known_fields
+                from amsp_planner.specs.fields import suggest
+
+                names = _known_fields(ClusterSpec, tuple(err["loc"])) or []
+                close = suggest(str(err["loc"][-1]), names)
+                hint = f"did you mean {key.rsplit('.', 1)[0]}.{close}?" if close else \
+                    f"use one of {', '.join(names)}"
+                return readable(f"--set {key}={shown(text)}: no such field: {hint}")
             msg = err.get("msg", "invalid value").removeprefix("Value error, ")
             return readable(f"--set {key}={shown(text)}: {msg}: give a value the field takes")
-    return format_validation_error(e, str(path) if not overrides else f"{path} with --set")
+    return format_validation_error(e, str(path) if not overrides else f"{path} with --set",
+                                   ClusterSpec)
 
 
 _SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
