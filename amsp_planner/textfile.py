@@ -237,7 +237,19 @@ def parse(text: str, kind: str) -> Any:
     except json.JSONDecodeError as e:
         raise BadContent(f"malformed JSON at line {e.lineno}, column {e.colno} ({e.msg})") \
             from None
-    except (yaml.YAMLError, ValueError, TypeError) as e:  # TypeError etc.: '!!int x'
+    except ValueError as e:
+        if "digits" in str(e):  # an integer past Python's int-from-text limit
+            raise BadContent("holds an integer of more than 4,300 digits: no amsp input "
+                             "does") from None
+        if kind == "json":
+            raise BadContent(f"malformed JSON ({e})") from None
+        raise BadContent("malformed YAML") from None
+    except yaml.constructor.ConstructorError as e:  # a tag such as !!python/object
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise BadContent(f"unsupported YAML tag{line} ({e.problem}): write plain values"
+                         ) from None
+    except (yaml.YAMLError, TypeError) as e:  # TypeError etc.: '!!int x'
         mark = getattr(e, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
         raise BadContent(f"malformed YAML{line}") from None

@@ -534,3 +534,15 @@ def test_a_spec_field_error_names_the_field_meant_or_the_value_given(tmp_path, t
 def test_an_unknown_nested_set_key_is_not_called_a_bad_value():
     assert_user_error(*cli(["compare", *TINY, "--set", "gpu.memry_gib=40"]),
                       "--set gpu.memry_gib=40: no such field: did you mean gpu.memory_gib?")
+
+
+def test_a_huge_integer_or_a_python_tag_is_named_as_such(tmp_path):
+    """Not 'malformed YAML': a JSON plan with an integer past Python's 4,300-digit limit, and a
+    YAML spec with a !!python tag (never constructed), each get their own reason."""
+    plan = tmp_path / "p.json"
+    plan.write_text(PLAN_TEXT.replace('"version": ', '"version": 1' + "0" * 5000 + ', "x": ', 1))
+    assert_user_error(*cli(["explain", plan]), "more than 4,300 digits")
+    spec = tmp_path / "m.yaml"
+    spec.write_text('num_layers: 2\nhidden_size: !!python/object/apply:os.getpid []\n')
+    assert_user_error(*cli(["compare", "--model", spec, "--cluster", "cpu-local", *JOB]),
+                      "unsupported YAML tag at line 2")
