@@ -546,3 +546,15 @@ def test_a_huge_integer_or_a_python_tag_is_named_as_such(tmp_path):
     spec.write_text('num_layers: 2\nhidden_size: !!python/object/apply:os.getpid []\n')
     assert_user_error(*cli(["compare", "--model", spec, "--cluster", "cpu-local", *JOB]),
                       "unsupported YAML tag at line 2")
+
+
+@pytest.mark.parametrize("option, path, needles", [
+    ("--cluster", PRESETS / "model_specs" / "tiny.yaml", ("is a model spec", "as --model")),
+    ("--model", PRESETS / "cluster_specs" / "cpu-local.yaml", ("is a cluster spec", "as --cluster")),
+    ("--model", GOLDEN / "tiny_cpu-local_8.json", ("is a plan file, not a model spec",)),
+])
+def test_a_file_of_another_kind_is_named_as_such(option, path, needles):
+    """One line saying what the file is (it was a run of every field found missing)."""
+    argv = ["compare", "--model", "tiny", "--cluster", "cpu-local", *JOB]
+    argv[argv.index(option) + 1] = path
+    assert_user_error(*cli(argv), *needles)

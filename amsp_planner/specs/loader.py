@@ -36,6 +36,23 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
+_MARKS = {"model": ("hidden_size", "num_layers", "num_heads", "vocab_size"),
+          "cluster": ("gpus_per_node", "intra_fabric", "nic_gbit_per_s")}
+"""Fields only one kind of spec has: a file of the other kind is named as such."""
+
+
+def _check_kind(data: dict[str, Any], kind: str, path: Path) -> None:
+    """Refuse a plan file, or the other kind of spec, given as `kind` (one line saying what the
+    file is, not a run of every field pydantic finds missing)."""
+    if data.get("format") == "amsp-plan":
+        raise AmspUserError(f"--{kind} {path}: is a plan file, not a {kind} spec: give it to "
+                            "amsp explain, export or train, or give a spec here")
+    other = "cluster" if kind == "model" else "model"
+    if any(k in data for k in _MARKS[other]) and not any(k in data for k in _MARKS[kind]):
+        raise AmspUserError(f"--{kind} {path}: is a {other} spec, not a {kind} spec: give it "
+                            f"as --{other}")
+
+
 def _validate(cls: type[BaseModel], data: dict[str, Any], source: str):
     try:
         return cls.model_validate(data)
@@ -93,6 +110,7 @@ def load_model(name: str) -> ModelSpec:
     data = _read_mapping(path)
     if is_hf_config(data):
         return model_from_hf_config(data, str(path))
+    _check_kind(data, "model", path)
     data.setdefault("name", path.stem)
     return _validate(ModelSpec, data, str(path))
 
@@ -163,6 +181,7 @@ def load_cluster(name: str | None = None, overrides: dict[str, Any] | None = Non
     """
     path = _resolve(DEFAULT_CLUSTER if name is None else name, "cluster")
     data = _read_mapping(path)
+    _check_kind(data, "cluster", path)
     data.setdefault("name", path.stem)
     try:
         data = resolve_gpu(data)
