@@ -12,8 +12,11 @@ _PENDING: list[str] = []
 
 
 def note(text: str, kind: str = "note") -> None:
-    """Hold ``kind: text`` for stderr until the command succeeds (or ``flush``)."""
-    _PENDING.append(f"{kind}: {text}")
+    """Hold ``kind: text`` for stderr until the command succeeds (or ``flush``); a line held
+    already is not held twice (a compare builds its job once per precision)."""
+    line = f"{kind}: {text}"
+    if line not in _PENDING:
+        _PENDING.append(line)
 
 
 def flush() -> None:

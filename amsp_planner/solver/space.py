@@ -163,15 +163,10 @@ def validated_band(job: Job | None = None) -> float:
 FASTEST = Preference()
 """The fastest candidate, equal objectives (within TIME_RTOL) broken toward less memory."""
 
-
 def objective_value(e, objective: str) -> float:
-    """The objective the search minimises, of an Evaluation: step time ('time') or all
-    collective time ('comm'). The step leaves out the two terms of ``cost/straggler.py`` (the
-    cluster's ``rank_jitter`` and ``collective_rank_us``, both 0 unless set): the search does
-    not price them (docs/cost-model.md, "Collectives at scale"); the plan's figures do."""
-    if objective != "time":
-        return e.time.comm_total_s
-    return e.time.step_s - e.time.straggler_s - e.time.sync_s
+    """Searched: the step less cost/straggler.py's unsearched terms ('time'), or all comm."""
+    t = e.time
+    return t.step_s - t.straggler_s - t.sync_s if objective == "time" else t.comm_total_s
 
 
 @dataclass(frozen=True)
