@@ -190,7 +190,11 @@ def save(engine, directory: str | os.PathLike, step: int, die=None) -> Path:
     engine.comm.phase = "checkpoint"
     faults.at(doing=f"saving checkpoint step_{step} in {root}")
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
+        from amsp_planner.runtime.ckpt_lock import folder_problem
+
+        gone = folder_problem(root)  # the launch created and locked it
+        if gone:
+            raise faults.RunFault(gone)
         for stale in root.glob("step_*.tmp"):  # this save's, or an earlier crash's
             shutil.rmtree(stale, ignore_errors=True)
     engine.comm.barrier(world)

@@ -154,10 +154,19 @@ def verify(path: str | os.PathLike, option: str = "--resume") -> None:
 
 
 def resume_step(directory: str | os.PathLike, step: int | None = None) -> int | None:
-    """The step to resume from: `step` (``--resume-from``) or the latest; None when the
-    directory holds no checkpoint. Refuses a requested step that is not there."""
+    """The step to resume from: `step` (``--resume-from``), or the one ``latest`` points to,
+    or without that pointer the newest complete checkpoint; None when the directory holds no
+    checkpoint. Refuses a requested step that is not there, and a pointer to a missing step
+    beside complete ones."""
     if step is None:
-        return latest_step(directory)
+        k, have = latest_step(directory), complete_steps(directory)
+        if k is None:  # a save stopped between its rename and the pointer, or removed
+            return have[-1] if have else None
+        if (Path(directory) / f"step_{k}").is_dir() or not have:
+            return k
+        raise AmspUserError(f"--resume: {Path(directory) / 'latest'} points at step_{k}, which "
+                            f"is not there (complete ones: {', '.join(map(str, have))}): "
+                            f"resume one with --resume-from {have[-1]}")
     if not (Path(directory) / f"step_{step}").is_dir():
         have = ", ".join(map(str, complete_steps(directory))) or "none"
         raise AmspUserError(f"--resume-from {step}: {directory} has no checkpoint step_{step} "

@@ -104,3 +104,39 @@ def release(fd: int | None) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+LOCK_ID_ENV = "AMSP_CKPT_LOCK_ID"
+"""The held lock file's identity (device:inode), set for the job's ranks by whoever took the
+lock (the launcher, or rank 0 under an external launch), so a save can tell its folder from a
+folder that replaced it."""
+
+
+def lock_id(fd: int | None) -> str | None:
+    if fd is None:
+        return None
+    st = os.fstat(fd)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def folder_problem(folder: str | os.PathLike) -> str | None:
+    """Why the job's checkpoint folder is no longer the one it locked (None when it is): it was
+    removed, or replaced (the lock file gone, or another's). Checked before each save, so a
+    save never recreates a removed folder without its lock, beside another job."""
+    p = Path(folder)
+    if not p.is_dir():
+        return (f"the checkpoint folder {folder} was removed during the run (its checkpoints "
+                "and lock with it): restore it, or resume from a copy in another "
+                "--checkpoint-dir")
+    want = os.environ.get(LOCK_ID_ENV)
+    if not want:
+        return None
+    try:
+        st = os.stat(p / LOCK_NAME, follow_symlinks=False)
+    except OSError:
+        st = None
+    if st is None or f"{st.st_dev}:{st.st_ino}" != want:
+        return (f"the checkpoint folder {folder} was replaced during the run (its lock file "
+                f"{LOCK_NAME} is gone or another's): another job may be writing there; give "
+                "this job another --checkpoint-dir")
+    return None

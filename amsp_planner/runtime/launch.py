@@ -230,6 +230,11 @@ def _launch_once(plan_path: str, opts: dict, job, ranks, master_addr, port: int,
                             f"({e.strerror}): set TMPDIR to a writable folder") from None
     e = dict(env or os.environ)
     e[faults.RUN_DIR_ENV] = str(run)
+    from amsp_planner.runtime.ckpt_lock import LOCK_ID_ENV, lock_id
+
+    e.pop(LOCK_ID_ENV, None)  # never another job's
+    if lock is not None:
+        e[LOCK_ID_ENV] = lock_id(lock)
     e[lifecycle.LAUNCHER_PID_ENV] = str(os.getpid())
     e.setdefault("OMP_NUM_THREADS", "1")
     if addr in ("127.0.0.1", "localhost"):

@@ -181,14 +181,16 @@ def _lock_under_external_launch(opts: dict) -> None:
     ck = opts.get("checkpoint_dir")
     if not ck or os.environ.get(faults.RUN_DIR_ENV):
         return
-    from amsp_planner.runtime.ckpt_lock import lock_folder
+    from amsp_planner.runtime.ckpt_lock import LOCK_ID_ENV, lock_folder, lock_id
 
     msg = [None]
     if dist.get_rank() == 0:
+        os.environ.pop(LOCK_ID_ENV, None)  # never another job's
         try:
             fd = lock_folder(ck, create=bool(opts.get("checkpoint_every")))
             if fd is not None:
                 _HELD.append(fd)
+                os.environ[LOCK_ID_ENV] = lock_id(fd)  # rank 0 saves: ckpt_lock.folder_problem
         except AmspUserError as e:
             msg[0] = str(e)
     dist.broadcast_object_list(msg, src=0)

@@ -1,0 +1,101 @@
+"""The checkpoint folder across a run: a resume without the `latest` pointer takes the newest
+complete checkpoint (it started over at step 0 and rotated the checkpoints away), a pointer to
+a missing step is refused naming the complete ones, and a folder removed or replaced during
+the run ends the job at its next save in one line (rank 0 recreated it without its lock)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from amsp_planner.runtime.ckpt_lock import (
+    LOCK_ID_ENV,
+    LOCK_NAME,
+    folder_problem,
+    lock_folder,
+    lock_id,
+    release,
+)
+
+pytest.importorskip("torch")
+
+from .mp import AMSP, amsp, env, make_plan, one_error_line  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A 4-rank run of 6 steps saving every 2: step_4 and step_6 kept, latest = step_6."""
+    tmp = tmp_path_factory.mktemp("ckfolder")
+    plan = make_plan(tmp, "p4.json", 4)
+    r = amsp("train", plan, "--steps", 6, "--checkpoint-dir", tmp / "ck", "--checkpoint-every",
+             2, cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp, plan
+
+
+@pytest.mark.multiprocess
+def test_resume_without_latest_takes_the_newest_complete_checkpoint(saved):
+    tmp, plan = saved
+    ck = tmp / "ck_nolatest"
+    shutil.copytree(tmp / "ck", ck)
+    (ck / "latest").unlink()
+    r = amsp("train", plan, "--steps", 8, "--checkpoint-dir", ck, "--checkpoint-every", 2,
+             "--resume", "--report", "nolatest.json", cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads((tmp / "nolatest.json").read_text())
+    assert rep["start_step"] == 6 and len(rep["loss"]) == 2
+    assert "resumed from step 6" in r.stdout
+
+
+@pytest.mark.multiprocess
+def test_latest_at_a_missing_step_is_refused_naming_the_complete_ones(saved):
+    tmp, plan = saved
+    ck = tmp / "ck_badptr"
+    shutil.copytree(tmp / "ck", ck)
+    (ck / "latest").write_text("step_10\n")
+    r = amsp("train", plan, "--steps", 12, "--checkpoint-dir", ck, "--resume", cwd=tmp)
+    one_error_line(r, f"--resume: {ck / 'latest'} points at step_10, which is not there "
+                      "(complete ones: 4, 6): resume one with --resume-from 6")
+
+
+def test_folder_problem_names_a_removed_or_replaced_folder(tmp_path, monkeypatch):
+    ck = tmp_path / "ck"
+    fd = lock_folder(ck, create=True)
+    try:
+        monkeypatch.setenv(LOCK_ID_ENV, lock_id(fd))
+        assert folder_problem(ck) is None
+        os.unlink(ck / LOCK_NAME)  # another job's folder in its place: a lock of its own
+        (ck / LOCK_NAME).write_text("")
+        assert "was replaced during the run" in folder_problem(ck)
+        shutil.rmtree(ck)
+        assert "was removed during the run" in folder_problem(ck)
+    finally:
+        release(fd)
+
+
+@pytest.mark.multiprocess
+def test_a_folder_removed_during_the_run_ends_it_at_the_next_save(saved):
+    tmp, plan = saved
+    ck = tmp / "ck_removed"
+    p = subprocess.Popen([*AMSP, "train", str(plan), "--steps", "400", "--checkpoint-dir",
+                          str(ck), "--checkpoint-every", "50", "--timeout", "30"], cwd=tmp,
+                         env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ck / "latest").exists():  # the first save is done
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-2000:]
+            time.sleep(0.05)
+        shutil.rmtree(ck)
+        _, err = p.communicate(timeout=150)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    r = subprocess.CompletedProcess(p.args, p.returncode, "", err)
+    line = one_error_line(r, "rank 0, step ", code=4)
+    assert "was removed during the run" in line, line
+    assert not ck.exists()  # not recreated without its lock
