@@ -75,8 +75,23 @@ _PEER = ("connection closed by peer", "connection reset by peer", "broken pipe",
          "connection refused", "socket timeout", "timed out", "nccl communicator was aborted")
 
 
+def _wrapped(exc: BaseException) -> BaseException | None:
+    """The first rank's exception inside torch.distributed.checkpoint's CheckpointException
+    (``failures``: rank -> the exception, or (exception, traceback)), so a read-only folder
+    is named as such, not as 'CheckpointException ranks: [0, 1, 2, 3]'."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return None
+    first = failures[min(failures)]
+    first = first[0] if isinstance(first, tuple) and first else first
+    return first if isinstance(first, BaseException) else None
+
+
 def cause(exc: BaseException) -> tuple[str, bool]:
     """(the cause in words, whether it is primary). Peer losses are not primary."""
+    inner = _wrapped(exc)
+    if inner is not None:  # DCP's CheckpointException: every rank's own failure inside
+        return cause(inner)
     text = str(exc).strip()
     msg = text.splitlines()[0] if text else type(exc).__name__
     doing = _NOW["doing"]

@@ -189,7 +189,10 @@ def train(job, strategy, cfg: RunConfig, evaluation=None, device: str = "cpu") -
     _log(rank, report["verdict"]["line"])
     if cfg.report_path and rank == 0:
         faults.at(doing=f"writing the report {cfg.report_path}")
-        write_report(cfg.report_path, report)
+        try:
+            write_report(cfg.report_path, report)
+        except AmspUserError as e:  # checked writable before any step: a fault now, not input
+            raise faults.RunFault(f"{e} (after every step ran)") from None
     report["_engine"] = engine
     return report
 

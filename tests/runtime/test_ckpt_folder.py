@@ -5,6 +5,7 @@ the run ends the job at its next save in one line (rank 0 recreated it without i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -99,3 +100,19 @@ def test_a_folder_removed_during_the_run_ends_it_at_the_next_save(saved):
     line = one_error_line(r, "rank 0, step ", code=4)
     assert "was removed during the run" in line, line
     assert not ck.exists()  # not recreated without its lock
+
+
+@pytest.mark.multiprocess
+def test_a_report_that_cannot_be_written_after_the_steps_is_a_fault(saved):
+    """The report's folder fills up while the job runs (it was writable when checked): the
+    training ran, so it is a fault, exit 4, named as one (it exited 2, 'refused input')."""
+    from amsp_testlib import tmpfs
+
+    tmp, plan = saved
+    with tmpfs(tmp / "small", "64k") as small:
+        with open(small / "fill", "wb") as f:  # full, but an empty file can still be made
+            with contextlib.suppress(OSError):
+                f.write(b"\0" * (1 << 20))
+        r = amsp("train", plan, "--steps", 3, "--report", small / "r.json", cwd=tmp)
+    line = one_error_line(r, "rank 0, step 3: --report ", code=4)
+    assert "no space left on device" in line and "(after every step ran)" in line, line

@@ -125,6 +125,18 @@ def test_named_causes_of_known_exceptions():
                                    "unit 7 (an allocation of 2.10 GiB failed)")
 
 
+def test_a_checkpoint_exception_is_named_by_the_rank_failure_inside_it():
+    """torch.distributed.checkpoint wraps each rank's failure: a folder turned read-only
+    mid-run is named as such (it read 'CheckpointException ranks:dict_keys([0, 1, 2, 3])')."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    faults.at(step=16, doing="saving checkpoint step_16 in rockpt")
+    ro = OSError(errno.EROFS, "Read-only file system", "rockpt/step_16.tmp")
+    wrapped = CheckpointException("save failed", {2: (RuntimeError("peer"), None), 0: (ro, None)})
+    assert faults.cause(wrapped) == ("read-only file system while saving checkpoint step_16 in "
+                                     "rockpt (rockpt/step_16.tmp)", True)
+
+
 def test_exit_codes_are_fixed():
     assert (faults.EXIT_REFUSED, faults.EXIT_INFEASIBLE, faults.EXIT_RANK_FAILED,
             faults.EXIT_DIFFERS) == (2, 3, 4, 5)
