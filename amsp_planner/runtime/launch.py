@@ -292,9 +292,15 @@ def _interrupted(run: Path, signum: int, opts: dict) -> int:
     name = signal.Signals(signum).name
     _remove_partial(opts)
     stopped = run / "stopped.json"
+    failed = [r for r in faults.records(run) if r.get("primary")]
     if stopped.exists():
         doc = json.loads(stopped.read_text())
         what = f"the job stopped after saving checkpoint {doc['path']} (--save-on-sigterm)"
+    elif failed and opts.get("save_on_sigterm"):  # the save it was asked for did not happen
+        r = failed[0]
+        what = (f"the save --save-on-sigterm asked for failed (rank {r['rank']}"
+                f"{', step ' + str(r['step']) if r.get('step') else ''}: {r['cause']}); the "
+                "job is stopped, every rank ended" + _last_checkpoint(opts))
     else:
         what = "the job is stopped, every rank ended" + _last_checkpoint(opts)
     print(f"interrupted: {name}{' (Ctrl-C)' if signum == signal.SIGINT else ''}: {what}",

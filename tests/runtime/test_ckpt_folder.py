@@ -116,3 +116,33 @@ def test_a_report_that_cannot_be_written_after_the_steps_is_a_fault(saved):
         r = amsp("train", plan, "--steps", 3, "--report", small / "r.json", cwd=tmp)
     line = one_error_line(r, "rank 0, step 3: --report ", code=4)
     assert "no space left on device" in line and "(after every step ran)" in line, line
+
+
+@pytest.mark.multiprocess
+def test_a_failed_save_on_sigterm_is_named_in_the_stop_line(saved):
+    """SIGTERM with --save-on-sigterm, the save failing on a full disk: the stop line says the
+    save failed and why (it read as a plain stop, every step lost without a word)."""
+    import signal
+
+    from amsp_testlib import tmpfs
+
+    tmp, plan = saved
+    with tmpfs(tmp / "tiny_disk", "512k") as small:
+        p = subprocess.Popen([*AMSP, "train", str(plan), "--steps", "2000", "--checkpoint-dir",
+                              str(small / "ck"), "--checkpoint-every", "1000",
+                              "--save-on-sigterm", "--timeout", "30"], cwd=tmp, env=env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for out_line in p.stdout:  # the first step is done: a save has something to save
+                if out_line.lstrip().startswith("step"):
+                    break
+            p.send_signal(signal.SIGTERM)
+            _, err = p.communicate(timeout=150)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert p.returncode == 143 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("interrupted: SIGTERM: the save --save-on-sigterm asked for "
+                               "failed (rank "), lines[0]
+    assert "no space left on device" in lines[0], lines[0]
