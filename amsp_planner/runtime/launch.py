@@ -356,9 +356,12 @@ def wait_all(procs: list[subprocess.Popen], grace_s: float = lifecycle.STOP_GRAC
                 lifecycle.ask_stop(run)
                 save_deadline = time.monotonic() + SAVE_GRACE_S
             else:
+                if save_on_sigterm and run is not None:
+                    lifecycle.abort_stop(run)  # no save: the ranks end at the SIGTERM
                 stop_all(live, grace_s)
                 return 0
         if save_deadline is not None and time.monotonic() > save_deadline:
+            lifecycle.abort_stop(run)
             stop_all(live, grace_s)
             return 0
         for p in list(live):

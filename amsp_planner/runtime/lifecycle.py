@@ -36,6 +36,8 @@ AGENT_PID_ENV = "AMSP_AGENT_PID"
 """The torchrun agent, as its ranks see it."""
 STOP_NAME = "stop"
 """The run folder's file that asks the ranks to save and stop (``--save-on-sigterm``)."""
+ABORT_NAME = "abort"
+"""In the run folder: the launcher stops the job without a save (``abort_stop``)."""
 STOP_GRACE_S = 5.0
 """How long a stopped agent has to end its ranks before its session is killed."""
 EXIT_SIGNALLED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
@@ -87,8 +89,17 @@ class Stopped(Exception):
 
 
 def catch_sigterm() -> None:
-    """A SIGTERM to this rank asks for a save and a stop instead of ending it at once."""
+    """A SIGTERM to this rank asks for a save and a stop instead of ending it at once, unless
+    the launcher stops the job without a save (``abort_stop``): then it ends the rank at once,
+    as without --save-on-sigterm."""
     def note(signum, frame):  # noqa: ARG001
+        from amsp_planner.runtime.faults import RUN_DIR_ENV
+
+        run = os.environ.get(RUN_DIR_ENV)
+        if run and Path(run, ABORT_NAME).exists():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         _ASKED["signal"] = True
 
     signal.signal(signal.SIGTERM, note)
@@ -108,6 +119,12 @@ def stop_asked() -> bool:
 def ask_stop(run_dir: str | os.PathLike) -> None:
     """The launcher's side: ask every rank to save and stop."""
     Path(run_dir, STOP_NAME).write_text("SIGTERM\n")
+
+
+def abort_stop(run_dir: str | os.PathLike) -> None:
+    """The launcher's side: the SIGTERM the ranks get next ends them at once, no save (Ctrl-C,
+    SIGHUP, a second signal, or the save's time is up, under --save-on-sigterm)."""
+    Path(run_dir, ABORT_NAME).write_text("stop now\n")
 
 
 # ----- the launcher's side -----------------------------------------------------------------------

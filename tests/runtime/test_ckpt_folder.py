@@ -146,3 +146,30 @@ def test_a_failed_save_on_sigterm_is_named_in_the_stop_line(saved):
     assert lines[0].startswith("interrupted: SIGTERM: the save --save-on-sigterm asked for "
                                "failed (rank "), lines[0]
     assert "no space left on device" in lines[0], lines[0]
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_under_save_on_sigterm_stops_without_a_save(saved):
+    """Only a first SIGTERM asks for the save (docs/runtime.md): Ctrl-C stops the job at once
+    (the ranks took the launcher's SIGTERM for a save request and saved the step)."""
+    import signal
+
+    tmp, plan = saved
+    ck = tmp / "ck_ctrl_c"
+    p = subprocess.Popen([*AMSP, "train", str(plan), "--steps", "2000", "--checkpoint-dir",
+                          str(ck), "--checkpoint-every", "1000", "--save-on-sigterm",
+                          "--timeout", "30"], cwd=tmp, env=env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        for out_line in p.stdout:
+            if out_line.lstrip().startswith("step"):
+                break
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=150)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert p.returncode == 130 and lines == [
+        "interrupted: SIGINT (Ctrl-C): the job is stopped, every rank ended"], err[-3000:]
+    assert not list(ck.glob("step_*"))
