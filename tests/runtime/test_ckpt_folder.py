@@ -128,21 +128,8 @@ def test_a_failed_save_on_sigterm_is_named_in_the_stop_line(saved):
 
     tmp, plan = saved
     with tmpfs(tmp / "tiny_disk", "512k") as small:
-        p = subprocess.Popen([*AMSP, "train", str(plan), "--steps", "2000", "--checkpoint-dir",
-                              str(small / "ck"), "--checkpoint-every", "1000",
-                              "--save-on-sigterm", "--timeout", "30"], cwd=tmp, env=env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            for out_line in p.stdout:  # the first step is done: a save has something to save
-                if out_line.lstrip().startswith("step"):
-                    break
-            p.send_signal(signal.SIGTERM)
-            _, err = p.communicate(timeout=150)
-        finally:
-            if p.poll() is None:
-                p.kill()
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert p.returncode == 143 and len(lines) == 1, err[-3000:]
+        code, lines = _signalled_after_a_step(tmp, plan, small / "ck", signal.SIGTERM)
+    assert code == 143 and len(lines) == 1, lines
     assert lines[0].startswith("interrupted: SIGTERM: the save --save-on-sigterm asked for "
                                "failed (rank "), lines[0]
     assert "no space left on device" in lines[0], lines[0]
@@ -156,6 +143,15 @@ def test_ctrl_c_under_save_on_sigterm_stops_without_a_save(saved):
 
     tmp, plan = saved
     ck = tmp / "ck_ctrl_c"
+    code, lines = _signalled_after_a_step(tmp, plan, ck, signal.SIGINT)
+    assert code == 130 and lines == [
+        "interrupted: SIGINT (Ctrl-C): the job is stopped, every rank ended"], lines
+    assert not list(ck.glob("step_*"))
+
+
+def _signalled_after_a_step(tmp, plan, ck, sig) -> tuple[int, list[str]]:
+    """`amsp train --save-on-sigterm` (no periodic save before step 1000) given `sig` once its
+    first step is done (a save has something to save); (exit code, stderr's lines)."""
     p = subprocess.Popen([*AMSP, "train", str(plan), "--steps", "2000", "--checkpoint-dir",
                           str(ck), "--checkpoint-every", "1000", "--save-on-sigterm",
                           "--timeout", "30"], cwd=tmp, env=env(), stdout=subprocess.PIPE,
@@ -164,12 +160,9 @@ def test_ctrl_c_under_save_on_sigterm_stops_without_a_save(saved):
         for out_line in p.stdout:
             if out_line.lstrip().startswith("step"):
                 break
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         _, err = p.communicate(timeout=150)
     finally:
         if p.poll() is None:
             p.kill()
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert p.returncode == 130 and lines == [
-        "interrupted: SIGINT (Ctrl-C): the job is stopped, every rank ended"], err[-3000:]
-    assert not list(ck.glob("step_*"))
+    return p.returncode, [x for x in err.splitlines() if x.strip()]
