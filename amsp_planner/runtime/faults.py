@@ -182,7 +182,26 @@ def summary(run_dir: str | Path, world: int, log_text: str, code: int) -> str:
     if recs:
         r = recs[0]
         return _fmt(r["rank"], r["step"], r["cause"])
-    return f"the training job failed (exit code {code}) before any rank reported"
+    steps = [k for k in (_step_of(run_dir, r) for r in range(world)) if k]
+    when = f"after step {max(steps)}" if steps else "before any rank reported"
+    m = _AGENT_SIGNAL.search(log_text)
+    if m:  # torchrun's SignalException: the agent itself was stopped, its ranks with it
+        name = _signal_name(int(m[1]))
+        return f"the torchrun agent was stopped by signal {m[1]}{name} {when}, its ranks with it"
+    return f"the training job failed (exit code {code}) {when}"
+
+
+_AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+"""torchrun's agent, stopped by a signal (torch.distributed.elastic's SignalException)."""
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return f" ({signal.Signals(signum).name})"
+    except ValueError:
+        return ""
 
 
 def _step_of(run_dir, rank: int) -> int | None:

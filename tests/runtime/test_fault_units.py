@@ -108,6 +108,17 @@ def test_summary_without_any_record(tmp_path):
         "the training job failed (exit code 1) before any rank reported")
 
 
+def test_summary_of_an_agent_stopped_by_a_signal_after_steps_ran(tmp_path):
+    """SIGTERM to the torchrun agent mid-run: named as such, with the step reached (it read
+    'failed (exit code 1) before any rank reported' after 16 steps)."""
+    (tmp_path / "rank0.step").write_text("16")
+    (tmp_path / "rank1.step").write_text("15")
+    log = ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 24459 got "
+           "signal: 15\n")
+    assert faults.summary(tmp_path, 2, log, 1) == (
+        "the torchrun agent was stopped by signal 15 (SIGTERM) after step 16, its ranks with it")
+
+
 def test_named_causes_of_known_exceptions():
     faults.at(step=3, doing="saving checkpoint step_40 in /ck")
     full = OSError(errno.ENOSPC, "No space left on device", "/ck/step_40.tmp/__1_0.distcp")
