@@ -8,6 +8,7 @@ into micro-batches in order.
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -49,6 +50,7 @@ class TokenSource:
         else:
             check_data(spec, vocab_size, seq_len)  # kind, size, shape: refused before reading
             self.tokens = np.memmap(spec, dtype=token_dtype(spec), mode="r")
+            self._size = os.stat(spec).st_size
         n = len(self.tokens)
         if n < seq_len + 2:
             raise AmspUserError(f"--data: {spec} holds {n} tokens, fewer than one sequence of "
@@ -67,6 +69,32 @@ class TokenSource:
             return out if rows is None else out[rows]
         starts = torch.randint(len(self.tokens) - self.seq_len - 1, (self.batch_seqs,), generator=g)
         idx = range(self.batch_seqs)[rows] if rows is not None else range(self.batch_seqs)
+        self._unchanged()
         seqs = [np.asarray(self.tokens[int(starts[i]):int(starts[i]) + self.seq_len + 1],
                            dtype=np.int64) for i in idx]
-        return torch.from_numpy(np.stack(seqs))
+        out = np.stack(seqs)
+        top = int(out.max())
+        if top >= self.vocab:  # past the first 2**22 tokens checked before the run
+            from amsp_planner.runtime.faults import RunFault
+
+            raise RunFault(f"--data {self.name}: token id {top} (batch of step {step + 1}) is "
+                           f"not below the model's vocab_size {self.vocab}: use a matching "
+                           "tokenizer or model")
+        return torch.from_numpy(out)
+
+    def _unchanged(self) -> None:
+        """The token file is the size it was when mapped (a file cut short under the mapping
+        would end the rank with SIGBUS, no cause named)."""
+        if self.name == STDLIB or self.tokens is None:
+            return
+        try:
+            size = os.stat(self.name).st_size
+            now = f"{size:,} bytes"
+        except OSError as e:
+            size, now = None, f"unreadable ({(e.strerror or str(e)).lower()})"
+        if size != self._size:
+            from amsp_planner.runtime.faults import RunFault
+
+            raise RunFault(f"--data {self.name} changed during the run: {self._size:,} bytes "
+                           f"when it started, now {now}: keep the token file as it is while "
+                           "a job reads it")

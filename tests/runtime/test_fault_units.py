@@ -243,3 +243,31 @@ def test_a_refused_train_imports_no_torch(tmp_path):
                            capture_output=True, text=True, timeout=60)
         assert r.stdout.split() == ["2", "False"], (args, r.stdout, r.stderr)
         assert r.stderr.startswith("error: --") and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_data_faults_during_the_run_name_the_file(tmp_path):
+    """Token ids past the vocabulary beyond the 2**22 tokens checked before the run, and a
+    token file cut short while mapped: each a fault naming --data (an IndexError in the
+    forward, and a SIGBUS that killed the rank without a word)."""
+    import numpy as np
+
+    from amsp_planner.runtime.data import TokenSource
+
+    bad = tmp_path / "late_bad.bin"
+    a = np.full(2**23, 7, dtype=np.uint16)
+    a[2**22:] = 60000  # past the first 2**22 tokens
+    a.tofile(bad)
+    src = TokenSource(str(bad), vocab_size=256, seq_len=32, batch_seqs=8)
+    with pytest.raises(faults.RunFault, match=r"--data .*late_bad.bin: token id 60000 .* is "
+                                              r"not below the model's vocab_size 256"):
+        for step in range(20):
+            src.batch(step)
+    good = tmp_path / "cut.bin"
+    np.full(4096, 7, dtype=np.uint16).tofile(good)
+    src = TokenSource(str(good), vocab_size=256, seq_len=32, batch_seqs=8)
+    assert src.batch(0).shape == (8, 33)
+    with open(good, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(faults.RunFault, match=r"cut.bin changed during the run: 8,192 bytes "
+                                              r"when it started, now 1,000 bytes"):
+        src.batch(1)
