@@ -122,15 +122,16 @@ def lock_id(fd: int | None) -> str | None:
 def folder_problem(folder: str | os.PathLike) -> str | None:
     """Why the job's checkpoint folder is no longer the one it locked (None when it is): it was
     removed, or replaced (the lock file gone, or another's). Checked before each save, so a
-    save never recreates a removed folder without its lock, beside another job."""
-    p = Path(folder)
+    save never recreates a removed folder without its lock, beside another job. Without a
+    lock taken (``LOCK_ID_ENV`` unset) the folder is made when missing."""
+    p, want = Path(folder), os.environ.get(LOCK_ID_ENV)
+    if not want:  # no lock taken (the runtime called directly, or no locks on this file system)
+        p.mkdir(parents=True, exist_ok=True)
+        return None
     if not p.is_dir():
         return (f"the checkpoint folder {folder} was removed during the run (its checkpoints "
                 "and lock with it): restore it, or resume from a copy in another "
                 "--checkpoint-dir")
-    want = os.environ.get(LOCK_ID_ENV)
-    if not want:
-        return None
     try:
         st = os.stat(p / LOCK_NAME, follow_symlinks=False)
     except OSError:

@@ -157,6 +157,32 @@ def check_outputs(opts: dict, inputs: list[str]) -> None:
                                 "folder")
         if opts.get("checkpoint_every"):  # a resume alone only reads it
             _probe(_existing(p.absolute()), "--checkpoint-dir", ck)
+            if not opts.get("resume"):
+                _check_fresh(p)
+
+
+def _check_fresh(folder: Path) -> None:
+    """A run from step 0 saving into `folder` would replace the checkpoints an earlier run left
+    there (its saves take their names): refused in one line, and junk named like a checkpoint
+    (a folder `latest`, a file `step_K`) that the first save would trip on."""
+    from amsp_planner.runtime.ckpt_files import complete_steps
+
+    if not folder.is_dir():
+        return
+    have = complete_steps(folder)
+    if have:
+        raise AmspUserError(f"--checkpoint-dir {folder}: holds checkpoints of an earlier run "
+                            f"(step {', '.join(map(str, have))}): give --resume to continue "
+                            "it, or another folder to start over (a run from step 0 would "
+                            "replace them)")
+    latest = folder / "latest"
+    if os.path.lexists(latest) and not latest.is_file():
+        raise AmspUserError(f"--checkpoint-dir {folder}: {latest} is not a file (the save's "
+                            "pointer goes there): remove it or give another folder")
+    for q in folder.glob("step_*"):
+        if q.name[5:].isdigit() and not q.is_dir():
+            raise AmspUserError(f"--checkpoint-dir {folder}: {q} is not a checkpoint folder "
+                                "(a save would go there): remove it or give another folder")
 
 
 def check_options(opts: dict) -> None:

@@ -75,6 +75,8 @@ def test_folder_problem_names_a_removed_or_replaced_folder(tmp_path, monkeypatch
         assert "was replaced during the run" in folder_problem(ck)
         shutil.rmtree(ck)
         assert "was removed during the run" in folder_problem(ck)
+        monkeypatch.delenv(LOCK_ID_ENV)  # no lock taken: the runtime called directly
+        assert folder_problem(ck) is None and ck.is_dir()
     finally:
         release(fd)
 
@@ -166,3 +168,20 @@ def _signalled_after_a_step(tmp, plan, ck, sig) -> tuple[int, list[str]]:
         if p.poll() is None:
             p.kill()
     return p.returncode, [x for x in err.splitlines() if x.strip()]
+
+
+@pytest.mark.multiprocess
+def test_a_fresh_run_into_a_folder_of_checkpoints_is_refused(saved):
+    """Without --resume a run starts at step 0 and its saves take the earlier run's names: it
+    replaced them without a word; junk where a save goes is refused before any step too."""
+    tmp, plan = saved
+    before = sorted(p.name for p in (tmp / "ck").iterdir())
+    r = amsp("train", plan, "--steps", 4, "--checkpoint-dir", tmp / "ck", "--checkpoint-every",
+             2, cwd=tmp)
+    one_error_line(r, f"--checkpoint-dir {tmp / 'ck'}: holds checkpoints of an earlier run "
+                      "(step 4, 6): give --resume")
+    assert sorted(p.name for p in (tmp / "ck").iterdir()) == before
+    (tmp / "junk" / "latest").mkdir(parents=True)
+    r = amsp("train", plan, "--steps", 4, "--checkpoint-dir", tmp / "junk",
+             "--checkpoint-every", 2, cwd=tmp)
+    one_error_line(r, f"--checkpoint-dir {tmp / 'junk'}: {tmp / 'junk' / 'latest'} is not a file")
