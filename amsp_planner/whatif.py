@@ -274,10 +274,13 @@ def _chunks(points: list[Point], size: int) -> Iterator[list[Point]]:
 
 
 def _ignore_sigint() -> None:
-    """Pool workers leave Ctrl-C to the parent, which ends them (no traceback per worker)."""
+    """Pool workers leave Ctrl-C to the parent, which ends them (no traceback per worker), and
+    end at once on the SIGTERM it ends them with (not through the parent's handler)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def run(sweep: Sweep, workers: int | None = None,

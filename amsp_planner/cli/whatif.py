@@ -283,6 +283,12 @@ def _run_with_progress(w, sweep, workers, max_points: int, show: bool | None):
     def count(k: int) -> None:
         done[0] += k
 
+    import signal
+
+    def stop(signum, frame):  # noqa: ARG001 - SIGTERM/SIGHUP end the sweep as Ctrl-C does
+        raise _Signalled(signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if not show:
             return w.run(sweep, workers, progress=count, max_points=max_points)
@@ -301,10 +307,22 @@ def _run_with_progress(w, sweep, workers, max_points: int, show: bool | None):
                 prog.advance(task, k)
 
             return w.run(sweep, workers, progress=advance, max_points=max_points)
-    except KeyboardInterrupt:
-        click.echo(f"interrupted: {done[0]:,} of {n:,} points solved; no file written",
-                   err=True)
-        sys.exit(130)
+    except (KeyboardInterrupt, _Signalled) as e:
+        name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
+        click.echo(f"interrupted: {name}: {done[0]:,} of {n:,} points solved; no file "
+                   "written", err=True)
+        sys.exit(128 + getattr(e, "signum", signal.SIGINT))
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGHUP during a sweep: its pool's workers are ended, as on Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _lines(n: int, count):
