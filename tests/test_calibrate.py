@@ -120,6 +120,48 @@ def test_killed_run_leaves_nothing(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_ends_every_rank_in_one_line(tmp_path, sig):
+    """Ctrl-C or SIGTERM to `amsp calibrate --nproc` itself: every agent and rank ended, one
+    line, exit 128 + the signal, nothing written (SIGTERM killed it silently; a Ctrl-C to the
+    group printed a line per rank and torchrun's warnings)."""
+    out = tmp_path / "stopped.yaml"
+    p = subprocess.Popen([sys.executable, "-m", "amsp_planner.cli.main", "calibrate", "--nproc",
+                          "2", "--out", str(out), *QUICK, "--seconds-per-point", "0.2"],
+                         stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+    try:
+        for line in p.stderr:  # measuring is under way
+            if line.startswith("[2/"):
+                break
+        p.send_signal(sig)
+        rest = p.stderr.read()
+        code = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    lines = [x for x in rest.splitlines() if x.strip() and not x.startswith("[")]
+    assert code == 128 + sig and len(lines) == 1, rest[-3000:]
+    assert lines[0].startswith(f"interrupted: {sig.name}"), lines
+    assert not out.exists()
+    deadline = time.monotonic() + 15
+    while _running(str(out)) and time.monotonic() < deadline:  # agents and ranks end too
+        time.sleep(0.2)
+    assert _running(str(out)) == [] and _leftovers(tmp_path) == []
+
+
+def _running(needle: str) -> list[int]:
+    """Processes whose command line holds `needle` (the agents and ranks of one calibration)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and needle in (d / "cmdline").read_bytes().decode(errors="replace"):
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
 @needs_torch
 @pytest.mark.multiprocess
 def test_lost_rank_fails_and_writes_nothing(tmp_path):

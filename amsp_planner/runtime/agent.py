@@ -13,6 +13,9 @@ import os
 import signal
 import sys
 
+QUIET_ENV = "AMSP_AGENT_QUIET"
+"""Set: torchrun's own warnings are not logged (its stderr is a terminal, not a log file)."""
+
 
 def main(argv: list[str] | None = None) -> None:
     from amsp_planner.runtime import lifecycle
@@ -20,8 +23,23 @@ def main(argv: list[str] | None = None) -> None:
     lifecycle.follow_parent(signal.SIGTERM, lifecycle.LAUNCHER_PID_ENV)
     os.environ[lifecycle.AGENT_PID_ENV] = str(os.getpid())
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    run.main(sys.argv[1:] if argv is None else argv)
+    if os.environ.get(QUIET_ENV):  # its warnings on a user's terminal (amsp calibrate)
+        import logging
+
+        for name in [n for n in logging.root.manager.loggerDict if n.startswith(
+                "torch.distributed.elastic")] + ["torch.distributed.elastic"]:
+            logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        run.main(sys.argv[1:] if argv is None else argv)
+    except SignalException as e:  # torchrun ended its ranks first: one line, not its trace
+        from amsp_planner.runtime.faults import RUN_DIR_ENV
+
+        if os.environ.get(RUN_DIR_ENV):  # amsp train's log, which faults.summary reads
+            print(f"SignalException: Process {os.getpid()} got signal: {int(e.sigval)}",
+                  file=sys.stderr, flush=True)
+        sys.exit(128 + int(e.sigval))
 
 
 if __name__ == "__main__":
