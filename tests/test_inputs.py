@@ -558,3 +558,8 @@ def test_a_file_of_another_kind_is_named_as_such(option, path, needles):
     argv = ["compare", "--model", "tiny", "--cluster", "cpu-local", *JOB]
     argv[argv.index(option) + 1] = path
     assert_user_error(*cli(argv), *needles)
+
+
+def test_a_set_field_given_twice_is_refused():
+    assert_user_error(*cli(["compare", *TINY, "--set", "gpu.memory_gib=40", "--set",
+                            "gpu.memory_gib=80"]), "--set gpu.memory_gib: given twice")

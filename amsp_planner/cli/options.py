@@ -311,6 +311,8 @@ def parse_sets(sets: tuple[str, ...]) -> dict:
         key, eq, value = item.partition("=")
         if not eq or not key.strip() or not value.strip():
             raise AmspUserError(f"--set '{item}': write KEY=VALUE, e.g. --set nic_gbit_per_s=400")
+        if key.strip() in out:  # the last one won silently
+            raise AmspUserError(f"--set {key.strip()}: given twice: give each field once")
         out[key.strip()] = parse_value(value.strip())
     return out
 
