@@ -178,6 +178,11 @@ def summary(run_dir: str | Path, world: int, log_text: str, code: int) -> str:
         rc = codes.get(rank)
         how = ("died" if rc is None else f"was killed by signal {-rc}" if rc < 0
                else f"exited with code {rc}")
+        waited = any(w in r.get("cause", "").lower() for r in recs if not r.get("primary")
+                     for w in ("timed out", "timeout"))
+        if rc == -9 and waited:  # hung: its peers' process-group timeout, then torchrun's kill
+            return _fmt(rank, _step_of(run_dir, rank), "the process stopped responding: the "
+                        "other ranks timed out waiting for it (--timeout), then it was killed")
         return _fmt(rank, _step_of(run_dir, rank), f"the process {how} without an error")
     if recs:
         r = recs[0]

@@ -91,6 +91,18 @@ def test_summary_names_the_silent_rank_with_torchruns_exit_code_and_its_step(tmp
         "rank 1, step 12: the process was killed by signal 9 without an error")
 
 
+def test_summary_names_a_hung_rank_as_such(tmp_path):
+    """Rank 1 stops (SIGSTOP): rank 0 times out waiting for it, torchrun kills it with SIGKILL.
+    Not 'killed by signal 9 without an error': nobody killed it from outside."""
+    _write(tmp_path, 0, step=14, primary=False, type="RuntimeError",
+           cause="lost a peer while running the forward of unit 1 ([../third_party/gloo/gloo/"
+                 "transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv)")
+    (tmp_path / "rank1.step").write_text("14")
+    assert faults.summary(tmp_path, 2, TORCHRUN_REPORT, 1) == (
+        "rank 1, step 14: the process stopped responding: the other ranks timed out waiting "
+        "for it (--timeout), then it was killed")
+
+
 def test_summary_names_the_rank_that_died_not_those_the_agent_ended(tmp_path):
     """Rank 2 kills itself at step 3; on a loaded host the survivors, blocked in a collective,
     are ended by torchrun's SIGTERM before they record anything: rank 2 is the cause, not
