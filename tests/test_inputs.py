@@ -563,3 +563,10 @@ def test_a_file_of_another_kind_is_named_as_such(option, path, needles):
 def test_a_set_field_given_twice_is_refused():
     assert_user_error(*cli(["compare", *TINY, "--set", "gpu.memory_gib=40", "--set",
                             "gpu.memory_gib=80"]), "--set gpu.memory_gib: given twice")
+
+
+def test_specs_show_names_its_argument_not_an_option():
+    """`amsp specs show NAME` has no --model: its refusals name NAME alone."""
+    line = assert_user_error(*cli(["specs", "show", GOLDEN / "tiny_cpu-local_8.json"]),
+                             "is a plan file, not a model spec")
+    assert "--model" not in line and "--cluster" not in line, line

@@ -146,7 +146,16 @@ def show_cmd(name, as_json):
     """
     import json
 
-    d = describe(name)
+    from amsp_planner.errors import AmspUserError
+
+    try:
+        d = describe(name)
+    except AmspUserError as e:  # the loaders name --model; this command's input is NAME
+        text = str(e)
+        for head in ("--model: ", "--model ", "--cluster: ", "--cluster "):
+            if text.startswith(head):
+                raise AmspUserError(text[len(head):]) from None
+        raise
     if as_json:
         click.echo(json.dumps(d, indent=2))
         return
