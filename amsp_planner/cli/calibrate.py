@@ -102,12 +102,13 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
                             ("--fp8", fp8_sizes)):
             if value is not None:
                 passthrough += [flag, str(value)]
+        from amsp_planner.runtime.lifecycle import Signalled
+
         try:
             rc = launch_local(nproc, nnodes, passthrough)
-        except _Signalled as e:
-            ctrl_c = " (Ctrl-C)" if e.signum == signal.SIGINT else ""
-            click.echo(f"interrupted: {signal.Signals(e.signum).name}{ctrl_c}: the calibration is "
-                       f"stopped, every rank ended; nothing written to {out}", err=True)
+        except Signalled as e:
+            click.echo(f"interrupted: {e.line_name}: the calibration is stopped, every rank "
+                       f"ended; nothing written to {out}", err=True)
             sys.exit(128 + e.signum)
         if rc != 0:
             click.echo(f"error: calibration failed (torchrun exit code {rc}); nothing written "
@@ -185,29 +186,23 @@ def launch_local(nproc: int, nnodes: int, args: list[str]) -> int:
     `nproc` ranks each. Returns the first non-zero agent exit code (0 when all succeed)."""
     import subprocess
 
+    from amsp_planner.runtime.agent import QUIET_ENV
     from amsp_planner.runtime.launch import free_port, torchrun_cmd
+    from amsp_planner.runtime.lifecycle import LAUNCHER_PID_ENV, raising
 
     port = free_port()
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MASTER_ADDR", "127.0.0.1")
-    env["AMSP_AGENT_QUIET"] = "1"  # runtime/agent.py: torchrun's warnings not on this terminal
+    env[QUIET_ENV] = "1"  # torchrun's warnings not on this terminal
     if nnodes > 1:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # The agents run in sessions of their own and die with this process (the parent-death
     # signal, runtime/agent.py): a Ctrl-C, SIGTERM or SIGHUP reaches this process alone, which
     # ends them (torchrun ends its ranks) and prints one line; a killed calibration writes
     # nothing.
-    from amsp_planner.runtime.lifecycle import LAUNCHER_PID_ENV
-
     env[LAUNCHER_PID_ENV] = str(os.getpid())
-
-    def stop(signum, frame):  # noqa: ARG001
-        raise _Signalled(signum)
-
-    old = {sig: signal.signal(sig, stop)
-           for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with raising(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         procs = [subprocess.Popen(torchrun_cmd(nproc, port, nnodes, node) + [
             "-m", "amsp_planner.cli.main", "calibrate", *args], env=env,
             start_new_session=True) for node in range(nnodes)]
@@ -219,18 +214,7 @@ def launch_local(nproc: int, nnodes: int, args: list[str]) -> int:
             for p in procs:
                 p.wait()
             raise
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
     return next((c for c in codes if c != 0), 0)
-
-
-class _Signalled(BaseException):
-    """A stop signal while the calibration's ranks run: they are ended, nothing written."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def _check_nccl() -> None:

@@ -283,13 +283,7 @@ def _run_with_progress(w, sweep, workers, max_points: int, show: bool | None):
     def count(k: int) -> None:
         done[0] += k
 
-    import signal
-
-    def stop(signum, frame):  # noqa: ARG001 - SIGTERM/SIGHUP end the sweep as Ctrl-C does
-        raise _Signalled(signum)
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
+    def solve():
         if not show:
             return w.run(sweep, workers, progress=count, max_points=max_points)
         if not tty:
@@ -307,22 +301,19 @@ def _run_with_progress(w, sweep, workers, max_points: int, show: bool | None):
                 prog.advance(task, k)
 
             return w.run(sweep, workers, progress=advance, max_points=max_points)
-    except (KeyboardInterrupt, _Signalled) as e:
-        name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
-        click.echo(f"interrupted: {name}: {done[0]:,} of {n:,} points solved; no file "
-                   "written", err=True)
-        sys.exit(128 + getattr(e, "signum", signal.SIGINT))
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
+    import signal
 
-class _Signalled(BaseException):
-    """SIGTERM or SIGHUP during a sweep: its pool's workers are ended, as on Ctrl-C."""
+    from amsp_planner.runtime.lifecycle import Signalled, raising
 
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
+    try:
+        with raising(signal.SIGTERM, signal.SIGHUP):  # the sweep ends as on Ctrl-C
+            return solve()
+    except (KeyboardInterrupt, Signalled) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        click.echo(f"interrupted: {signal.Signals(signum).name}: {done[0]:,} of {n:,} points "
+                   "solved; no file written", err=True)
+        sys.exit(128 + signum)
 
 
 def _lines(n: int, count):

@@ -178,3 +178,39 @@ def kill_tree(pid: int) -> None:
                 kill(p)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+class Signalled(BaseException):
+    """A stop signal turned into an exception by ``raising`` (not an Exception: no handler of
+    a failure catches it); ``signum`` is the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def line_name(self) -> str:
+        """``SIGTERM``, or ``SIGINT (Ctrl-C)``: how a stop line names it."""
+        name = signal.Signals(self.signum).name
+        return name + (" (Ctrl-C)" if self.signum == signal.SIGINT else "")
+
+
+class raising:  # noqa: N801 - used as a context manager, like contextlib's
+    """Within the block, each of `signals` raises ``Signalled`` (handlers restored after): a
+    command that runs worker processes stops them in its own cleanup, then prints one line."""
+
+    def __init__(self, *signals: int):
+        self.signals, self._old = signals, {}
+
+    def __enter__(self) -> raising:
+        for s in self.signals:
+            self._old[s] = signal.signal(s, self._raise)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    @staticmethod
+    def _raise(signum, frame) -> None:  # noqa: ARG004
+        raise Signalled(signum)
