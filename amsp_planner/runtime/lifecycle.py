@@ -195,22 +195,13 @@ class Signalled(BaseException):
         return name + (" (Ctrl-C)" if self.signum == signal.SIGINT else "")
 
 
-class raising:  # noqa: N801 - used as a context manager, like contextlib's
+class raising(Signals):  # noqa: N801 - used as a context manager, like contextlib's
     """Within the block, each of `signals` raises ``Signalled`` (handlers restored after): a
     command that runs worker processes stops them in its own cleanup, then prints one line."""
 
     def __init__(self, *signals: int):
-        self.signals, self._old = signals, {}
+        super().__init__()
+        self.CAUGHT = signals
 
-    def __enter__(self) -> raising:
-        for s in self.signals:
-            self._old[s] = signal.signal(s, self._raise)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-    @staticmethod
-    def _raise(signum, frame) -> None:  # noqa: ARG004
+    def _note(self, signum, frame) -> None:  # noqa: ARG002
         raise Signalled(signum)
