@@ -195,6 +195,7 @@ def save(engine, directory: str | os.PathLike, step: int, die=None) -> Path:
         gone = folder_problem(root)  # the launch created and locked it
         if gone:
             raise faults.RunFault(gone)
+        root.mkdir(parents=True, exist_ok=True)  # no lock taken: the runtime called directly
         for stale in root.glob("step_*.tmp"):  # this save's, or an earlier crash's
             shutil.rmtree(stale, ignore_errors=True)
     engine.comm.barrier(world)

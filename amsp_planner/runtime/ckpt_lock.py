@@ -122,11 +122,10 @@ def lock_id(fd: int | None) -> str | None:
 def folder_problem(folder: str | os.PathLike) -> str | None:
     """Why the job's checkpoint folder is no longer the one it locked (None when it is): it was
     removed, or replaced (the lock file gone, or another's). Checked before each save, so a
-    save never recreates a removed folder without its lock, beside another job. Without a
-    lock taken (``LOCK_ID_ENV`` unset) the folder is made when missing."""
+    save never recreates a removed folder without its lock, beside another job. None without
+    a lock taken (``LOCK_ID_ENV`` unset): nothing to compare with."""
     p, want = Path(folder), os.environ.get(LOCK_ID_ENV)
     if not want:  # no lock taken (the runtime called directly, or no locks on this file system)
-        p.mkdir(parents=True, exist_ok=True)
         return None
     if not p.is_dir():
         return (f"the checkpoint folder {folder} was removed during the run (its checkpoints "

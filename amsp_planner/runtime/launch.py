@@ -49,12 +49,12 @@ DEFAULT_MASTER_PORT = 29500
 torchrun's default, the same on every node."""
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (what bind to 0 and connect draw)."""
     try:
-        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def free_port() -> int:
@@ -64,7 +64,7 @@ def free_port() -> int:
     bind another process may take it (``_run`` retries the launch on that)."""
     import random
 
-    lo, _ = _ephemeral_range()
+    lo = _ephemeral_low()
     rng = random.Random()
     for _ in range(64 if lo > 11000 else 0):
         port = rng.randrange(10000, lo)
