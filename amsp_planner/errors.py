@@ -98,15 +98,21 @@ def _known_fields(model, loc: tuple) -> list[str] | None:
     return sorted(fields) if fields else None
 
 
+def field_meant(model, loc: tuple) -> tuple[str | None, list[str]]:
+    """For an unknown field at `loc` of pydantic `model`: (the field meant, when one is close;
+    the fields of the model that holds it)."""
+    from amsp_planner.specs.fields import suggest
+
+    loc = tuple(p for p in loc if p != "__root__")
+    names = (_known_fields(model, loc) if loc else None) or []
+    return (suggest(str(loc[-1]), names) if names else None), names
+
+
 def _extra_note(err: dict, model) -> str:
     """An unknown field: the field meant (``did you mean``), when one is close."""
     if err.get("type") != "extra_forbidden" or model is None:
         return ""
-    from amsp_planner.specs.fields import suggest
-
-    loc = tuple(p for p in err.get("loc", ()) if p != "__root__")
-    names = _known_fields(model, loc) if loc else None
-    close = suggest(str(loc[-1]), names) if names else None
+    close, _ = field_meant(model, tuple(err.get("loc", ())))
     return f" (no such field: did you mean '{close}'?)" if close else " (no such field: remove it)"
 
 

@@ -204,11 +204,9 @@ def _cluster_error(e: ValidationError, path: Path, overrides: dict[str, Any]) ->
             value = overrides[key]
             text = json.dumps(value) if isinstance(value, bool) or value is None else value
             if err.get("type") == "extra_forbidden":
-                from amsp_planner.errors import _known_fields
-                from amsp_planner.specs.fields import suggest
+                from amsp_planner.errors import field_meant
 
-                names = _known_fields(ClusterSpec, tuple(err["loc"])) or []
-                close = suggest(str(err["loc"][-1]), names)
+                close, names = field_meant(ClusterSpec, tuple(err["loc"]))
                 hint = f"did you mean {key.rsplit('.', 1)[0]}.{close}?" if close else \
                     f"use one of {', '.join(names)}"
                 return readable(f"--set {key}={shown(text)}: no such field: {hint}")
