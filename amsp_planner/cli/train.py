@@ -68,13 +68,10 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
     import os
 
     from amsp_planner.errors import AmspUserError
-    from amsp_planner.plan import load_plan
 
     if importlib.util.find_spec("torch") is None:  # imported only where needed: refusals are fast
         raise AmspUserError("amsp train needs the runtime extra: pip install -e '.[runtime]'")
-    from amsp_planner.runtime import launch as L
     from amsp_planner.runtime import worker as W
-    from amsp_planner.runtime.preflight import check_options
 
     if report and checkpoint_dir:  # two outputs of one command on one path: refused first
         rep, ck = os.path.realpath(report), os.path.realpath(checkpoint_dir)
@@ -91,6 +88,32 @@ def train(plan_file, steps, data, checkpoint_dir, checkpoint_every, resume, resu
     plan_path = os.path.abspath(plan_file)
     if W.inside_launch():
         W.worker(plan_path, opts)  # every check on every rank; leaves with the rank's code
+    import signal
+
+    from amsp_planner.runtime.lifecycle import EXIT_SIGNALLED, Signalled, raising
+
+    # the launcher's checks, preflight (with --resume the checkpoint's SHA-256) and the
+    # report run while no rank does: a stop signal there ends it in one line; during the
+    # job the launcher's own handlers (lifecycle.Signals) take over from these
+    try:
+        with raising(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            return _launch(plan_path, opts, local_nodes, node_rank, master_addr, master_port,
+                           nproc_per_node, force)
+    except Signalled as e:
+        click.echo(f"interrupted: {e.line_name}: the launcher stopped while no rank was "
+                   "running (checkpoints untouched)", err=True)
+        return EXIT_SIGNALLED.get(e.signum, 128 + e.signum)
+
+
+def _launch(plan_path, opts, local_nodes, node_rank, master_addr, master_port,
+            nproc_per_node, force) -> int:
+    """Check the options and the plan, then launch (``runtime.launch.launch``)."""
+    from amsp_planner.errors import AmspUserError
+    from amsp_planner.plan import load_plan
+    from amsp_planner.runtime import launch as L
+    from amsp_planner.runtime import worker as W
+    from amsp_planner.runtime.preflight import check_options
+
     check_options(opts)
     W.check_run_options(opts)
     plan = load_plan(plan_path)

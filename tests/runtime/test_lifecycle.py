@@ -245,3 +245,43 @@ def _state(pid: int) -> bytes:
         return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1][:3]
     except OSError:
         return b"Z"
+
+
+
+_SLOW_PLAN = """
+import sys, time
+import amsp_planner.plan as P
+def held(*a, **k):
+    print("reading the plan", flush=True)
+    time.sleep(60)
+P.load_plan = held
+from amsp_planner.cli.main import main
+main(["train", sys.argv[1], "--steps", "1"])
+"""
+
+
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGTERM, 143, "SIGTERM"),
+                                           (signal.SIGHUP, 129, "SIGHUP"),
+                                           (signal.SIGINT, 130, "SIGINT (Ctrl-C)")])
+def test_a_signal_before_any_rank_starts_ends_the_launcher_in_one_line(tmp_path, sig, code,
+                                                                       name):
+    """The launcher's checks (reading the plan, preflight, with --resume the checkpoint's
+    SHA-256) run before its job's handlers: a plan read held for a minute stands for a slow
+    one. A stop signal there used to end it with no line (SIGTERM, SIGHUP) or a bare
+    "aborted" (Ctrl-C)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_PLAN, str(plan)], cwd=tmp_path,
+                         env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "reading the plan", p.stderr.read()
+        os.kill(p.pid, sig)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert p.returncode == code, (p.returncode, err)
+    assert lines == [f"interrupted: {name}: the launcher stopped while no rank was running "
+                     "(checkpoints untouched)"], err
