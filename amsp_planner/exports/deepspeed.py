@@ -304,9 +304,12 @@ def strategy_from_ds_config(source: str | Path | dict, num_gpus: int, gpus_per_n
     for key, fix in _REMOVED.items():
         if key in zero:
             v = zero[key]
-            if key == "mics_shard_size" and isinstance(v, int) and v > 1:
+            if key == "mics_shard_size" and type(v) is int and 1 < v <= n and n % v == 0:
                 fix = (f"DeepSpeed removed MiCS; price it with --strategy mics-{v} "
                        f"(p={v},g={v},os={v}), which FSDP2 runs as HSDP")
+            elif key == "mics_shard_size" and type(v) is int and v > 1:
+                fix = (f"DeepSpeed removed MiCS, and a shard group of {v} does not divide "
+                       f"the {n} GPUs; price MiCS with --strategy mics-P, P a divisor of {n}")
             raise AmspUserError(f"{where}: field 'zero_optimization.{key}': {fix}")
     for key in ("offload_optimizer", "offload_param"):
         dev = zero.get(key)
