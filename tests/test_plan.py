@@ -118,6 +118,25 @@ def test_validate_and_explain_accept_a_good_plan():
     assert "binding constraint" in r.stdout and "most exposed" in r.stdout
 
 
+@pytest.mark.parametrize("prefer", ["speed", "memory"])
+def test_explain_states_the_tie_breaks_the_plan_recorded(tmp_path, prefer):
+    """'binding constraint: none' names the rule the plan was chosen by: its band and its
+    tie-breaks in order (it used to say 'the least memory among equal step times' whatever
+    the plan's preference, where the default puts the step time before memory)."""
+    out = tmp_path / "p.json"
+    r = amsp("plan", "--model", "llama-7b", "--gpus", "32", "--seq-len", "2048",
+             "--global-batch-seqs", "32", "--prefer", prefer, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    pref = json.loads(out.read_text())["inputs"]["search"]["preference"]
+    r = amsp("explain", str(out), "--no-sensitivity")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("binding constraint: none"))
+    assert f"tie-breaks in turn: {', '.join(pref['tie_breaks'])})" in line, line
+    assert f"within {pref['band'] * 100:.1f} % of the fastest" in line, line
+    order = pref["tie_breaks"]
+    assert (order.index("memory") < order.index("step")) == (prefer == "memory"), order
+
+
 def test_plan_refuses_to_overwrite_other_files_and_keeps_them(tmp_path):
     other = tmp_path / "notes.json"
     other.write_text('{"mine": true}\n')

@@ -119,9 +119,12 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
                      f"(at {gib(more)} GiB: {e_more.strategy if e_more else '-'})")
     else:
         facts["marginal_s_per_gib"] = 0.0
+        pref = kw["preference"]
+        order = ", ".join(pref.tie_breaks) or "none"
+        within = f"within {pref.band * 100:.1f} % of the fastest" if pref.band else "among equal steps"
         lines.append("binding constraint: none. Memory is not binding: more memory would not make "
-                     "the step faster; among equal step times the plan takes the least memory "
-                     f"({gib(limit - e.memory.total)} GiB headroom).")
+                     f"the step faster ({gib(limit - e.memory.total)} GiB headroom; {within}, "
+                     f"the plan's tie-breaks in turn: {order}).")
 
     # what dominates
     t = e.time
