@@ -27,6 +27,7 @@ import numpy as np
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.schedule import CLASSES
 from amsp_planner.cost.step_time import stage_time, stages
+from amsp_planner.solver.rank_terms import extra_units, priced
 from amsp_planner.solver.space import MEMORY, RECOMPUTE, STEP, Preference, SearchSpace
 from amsp_planner.solver.tables import Tables
 from amsp_planner.strategy import Strategy, ckpt_fields
@@ -53,7 +54,10 @@ class Configs:
     tables), the once-per-step terms, the model-state GiB and the process groups."""
 
     def __init__(self, job: Job, space: SearchSpace, T: Tables):
-        self.tp, self.fp8ag = space.tp, space.fp8ag
+        self.tp, self.fp8ag, self.space = space.tp, space.fp8ag, space
+        self.rank_calls = None
+        """(per micro-batch, per step) rank-calls per configuration, made on first use
+        (solver/rank_terms.py)."""
         F = space.factors
         triples = space.triples
         if triples is None:
@@ -274,6 +278,13 @@ def objective_of(job: Job, T: Tables, cf: Configs, cand: Candidates, objective: 
     phase = {p: ends[p] + sum(st.count * stage_time(st.compute, st.comm, sig, eta, np.maximum)
                               for st in sts if st.phase == p)
              for p in ("forward", "backward", "last")}
-    return (cand.n * phase["forward"] + (cand.n - 1) * phase["backward"] + phase["last"]
+    step = (cand.n * phase["forward"] + (cand.n - 1) * phase["backward"] + phase["last"]
             + cf.topt[c] + cf.cu[c])
+    if not priced(job):
+        return step
+    part = {p: sum(st.count * st.compute for st in sts if st.phase == p)
+            for p in ("forward", "backward", "last")}
+    busy = (cand.n * part["forward"] + (cand.n - 1) * part["backward"] + part["last"]
+            - cand.tpc)  # the step's compute and kernels (cost/step_time.py: compute_s + kernel_s)
+    return step + extra_units(job, T, cf, cand, busy)
 

@@ -14,6 +14,7 @@ from amsp_planner.cost.evaluate import Evaluation, best_baseline, evaluate, eval
 from amsp_planner.cost.job import Job
 from amsp_planner.errors import AmspUserError, InfeasibleError
 from amsp_planner.solver.ilp import StrategyIlp
+from amsp_planner.solver.rank_terms import priced
 from amsp_planner.solver.rounds import solve_models
 from amsp_planner.solver.solution import IlpStats, SolverError
 from amsp_planner.solver.space import FASTEST, Preference, SearchSpace, objective_value
@@ -99,12 +100,11 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,
                                 quantization=pref.quantization != "off", tp=tp, ep=ep)
     notes = []
-    c = job.cluster
-    if objective == "time" and (c.rank_jitter > 0 or c.collective_rank_us > 0):
-        notes.append("the search ranks strategies without the straggler and per-rank sync "
-                     "terms of rank_jitter / collective_rank_us (docs/cost-model.md, "
-                     "'Collectives at scale'); the step times shown include them, and "
-                     "`amsp compare` ranks the baselines with them")
+    if objective == "time" and solver != "exhaustive" and priced(job):
+        solver = "exhaustive"
+        notes.append("rank_jitter / collective_rank_us are set: the search enumerates "
+                     "(--solver exhaustive, exact), the ILP does not price their terms "
+                     "(docs/cost-model.md, 'Collectives at scale')")
     if solver == "highs":
         try:
             import highspy  # noqa: F401

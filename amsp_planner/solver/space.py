@@ -164,9 +164,8 @@ FASTEST = Preference()
 """The fastest candidate, equal objectives (within TIME_RTOL) broken toward less memory."""
 
 def objective_value(e, objective: str) -> float:
-    """Searched: the step less cost/straggler.py's unsearched terms ('time'), or all comm."""
-    t = e.time
-    return t.step_s - t.straggler_s - t.sync_s if objective == "time" else t.comm_total_s
+    """Searched: the step ('time': with cost/straggler.py's terms), or all comm."""
+    return e.time.step_s if objective == "time" else e.time.comm_total_s
 
 
 @dataclass(frozen=True)
