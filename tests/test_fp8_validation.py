@@ -130,3 +130,24 @@ def test_composers_transformer_engine_layers_recast_every_micro_batch():
     assert speedup("fsdp", 1) == speedup("megatron", 1)  # the same TE kernels otherwise
     assert not fp8_all_gather_supported("delayed", "fsdp")
     assert fp8_all_gather_supported("delayed", "megatron")
+
+
+# FP8-LM (arXiv 2310.18313), system-performance table: (row, samples/s, GPUs, GPU Mem. GB)
+FP8LM = [("fp8lm-gpt7b-32-bf16", 159.2, 32, 69.6), ("fp8lm-gpt7b-32-fp8", 224.5, 32, 77.3),
+         ("fp8lm-gpt13b-32-bf16", 79.3, 32, 68.2), ("fp8lm-gpt13b-32-fp8", 111.7, 32, 76.4),
+         ("fp8lm-gpt175b-128-bf16", 22.4, 128, 66.1), ("fp8lm-gpt175b-128-fp8", 28.7, 128, 69.6)]
+
+
+@pytest.mark.parametrize("rid,samples,gpus,mem", FP8LM, ids=[r[0] for r in FP8LM])
+def test_the_fp8_lm_rows_are_the_tables_figures(doc, rid, samples, gpus, mem):
+    """Tokens/s/GPU are the table's samples/s x 2,048 tokens / GPUs; each peak is the table's
+    GPU memory, in a row of its own where the throughput is out of scope (7B, 13B)."""
+    rows = {r["id"]: r for r in doc["rows"]}
+    row = rows[rid]
+    assert (row["gpus"], row["seq_len"]) == (gpus, 2048)
+    assert row["value"] == pytest.approx(samples * 2048 / gpus, abs=0.05)
+    peak = rows.get(rid + "-mem", row)
+    assert peak.get("memory_gib", peak["value"]) == mem
+    assert peak["memory_kind"] == "device"
+    if rid.endswith("-fp8"):
+        assert row["training"]["fp8_recipe"] == "delayed"
