@@ -115,6 +115,13 @@ class EngineProfile:
             training.optimizer_offload == "cpu"
             or training.precision == "bf16" and training.grad_accum_dtype == "fp32"))
 
+    @property
+    def shapes_text(self) -> str:
+        """The (s_P, s_G, s_OS) shapes ``triples`` lists, in words."""
+        return {"any": "any nested (P, G, OS)", "stages": "ZeRO's stages (P, G, OS each 1 or N)",
+                "tied": "P = G = OS", "os": "OS only (P = G = 1)", "zero3": "P = G = OS = N",
+                "zero1": "OS only, or P = G = OS"}[self.shapes]
+
     def triples(self, num_gpus: int, gpus_per_node: int, training
                 ) -> tuple[tuple[int, int, int], ...] | None:
         """The (s_P, s_G, s_OS) this engine runs for N GPUs; None: every nested triple."""

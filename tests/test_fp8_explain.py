@@ -76,8 +76,8 @@ def test_explain_names_the_crossovers(tmp_path):
     code, out, err = run_cli(["explain", str(plan), "--no-sensitivity"])
     assert code == 0, err
     assert "FP8 (tensorwise, torchtitan; this plan's precision)" in out
-    assert "per-GPU batch: FP8 stops paying below" in out
-    assert re.search(r"model size: at [\d,]+ tokens per micro-batch FP8 stops paying below "
+    assert "per-GPU batch: FP8 stops paying (the blocks' matmuls) below" in out
+    assert re.search(r"model size: at [\d,]+ tokens per micro-batch FP8 stops paying \(the blocks' matmuls\) below "
                      r"[\d.]+B parameters", out)
     # an A100 plan has no FP8 line
     code, _, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "8", "-o", str(plan)])

@@ -17,7 +17,6 @@ from amsp_planner.validation import (
     RowResult,
     check_jobs,
     check_rows,
-    error_bands,
     load_rows,
     predict_rows,
     relative_band,
@@ -137,9 +136,22 @@ def test_the_bands_file_is_the_current_prediction(results):
                 "targets", "targets_met"):
         assert key in bands
     assert step_time_band() == bands["step_time"]["p90_abs_error"]
-    eng = next(iter(bands["relative_by_engine"]))
-    assert relative_band(eng) == error_bands()["relative_by_engine"][eng]["p90_abs_error"]
+    # a subset's band counts from BAND_MIN_PAIRS pairs (a percentile of a few is their
+    # largest); below, the wider set's stands: the scale bucket's, else all pairs'
+    from amsp_planner.validation import BAND_MIN_PAIRS
+
+    for eng, got in bands["relative_by_engine"].items():
+        want = got if got["rows"] >= BAND_MIN_PAIRS else bands["relative"]
+        assert relative_band(eng) == want["p90_abs_error"], eng
+    for gpus, bucket in ((8, "<= 64"), (128, "65-255"), (512, ">= 256")):
+        got = bands["relative_by_scale"].get(bucket)
+        want = got if got and got["rows"] >= BAND_MIN_PAIRS else bands["relative"]
+        assert relative_band("no-such-engine", gpus) == want["p90_abs_error"], bucket
     assert relative_band("no-such-engine") == bands["relative"]["p90_abs_error"]
+    # the bands in use never come from fewer pairs, and do not jump between scale buckets
+    # by more than the spread of the buckets that count
+    used = [relative_band("no-such-engine", g) for g in (8, 128, 512)]
+    assert max(used) - min(used) <= 0.01, used
 
 
 def test_the_bench_reports_a_missed_target_without_failing(capsys):

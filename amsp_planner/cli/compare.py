@@ -96,7 +96,7 @@ def precision_lines(by_prec: dict) -> list[str]:
 @format_option
 def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts):
     """Predict memory, bytes and step time of the named baselines for one job."""
-    from amsp_planner.cost.evaluate import evaluate, evaluate_baselines
+    from amsp_planner.cost.evaluate import engine_runs, evaluate, evaluate_baselines
     from amsp_planner.solver.space import tp_choices
     from amsp_planner.strategy import parse_strategy_or_baseline
 
@@ -116,7 +116,8 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
     by_prec = {}
     for p, (j, lim) in jobs.items():
         rows = list(evaluate_baselines(j, lim, mb, ckpt, tp).items())
-        rows += [("given", evaluate(j, s, lim)) for s in given]
+        rows += [("given" if engine_runs(j, s) is None else f"given, not run by {j.engine}",
+                  evaluate(j, s, lim)) for s in given]
         if strategy_from is not None:
             rows.append(("ds_config", evaluate(j, ds, lim)))
         by_prec[p] = (j, rows)

@@ -61,11 +61,23 @@ class Evaluation:
         }
 
 
-def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch: int = 1,
-                       ckpt: bool | int | str = False, tp: int = 1, cp: int = 1
-                       ) -> dict[str, Evaluation]:
-    """Every named baseline valid for the job, evaluated (same micro-batch, checkpointing,
-    tensor- and context-parallel degrees)."""
+def engine_runs(job: Job, s: Strategy) -> str | None:
+    """Why the job's engine does not run `s`'s sharding (its (P, G, OS) shapes and ZeRO++
+    switches, as its search space holds them: ``EngineProfile.triples``), or None."""
+    eng = job.profile
+    n, r = job.num_gpus // s.tp, max(1, job.gpus_per_node // s.tp)
+    shapes = eng.triples(n, r, job.training)
+    if shapes is not None and (s.s_p, s.s_g, s.s_os) not in shapes:
+        return f"its shards are {eng.shapes_text}"
+    off = [k for k, on, ok in (("qwz", s.qwz, eng.qwz), ("hpz", s.hpz > 1, eng.hpz),
+                               ("qgz", s.qgz, eng.qgz)) if on and not ok]
+    return f"no {', '.join(off)}" if off else None
+
+
+def job_baselines(job: Job, micro_batch: int = 1, ckpt: bool | int | str = False, tp: int = 1,
+                  cp: int = 1) -> tuple[dict[str, Strategy], dict[str, str]]:
+    """The named baselines of the job (same micro-batch, checkpointing, tensor- and
+    context-parallel degrees) its engine runs, and those it does not, with why."""
     from amsp_planner.strategy_baselines import named_baselines
 
     bl = {k: v.with_(cp=cp) for k, v in named_baselines(
@@ -74,7 +86,16 @@ def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch:
         bl.pop("zeropp", None)
     elif job.fp8_gathers_all and "zeropp" in bl:  # its gathers are FP8's, not qwZ's
         bl["zeropp"] = bl["zeropp"].with_(qwz=False)
-    return {name: evaluate(job, s, memory_limit) for name, s in bl.items()}
+    why = {k: w for k, s in bl.items() if (w := engine_runs(job, s)) is not None}
+    return {k: s for k, s in bl.items() if k not in why}, why
+
+
+def evaluate_baselines(job: Job, memory_limit: float | None = None, micro_batch: int = 1,
+                       ckpt: bool | int | str = False, tp: int = 1, cp: int = 1
+                       ) -> dict[str, Evaluation]:
+    """Every named baseline of the job its engine runs, evaluated (``job_baselines``)."""
+    runs, _ = job_baselines(job, micro_batch, ckpt, tp, cp)
+    return {name: evaluate(job, s, memory_limit) for name, s in runs.items()}
 
 
 def best_baseline(baselines: dict[str, Evaluation]) -> tuple[str, Evaluation] | None:

@@ -168,14 +168,16 @@ def fp8_lines(c: dict, job) -> list[str]:
     b, w = c["batch"], c["model"]
     seq = job.training.seq_len
     if b["pays"] == "above":
-        bl = (f"  per-GPU batch: FP8 stops paying below {_tokens(b['below'])} tokens per "
+        bl = (f"  per-GPU batch: FP8 stops paying (the blocks' matmuls) below "
+              f"{_tokens(b['below'])} tokens per "
               f"micro-batch ({b['below'] / seq:.2g} sequences of {seq}; this plan: {_tokens(m)})")
     else:
         bl = ("  per-GPU batch: FP8 pays at every micro-batch scanned" if b["pays"] == "all"
               else "  per-GPU batch: FP8 does not pay at any micro-batch scanned") + \
             f" ({_tokens(M_RANGE[0])} to {_tokens(M_RANGE[1])} tokens)"
     if w["pays"] == "above":
-        ml = (f"  model size: at {_tokens(m)} tokens per micro-batch FP8 stops paying below "
+        ml = (f"  model size: at {_tokens(m)} tokens per micro-batch FP8 stops paying (the "
+              "blocks' matmuls) below "
               f"{w['params'] / 1e9:.3g}B parameters (hidden {w['hidden']:,.0f}, "
               f"{job.model.num_layers} layers; this model: {job.model.num_params / 1e9:.3g}B)")
     else:

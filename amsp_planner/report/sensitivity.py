@@ -104,7 +104,8 @@ ASSUMPTIONS = (
                ("gpu.comm_compute_slowdown",), 1.0),
     Assumption("inter_node_bandwidth", "inter-node bandwidth", "GB/s per NIC",
                ("nic_gbit_per_s",), 1 / 8),
-    Assumption("compute_efficiency", "compute efficiency", "of peak for matmuls",
+    Assumption("compute_efficiency", "compute efficiency", "of peak for matmuls (attention's "
+               "fraction scaled with it)",
                ("gpu.achievable_fraction", "gpu.attention_fraction"), 1.0),
     Assumption("memory_limit", "memory limit", "GiB per GPU", (), 1 / GIB),
 )

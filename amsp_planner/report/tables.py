@@ -135,16 +135,22 @@ def memory_grid(e: Evaluation, job=None) -> Grid:
 def inapplicable_line(job, tp: int = 1) -> str | None:
     """The named baselines this job leaves out, each with its reason (None when none is); with
     `tp`, over its data-parallel ranks."""
+    from amsp_planner.cost.evaluate import job_baselines
     from amsp_planner.strategy_baselines import inapplicable_baselines
 
     out = inapplicable_baselines(job.num_gpus // tp, max(1, job.gpus_per_node // tp))
-    if not out:
-        return None
-    by_reason: dict[str, list[str]] = {}
-    for name, why in out.items():
-        by_reason.setdefault(why, []).append(name)
-    return "not applicable here: " + "; ".join(f"{', '.join(names)} ({why})"
-                                               for why, names in by_reason.items())
+    lines = []
+    if out:
+        by_reason: dict[str, list[str]] = {}
+        for name, why in out.items():
+            by_reason.setdefault(why, []).append(name)
+        lines.append("not applicable here: " + "; ".join(f"{', '.join(names)} ({why})"
+                                                         for why, names in by_reason.items()))
+    _, not_run = job_baselines(job, tp=tp)
+    if not_run:
+        lines.append(f"not run by {job.engine}, so not priced: " + "; ".join(
+            f"{name} ({why})" for name, why in not_run.items()))
+    return "\n".join(lines) or None
 
 
 def fit_hint(job, limit: float, micro_batch: int, ckpt, tp: int) -> str | None:
