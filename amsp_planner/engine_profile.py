@@ -107,6 +107,13 @@ class EngineProfile:
         kind = "moe" if value == "moe" else kind
         return kind in self.ckpt_kinds
 
+    @property
+    def ckpt_text(self) -> str:
+        """The checkpointing settings it runs, as ``--activation-checkpointing`` values."""
+        words = {"none": "off", "full": "on", "blocks": "a block count K", "op": "op",
+                 "moe": "moe"}
+        return ", ".join(w for k, w in words.items() if k in self.ckpt_kinds)
+
     def stage0_allowed(self, training) -> bool:
         """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation, and
         offloads the optimizer only through a ZeRO optimizer (engine.py

@@ -363,5 +363,22 @@ def test_plan_and_compare_name_the_baselines_the_engine_does_not_run():
     for cmd in (["plan", *args, "-o", "-", "--format", "table"], ["compare", *args]):
         code, out, err = run_cli(cmd)
         assert code == 0, err
-        assert ("not run by torchtitan, so not priced: zero1 (its shards are P = G = OS); "
+        assert ("named baselines not run by torchtitan, so not priced: zero1 (its shards are P = G = OS); "
                 "zero2 (its shards are P = G = OS); zeropp (no qwz, hpz, qgz)") in out + err, cmd
+
+
+def test_explain_on_another_engine_names_the_alternatives_it_does_not_run(tmp_path):
+    """`amsp explain --engine megatron` of an amsp plan: the baselines Megatron-Core does not
+    run (it shards OS only) are named as not run, not priced as if it could."""
+    from amsp_testlib import run_cli
+
+    plan = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "64", "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["explain", str(plan), "--engine", "megatron", "--no-sensitivity"])
+    assert code == 0, err
+    for name in ("zero2", "zero3", "hsdp", "mics", "zeropp"):
+        line = next(x for x in out.splitlines() if x.strip().startswith(name + " "))
+        assert line.endswith("not run by megatron (its shards are OS only (P = G = 1))"), line
+    zero1 = next(x for x in out.splitlines() if x.strip().startswith("zero1 "))
+    assert "step time" in zero1

@@ -536,3 +536,44 @@ def test_internevo_tensor_parallelism_with_zero1():
         internevo.check(r.text.replace("'msp'", "'mtp'"), 32, 256)
     with pytest.raises(ValueError, match="zero1.size 32"):
         internevo.check(r.text.replace("size=4", "size=32"), 32, 256)
+
+
+@pytest.mark.parametrize("ckpt,target,words", [
+    ("8", "torchtitan", "checkpointing the first 8 blocks -> "),
+    ("op", "megatron", "checkpointing op-level -> "),
+    ("op", "internevo", "checkpointing op-level -> "),
+    ("op", "deepspeed", "checkpointing op-level -> "),
+])
+def test_export_translates_checkpointing_the_target_does_not_run(tmp_path, ckpt, target, words):
+    """A plan's --activation-checkpointing K or op, which the target does not run, is changed
+    to the closest setting it runs and the change named with the target's reason (the
+    exporters crashed with a KeyError, ValueError or TypeError: the plan's pinned setting was
+    taken as the target's)."""
+    plan = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "64",
+                            "--activation-checkpointing", ckpt, "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["export", str(plan), "--to", target, "-o", str(tmp_path / "x")])
+    assert code == 0, err
+    text = out + err
+    assert words in text and target_module(target).WHY["checkpointing"] in text, text
+
+
+@pytest.mark.parametrize("engine,ckpt", [("torchtitan", "8"), ("deepspeed", "op"),
+                                         ("megatron", "op"), ("internevo", "op")])
+def test_plan_refuses_checkpointing_its_engine_does_not_run(tmp_path, engine, ckpt):
+    """--activation-checkpointing pins what the search may choose: one the engine does not run
+    would make a plan it cannot run (the plan was written, then its export crashed)."""
+    out = tmp_path / "p.json"
+    assert_user_error(*run_cli(["plan", "--model", "llama-7b", "--gpus", "64", "--engine",
+                                engine, "--activation-checkpointing", ckpt, "-o", str(out)]),
+                      f"--activation-checkpointing {ckpt}:", "does not run it (it runs ")
+    assert not out.exists()
+
+
+def test_plan_warns_of_a_given_strategy_its_engine_does_not_run(tmp_path):
+    code, _, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "64", "--engine",
+                            "torchtitan", "--strategy", "zero1", "-o", str(tmp_path / "p.json")])
+    assert code == 0, err
+    assert ("warning: torchtitan 0.3 does not run p=1,g=1,os=64,mb=1 (its shards are P = G = "
+            "OS): priced as given") in err, err

@@ -139,3 +139,37 @@ def test_the_search_runs_with_the_terms_set_and_says_it_enumerates(field, value)
         for argv in (["explain", str(out)], ["export", "--to", "fsdp2", str(out), "-o", "-"]):
             code, _, err = run_cli(argv)
             assert code == 0, (argv, err)
+
+
+def test_the_step_breakdown_names_both_terms_and_adds_up():
+    """`amsp plan` and `amsp explain` list the slowest rank's lag and the per-rank sync in the
+    step's sum (they were left out, so the parts no longer added up to the step)."""
+    import json
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from amsp_testlib import run_cli
+
+    def parts(line: str) -> float:
+        body = line.split(" = ", 1)[1].split(";")[0]
+        total = 0.0
+        for item in body.split(" + "):
+            v, unit = re.search(r"([\d.]+) (ms|s)\b", item).groups()
+            total += float(v) * (1e-3 if unit == "ms" else 1.0)
+        return total
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "p.json"
+        code, stdout, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "512", "--set",
+                                     "collective_rank_us=2", "--set", "rank_jitter=0.02",
+                                     "-o", str(out), "--format", "table"])
+        assert code == 0, err
+        t = json.loads(out.read_text())["predictions"]["time"]
+        assert t["straggler_s"] > 0 and t["sync_s"] > 0
+        code, explained, err = run_cli(["explain", str(out), "--no-sensitivity"])
+        assert code == 0, err
+        for line in (next(x for x in stdout.splitlines() if x.startswith("step time ")),
+                     next(x for x in explained.splitlines() if x.startswith("step "))):
+            assert "the slowest rank's lag" in line and "per-rank sync" in line, line
+            assert parts(line) == pytest.approx(t["step_s"], abs=2e-3), line

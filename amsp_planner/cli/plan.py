@@ -82,7 +82,12 @@ def _import_output(fmt: str) -> None:
 
 def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
           fmt, as_json, wide, headroom, quantization, tie_band, prefer, tp, ep, pp, **opts):
-    from amsp_planner.cost.evaluate import best_baseline, evaluate, evaluate_baselines
+    from amsp_planner.cost.evaluate import (
+        best_baseline,
+        engine_runs,
+        evaluate,
+        evaluate_baselines,
+    )
     from amsp_planner.strategy import parse_strategy_or_baseline
 
     t0 = time.perf_counter()
@@ -123,6 +128,14 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
                             f"--strategy {strategy} fixes the strategy, its checkpointing "
                             "included: write ckpt, ckpt=K or ckpt=op in a strategy string "
                             "(e.g. p=8,g=8,os=8,ckpt=12) or drop the option")
+    ck = job.training.activation_checkpointing
+    if (strategy is None and strategy_from is None and ck is not None
+            and not job.profile.runs_ckpt(ck, job.model.num_layers)):
+        from amsp_planner.errors import AmspUserError
+
+        raise AmspUserError(f"--activation-checkpointing {opts['activation_checkpointing']}: "
+                            f"{job.profile.title} does not run it (it runs {job.profile.ckpt_text})"
+                            ": give one of those, or plan for --engine amsp")
     if strategy is not None or strategy_from is not None:
         if strategy_from is not None:
             from amsp_planner.exports.deepspeed import strategy_for_job
@@ -132,6 +145,12 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         else:
             s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
         best = evaluate(job, s, limit)
+        why = engine_runs(job, s) or (None if job.profile.runs_ckpt(
+            s.ckpt_value, job.model.num_layers) else f"it runs checkpointing "
+            f"{job.profile.ckpt_text}")
+        if why:
+            note(f"{job.profile.title} does not run {s} ({why}): priced as given; `amsp export` "
+                 "translates it to the closest strategy the engine runs", kind="warning")
         baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s, refs = [], None, 0.0, {}

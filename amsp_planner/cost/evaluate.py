@@ -65,6 +65,8 @@ def engine_runs(job: Job, s: Strategy) -> str | None:
     """Why the job's engine does not run `s`'s sharding (its (P, G, OS) shapes and ZeRO++
     switches, as its search space holds them: ``EngineProfile.triples``), or None."""
     eng = job.profile
+    if s.tp > 1 and not eng.tp:
+        return f"{eng.title} does not run tensor parallelism here"
     n, r = job.num_gpus // s.tp, max(1, job.gpus_per_node // s.tp)
     shapes = eng.triples(n, r, job.training)
     if shapes is not None and (s.s_p, s.s_g, s.s_os) not in shapes:

@@ -95,6 +95,11 @@ def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     ck = plan.ckpt_value
     if not job.profile.runs_ckpt(ck, job.model.num_layers):
         ck = None
+        if job.training.activation_checkpointing is not None:  # the plan's pinned setting:
+            from dataclasses import replace  # every setting the engine runs instead
+
+            job = replace(job, training=job.training.model_copy(
+                update={"activation_checkpointing": None}))
     # the plan's tensor-parallel degree where the engine runs it, else data parallel only
     # (with the micro-batch searched: the sequences per rank change with the degree)
     tp = plan.tp if plan.tp in job.tp_options() else 1

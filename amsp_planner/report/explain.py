@@ -85,7 +85,7 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
     """Facts and text lines on why plan `p` chose what it chose; with `sensitivity`, also the
     equivalent candidates and the value of each assumption at which the choice changes
     (re-solving in `workers` processes, default one per core; `progress` gets a line before)."""
-    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.cost.evaluate import engine_runs, evaluate
     from amsp_planner.errors import InfeasibleError
     from amsp_planner.solver import solve
     from amsp_planner.strategy import Strategy
@@ -137,6 +137,9 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
                  f"{secs(t.contention_s)} + exposed communication {secs(t.exposed_comm_s)}"
                  + (f" (TP collectives {secs(t.tp_comm_s)})" if t.tp_comm_s else "")
                  + (f" (all-to-alls {secs(t.ep_comm_s)})" if t.ep_comm_s else "")
+                 + (f" + pipeline bubble {secs(t.bubble_s)}" if t.bubble_s else "")
+                 + (f" + the slowest rank's lag {secs(t.straggler_s)}" if t.straggler_s else "")
+                 + (f" + per-rank sync {secs(t.sync_s)}" if t.sync_s else "")
                  + f"; most exposed: {top} ({secs(phases[top])})")
     if e.schedule:
         big = max(e.schedule, key=lambda s: s.time_s)
@@ -163,6 +166,10 @@ def explain_plan(p, sensitivity: bool = True, progress=None, workers: int | None
         other = Strategy.parse(r["strategy"])
         # priced as the plan is: on the engine it is explained for (`amsp explain --engine`
         # re-prices the plan; the plan file's figures are its own engine's)
+        why = engine_runs(job, other)
+        if why:
+            lines.append(f"  {name:10s} {r['strategy']}: not run by {job.engine} ({why})")
+            continue
         try:
             ev_other = evaluate(job, other, limit)
         except AmspUserError as why:  # explained on another engine, which cannot run it

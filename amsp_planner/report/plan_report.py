@@ -113,6 +113,8 @@ def time_lines(e: Evaluation, best_baseline: tuple[str, Evaluation] | None, job,
         + (f", all-to-alls {secs(t.ep_comm_s)}" if t.ep_comm_s else "")
         + (f", pipeline sends {secs(t.p2p_s)}" if t.p2p_s else "") + ")"
         + (f" + pipeline bubble {secs(t.bubble_s)}" if t.bubble_s else "")
+        + (f" + the slowest rank's lag {secs(t.straggler_s)}" if t.straggler_s else "")
+        + (f" + per-rank sync {secs(t.sync_s)}" if t.sync_s else "")
         + f"; all collectives {secs(t.comm_total_s)}",
         f"{e.tokens_per_s:,.0f} tokens/s (+/-{band * 100:.0f} %), MFU {e.mfu * 100:.1f}%, "
         f"memory {gib(e.memory.total)} (+/-{mband * 100:.0f} %) of {gib(e.memory_limit)} GiB "

@@ -148,7 +148,7 @@ def inapplicable_line(job, tp: int = 1) -> str | None:
                                                          for why, names in by_reason.items()))
     _, not_run = job_baselines(job, tp=tp)
     if not_run:
-        lines.append(f"not run by {job.engine}, so not priced: " + "; ".join(
+        lines.append(f"named baselines not run by {job.engine}, so not priced: " + "; ".join(
             f"{name} ({why})" for name, why in not_run.items()))
     return "\n".join(lines) or None
 
