@@ -114,6 +114,16 @@ class EngineProfile:
                  "moe": "moe"}
         return ", ".join(w for k, w in words.items() if k in self.ckpt_kinds)
 
+    def check_ckpt(self, value, shown: str, num_layers: int = 1 << 30) -> None:
+        """Refuse ``--activation-checkpointing`` `shown` (parsed: `value`) where this engine
+        does not run it: the search would choose a setting the engine cannot run."""
+        if value is not None and not self.runs_ckpt(value, num_layers):
+            from amsp_planner.errors import AmspUserError
+
+            raise AmspUserError(f"--activation-checkpointing {shown}: {self.title} does not run "
+                                f"it (it runs {self.ckpt_text}): give one of those, or plan for "
+                                "--engine amsp")
+
     def stage0_allowed(self, training) -> bool:
         """DeepSpeed rejects stage 0 with bf16 parameters and fp32 gradient accumulation, and
         offloads the optimizer only through a ZeRO optimizer (engine.py

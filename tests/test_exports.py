@@ -577,3 +577,10 @@ def test_plan_warns_of_a_given_strategy_its_engine_does_not_run(tmp_path):
     assert code == 0, err
     assert ("warning: torchtitan 0.3 does not run p=1,g=1,os=64,mb=1 (its shards are P = G = "
             "OS): priced as given") in err, err
+
+
+def test_whatif_refuses_checkpointing_its_engine_does_not_run():
+    assert_user_error(*run_cli(["whatif", "--model", "llama-7b", "--gpus", "64", "--engine",
+                                "deepspeed", "--activation-checkpointing", "op"]),
+                      "--activation-checkpointing op: DeepSpeed 0.19 does not run it (it runs "
+                      "off, on, a block count K)")

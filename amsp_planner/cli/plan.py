@@ -128,14 +128,9 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
                             f"--strategy {strategy} fixes the strategy, its checkpointing "
                             "included: write ckpt, ckpt=K or ckpt=op in a strategy string "
                             "(e.g. p=8,g=8,os=8,ckpt=12) or drop the option")
-    ck = job.training.activation_checkpointing
-    if (strategy is None and strategy_from is None and ck is not None
-            and not job.profile.runs_ckpt(ck, job.model.num_layers)):
-        from amsp_planner.errors import AmspUserError
-
-        raise AmspUserError(f"--activation-checkpointing {opts['activation_checkpointing']}: "
-                            f"{job.profile.title} does not run it (it runs {job.profile.ckpt_text})"
-                            ": give one of those, or plan for --engine amsp")
+    if strategy is None and strategy_from is None:
+        job.profile.check_ckpt(job.training.activation_checkpointing,
+                               opts.get("activation_checkpointing"), job.model.num_layers)
     if strategy is not None or strategy_from is not None:
         if strategy_from is not None:
             from amsp_planner.exports.deepspeed import strategy_for_job

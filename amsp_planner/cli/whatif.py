@@ -195,6 +195,9 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
             raise AmspUserError(f"--gpu-hour-price: give one price, or one per cluster "
                                 f"({len(cl)}), got {len(pv)}")
     ckpt = ckpt_option(activation_checkpointing)
+    from amsp_planner.engines import profile
+
+    profile(engine).check_ckpt(ckpt, activation_checkpointing)
     opts = w.SolveOptions(micro_batch=micro_batch, activation_checkpointing=ckpt,
                           flash_attention=not no_flash_attention, precision=precision,
                           grad_accum_dtype=grad_accum_dtype, zeropp=not no_zeropp, engine=engine,
