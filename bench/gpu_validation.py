@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amsp_planner.validation import (  # noqa: E402
+    BAND_MIN_PAIRS,
     BANDS_FILE,
     BUCKETS,
     FP8_SPEEDUP_POINTS,
@@ -292,7 +293,10 @@ def write_doc(results, b, orders, pairs, met, doc) -> str:
             "engine; rows sharing a `job` tag, checked field by field): the "
             "predicted throughput ratio of the measured-faster strategy over the slower one "
             "against the measured ratio. This band, not the absolute one, says whether two "
-            "candidates of one job are a tie.", ""]
+            "candidates of one job are a tie. The planner takes the 90th percentile of the "
+            "job's engine's pairs, else of its scale bucket's, else of all, a subset only from "
+            f"{BAND_MIN_PAIRS} pairs (`BAND_MIN_PAIRS` in amsp_planner/validation.py): the "
+            "rows below with fewer are shown, not used.", ""]
     if pairs:
         out += ["| pairs | count | median | 90th pct | worst | order |", "|---|---|---:|---:|---:|---|"]
         out += [f"| all | {b['relative']['rows']} pairs | {b['relative']['median_abs_error'] * 100:.1f} % | "
