@@ -165,7 +165,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
     # ties as the planner calls them: the job's validated relative band (docs/planner.md)
     out = [compare_grid(rows, title, ref=ref, band=validated_band(job), job=job,
                         by_identity=multi), *notes]
-    skipped = inapplicable_line(job, tp)
+    skipped = inapplicable_line(job, tp, ckpt)
     if skipped:
         out.append(skipped)
     if hint:

@@ -140,9 +140,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         else:
             s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
         best = evaluate(job, s, limit)
-        why = engine_runs(job, s) or (None if job.profile.runs_ckpt(
-            s.ckpt_value, job.model.num_layers) else f"it runs checkpointing "
-            f"{job.profile.ckpt_text}")
+        why = engine_runs(job, s)
         if why:
             note(f"{job.profile.title} does not run {s} ({why}): priced as given; `amsp export` "
                  "translates it to the closest strategy the engine runs", kind="warning")
@@ -214,7 +212,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     table = compare_grid(rows, "chosen, fastest candidates and named baselines", ref=best,
                          band=pref.band, job=job)
     out.append(table)
-    skipped = inapplicable_line(job, best.strategy.tp)
+    skipped = inapplicable_line(job, best.strategy.tp, best.strategy.ckpt_value)
     if skipped:
         out.append(skipped)
     if solver_info:

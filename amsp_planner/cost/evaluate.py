@@ -62,8 +62,9 @@ class Evaluation:
 
 
 def engine_runs(job: Job, s: Strategy) -> str | None:
-    """Why the job's engine does not run `s`'s sharding (its (P, G, OS) shapes and ZeRO++
-    switches, as its search space holds them: ``EngineProfile.triples``), or None."""
+    """Why the job's engine does not run `s` (its tensor parallelism, (P, G, OS) shapes, ZeRO++
+    switches and checkpointing, as its search space holds them: ``EngineProfile.triples``,
+    ``runs_ckpt``), or None."""
     eng = job.profile
     if s.tp > 1 and not eng.tp:
         return f"{eng.title} does not run tensor parallelism here"
@@ -73,7 +74,11 @@ def engine_runs(job: Job, s: Strategy) -> str | None:
         return f"its shards are {eng.shapes_text}"
     off = [k for k, on, ok in (("qwz", s.qwz, eng.qwz), ("hpz", s.hpz > 1, eng.hpz),
                                ("qgz", s.qgz, eng.qgz)) if on and not ok]
-    return f"no {', '.join(off)}" if off else None
+    if off:
+        return f"no {', '.join(off)}"
+    if not eng.runs_ckpt(s.ckpt_value, job.model.num_layers):
+        return f"it runs checkpointing {eng.ckpt_text}"
+    return None
 
 
 def job_baselines(job: Job, micro_batch: int = 1, ckpt: bool | int | str = False, tp: int = 1,

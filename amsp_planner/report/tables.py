@@ -132,9 +132,9 @@ def memory_grid(e: Evaluation, job=None) -> Grid:
     return _with_engine(g, job)
 
 
-def inapplicable_line(job, tp: int = 1) -> str | None:
+def inapplicable_line(job, tp: int = 1, ckpt: bool | int | str = False) -> str | None:
     """The named baselines this job leaves out, each with its reason (None when none is); with
-    `tp`, over its data-parallel ranks."""
+    `tp`, over its data-parallel ranks; `ckpt`: theirs (the plan's)."""
     from amsp_planner.cost.evaluate import job_baselines
     from amsp_planner.strategy_baselines import inapplicable_baselines
 
@@ -146,7 +146,7 @@ def inapplicable_line(job, tp: int = 1) -> str | None:
             by_reason.setdefault(why, []).append(name)
         lines.append("not applicable here: " + "; ".join(f"{', '.join(names)} ({why})"
                                                          for why, names in by_reason.items()))
-    _, not_run = job_baselines(job, tp=tp)
+    _, not_run = job_baselines(job, ckpt=ckpt, tp=tp)
     if not_run:
         lines.append(f"named baselines not run by {job.engine}, so not priced: " + "; ".join(
             f"{name} ({why})" for name, why in not_run.items()))
