@@ -384,7 +384,8 @@ def _check_summaries(raw: dict, job: Job, ev: Evaluation, source: str) -> None:
     if sorted(raw["baselines"]) != names:
         raise AmspUserError(
             f"{source}: field 'baselines' names {_show(sorted(raw['baselines']))}, "
-            f"but this job's named baselines are {', '.join(names)}: regenerate the plan")
+            f"but this job's named baselines are {', '.join(names)} (the plan was edited, or "
+            "made by another amsp version): regenerate it with amsp plan")
     for name in names:
         want = json.loads(canonical_text(summary(base[name])))
         _refuse_difference(raw["baselines"][name], want, f"baselines.{name}",

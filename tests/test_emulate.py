@@ -132,3 +132,33 @@ def test_fidelity_benchmark_runs_end_to_end(can_emulate, tmp_path):
     amsp = rows["amsp os=R"]
     assert 1.0 <= amsp["wire_tx_bytes_per_node_step"] / amsp["logical_inter_bytes_per_node_step"] < 1.10
     assert "measured" in d["calibrated_spec"] and -1 <= d["summary"]["spearman"] <= 1
+
+
+def test_fidelity_summary_pools_one_strategy_measured_twice():
+    # The planner's choice is the set's "amsp os=R" (same sharding and micro-batch; the plan
+    # writes its accumulation): one strategy, so its two rows' samples are pooled, and the
+    # choice is compared with the other strategies, not with its own second measurement.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fidelity", REPO / "bench" / "fidelity.py")
+    fid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fid)
+
+    def row(name, same, samples, pred):
+        import statistics
+        m = statistics.median(samples)
+        return {"name": name, "same_as": same, "samples_s": samples, "measured_s": m,
+                "predicted_s": pred, "error": (pred - m) / m}
+
+    rows = [row("zero1", "p=1,g=1,os=8,mb=1", [0.70, 0.71, 0.72], 0.72),
+            row("amsp os=R", "p=1,g=1,os=4,mb=1", [0.47, 0.48, 0.49], 0.53),
+            row("planner", "p=1,g=1,os=4,mb=1", [0.50, 0.51, 0.52], 0.53)]
+    s = fid._summary(rows)
+    assert s["planner_vs_fastest"] == 0.0  # its own group is the fastest
+    assert s["fastest_measured"] == "amsp os=R = planner"
+    assert s["planner_same_as"] == ["amsp os=R"]
+    assert s["planner_measured_s"] == 0.495  # median of the six pooled samples
+    # a different, faster strategy still counts against the choice
+    rows.append(row("hsdp", "p=4,g=4,os=4,mb=1", [0.45, 0.45, 0.45], 0.6))
+    s = fid._summary(rows)
+    assert abs(s["planner_vs_fastest"] - (0.495 / 0.45 - 1)) < 1e-12

@@ -120,6 +120,7 @@ KINDS = {
         "schedule", "x" * len(d["predictions"]["schedule"])), "predictions.schedule"),
     "baseline fits": (lambda d: d["baselines"]["zero3"].__setitem__("fits", False),
                       "baselines.zero3.fits"),
+    "baseline dropped": (lambda d: d["baselines"].pop("zero3"), "baselines"),
     "search zeropp": (lambda d: d["inputs"]["search"].__setitem__("zeropp", "yes"),
                       "inputs.search.zeropp"),
     "preference band": (lambda d: d["inputs"]["search"]["preference"].__setitem__("band", "x"),

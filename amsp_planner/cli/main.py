@@ -5,12 +5,31 @@
 
 from __future__ import annotations
 
+import _signal  # the C module: installs the handlers before `signal`'s enums are built
 import os
 import sys
 
-import click
+_STOPS = {_signal.SIGINT: "SIGINT (Ctrl-C)", _signal.SIGTERM: "SIGTERM", _signal.SIGHUP: "SIGHUP"}
 
-from amsp_planner import __version__
+
+def _stopped_while_starting(signum, frame) -> None:
+    """A stop signal while amsp is still importing: one line, then the signal's own default
+    end (the exit status a shell or torchrun agent reads stays 128 + the signal). Nothing is
+    written before ``main`` runs, so nothing is left to clean up."""
+    sys.stderr.write(f"interrupted: {_STOPS[signum]} while amsp was starting; nothing was "
+                     "written\n")
+    sys.stderr.flush()
+    _signal.signal(signum, _signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+for _s in _STOPS:  # from here until main() hands over to the commands' own handling
+    if _signal.getsignal(_s) in (_signal.SIG_DFL, _signal.default_int_handler):
+        _signal.signal(_s, _stopped_while_starting)
+
+import click  # noqa: E402
+
+from amsp_planner import __version__  # noqa: E402
 
 
 class LazyGroup(click.Group):
@@ -55,6 +74,16 @@ def cli():
     """Plan, price and run ZeRO-style sharding (P, G, OS) for LLM training."""
 
 
+def _hand_over_signals() -> None:
+    """Back to Python's own handling: Ctrl-C raises KeyboardInterrupt (one line below), SIGTERM
+    and SIGHUP end the process at once (a rank in a collective must die on them); the commands
+    that need more install their own (train, calibrate, whatif)."""
+    for s in _STOPS:
+        if _signal.getsignal(s) is _stopped_while_starting:
+            _signal.signal(s, _signal.default_int_handler if s == _signal.SIGINT
+                           else _signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and exit code 2 (infeasible: 3),
     cut to a readable length (``errors.readable``)."""
@@ -64,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from amsp_planner.cli import notes
     from amsp_planner.errors import AmspUserError, InfeasibleError, readable
+
+    _hand_over_signals()
 
     try:
         try:
@@ -89,11 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     except InfeasibleError as e:
         click.echo(f"infeasible: {readable(e)}", err=True)
         sys.exit(3)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+        click.echo("interrupted: SIGINT (Ctrl-C)", err=True)
         sys.exit(130)
     if isinstance(rv, int):
         sys.exit(rv)
