@@ -102,14 +102,14 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
                             ("--fp8", fp8_sizes)):
             if value is not None:
                 passthrough += [flag, str(value)]
-        from amsp_planner.runtime.lifecycle import Signalled
+        from amsp_planner.runtime.lifecycle import EXIT_SIGNALLED, Signalled
 
         try:
             rc = launch_local(nproc, nnodes, passthrough)
         except Signalled as e:
             click.echo(f"interrupted: {e.line_name}: the calibration is stopped, every rank "
                        f"ended; nothing written to {out}", err=True)
-            sys.exit(128 + e.signum)
+            sys.exit(EXIT_SIGNALLED.get(e.signum, 128 + e.signum))
         if rc != 0:
             click.echo(f"error: calibration failed (torchrun exit code {rc}); nothing written "
                        f"to {out}", err=True)
