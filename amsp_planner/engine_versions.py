@@ -286,3 +286,20 @@ VERSIONS: dict[str, dict] = {
     },
 }
 """``<engine>@<version>`` -> the fields that differ from ``engines.PROFILES[base]``."""
+
+# NeMo 24.03.01 (source nemo-long-seq): the same stack as 24.07. NeMo-Framework-Launcher at tag
+# 24.03.01 (launcher_scripts/conf/training/llama/llama2_7b.yaml) against 24.07: mcore_gpt,
+# transformer_engine, distributed_fused_adam with overlap_grad_sync / overlap_param_sync, the
+# rope, softmax and layer-norm fusions alike; only bias_dropout_add_fusion differs (false;
+# Llama has neither bias nor dropout, so an add the fused pricing already counts).
+# examples/training/llama/h100/llama2_7b_fp8.sh at 24.03.01: fp8_hybrid and
+# +training.model.optim.grad_sync_dtype=bf16, as in 24.07.
+VERSIONS["nemo@24.03.01"] = {
+    **VERSIONS["nemo@24.07"],
+    "title": "NeMo 24.03.01 (Megatron-Core)",
+    "sources": ("github.com/NVIDIA/NeMo-Framework-Launcher tag 24.03.01 launcher_scripts/conf/"
+                "training/llama/llama2_7b.yaml and examples/training/llama/h100/"
+                "llama2_7b_fp8.sh: the settings of nemo@24.07 (git diff 24.03.01 24.07: "
+                "bias_dropout_add_fusion false -> true only)",
+                *VERSIONS["nemo@24.07"]["sources"]),
+}

@@ -222,7 +222,7 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
     try:
         pipe = doc.decision.pipeline
         job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine,
-                         pp=pipe.pp if pipe is not None else 1)
+                         pp=pipe.pp if pipe is not None else 1, cp=doc.decision.cp)
     except AmspUserError as e:
         raise AmspUserError(f"{source}: field 'inputs': {e}") from None
     strategy, ev = _derive(raw, doc, job, source)
@@ -379,7 +379,12 @@ def _check_summaries(raw: dict, job: Job, ev: Evaluation, source: str) -> None:
 
     limit = raw["inputs"]["memory_limit_bytes"]
     s = ev.strategy
-    base = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
+    try:
+        base = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
+    except AmspUserError:  # a pipeline's batch that does not divide over pp=1's ranks
+        if s.pp == 1:
+            raise
+        base = {}  # as amsp plan writes it: "named baselines (pp=1) not priced"
     names = sorted(base)
     if sorted(raw["baselines"]) != names:
         raise AmspUserError(

@@ -1,8 +1,26 @@
-"""Which named baselines a job runs as themselves (``strategy.baseline`` builds each)."""
+"""Which named baselines a job runs as themselves (``strategy.baseline`` builds each), and the
+pipeline and context-parallel degrees of a given strategy string."""
 
 from __future__ import annotations
 
-from amsp_planner.strategy import BASELINE_NAMES, Strategy, baseline
+from amsp_planner.errors import AmspUserError
+from amsp_planner.strategy import (
+    BASELINE_NAMES,
+    Strategy,
+    baseline,
+    parse_strategy_or_baseline,
+)
+
+
+def given_degrees(given: str, gpus: int, per_node: int, pp: int = 1) -> tuple[int, int]:
+    """(pp, cp) of a given strategy string, over which its job's global batch splits
+    (``Job.create``); a string that does not parse leaves (pp, 1): its own check names the
+    fault later."""
+    try:
+        s = parse_strategy_or_baseline(given, gpus, per_node)
+    except AmspUserError:
+        return pp, 1
+    return max(pp, s.pp), s.cp
 
 
 def inapplicable_baselines(num_gpus: int, gpus_per_node: int) -> dict[str, str]:

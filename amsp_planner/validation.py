@@ -166,8 +166,9 @@ def row_job(row: dict, models: dict, engine: str | None = None):
     training = TrainingSpec(seq_len=row["seq_len"], global_batch_seqs=row["global_batch_seqs"],
                             **row.get("training", {}), **moe)
     engine = engine or pricing_engine(row["engine"], row.get("engine_version"))[0]
-    pp = parse_strategy_or_baseline(row["strategy"], row["gpus"], cluster.gpus_per_node).pp
-    job = Job.create(model, cluster, training, row["gpus"], engine=engine, pp=pp)
+    given = parse_strategy_or_baseline(row["strategy"], row["gpus"], cluster.gpus_per_node)
+    job = Job.create(model, cluster, training, row["gpus"], engine=engine, pp=given.pp,
+                     cp=given.cp)
     if row.get("execution"):  # the run's own configuration (validation_rows._check_execution)
         job = replace(job, settings=tuple(sorted(row["execution"].items())))
     s = parse_strategy_or_baseline(row["strategy"], job.num_gpus, job.gpus_per_node)

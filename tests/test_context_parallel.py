@@ -112,3 +112,28 @@ def test_a_cp_plan_is_version_5_and_reads_back(tmp_path):
     doc = json.loads(out.read_text())
     assert (doc["version"], doc["decision"]["cp"], doc["decision"]["grad_accum"]) == (5, 2, 1)
     assert load_plan(out).strategy.cp == 2
+
+
+def test_a_batch_that_splits_only_over_the_cp_ranks_is_planned_read_back_and_explained(
+        tmp_path):
+    # 16 GPUs (2 nodes), cp=16: one data-parallel rank, so 1 sequence per step is ga 1; without
+    # cp the fewest data-parallel ranks are 2 (tp=8, the most a node holds). It used to be
+    # refused by the batch check, and a plan of it crashed `explain`'s re-solve (no strategy
+    # without cp splits the batch).
+    import json
+
+    out = tmp_path / "p.json"
+    argv = ["plan", "-m", "llama3-8b", "-n", "16", "--engine", "torchtitan", "--seq-len",
+            "65536", "--global-batch-seqs", "1"]
+    code, _, err = run_cli([*argv, "--strategy", "zero3,mb=1,ckpt,cp=16", "-o", str(out)])
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert (doc["decision"]["cp"], doc["decision"]["grad_accum"]) == (16, 1)
+    code, text, err = run_cli(["validate", str(out)])
+    assert code == 0 and "valid amsp plan" in text, err
+    code, text, err = run_cli(["explain", str(out), "--no-sensitivity"])
+    assert code == 0 and "Traceback" not in err, err
+    assert "binding constraint" in text
+    # without cp the same batch is still refused in one line
+    code, _, err = run_cli([*argv, "-o", "-"])
+    assert code == 2 and "global batch of 1 sequences" in err, err

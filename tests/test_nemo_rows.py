@@ -44,6 +44,8 @@ SHAPES = {
     "nemo-gpt3-20b": (44, 6144, 48, None, 4 * 6144, 50257),
     "nemo-gpt3-175b": (96, 12288, 96, None, 4 * 12288, 50257),
     "nemo-llama2-7b": (32, 4096, 32, None, 11008, 32000),
+    "nemo-llama2-7b-tp4": (32, 4096, 32, None, 11008, 32000),
+    "nemo-llama2-7b-tp8": (32, 4096, 32, None, 11008, 32000),
     "nemo-llama2-13b": (40, 5120, 40, None, 13824, 32000),
     "nemo-llama2-70b": (80, 8192, 64, 8, 28672, 32000),
     "nemo-llama3-70b": (80, 8192, 64, 8, 28672, 128256),
@@ -100,7 +102,9 @@ def test_nemo_models_are_the_release_configs(doc, name):
     # every row of a model runs one TP degree
     tps = {parse_strategy_or_baseline(r["strategy"], r["gpus"], 8).tp
            for r in doc["rows"] if r.get("model") == name}
-    (tp,) = tps
+    tp = max(tps)  # TP 1 and 2 pad 32,000 alike (a multiple of 256)
+    assert all(math.ceil(vocab / (128 * t)) == math.ceil(vocab / (128 * tp)) * tp // t
+               for t in tps)
     assert m["vocab_size"] == math.ceil(vocab / (128 * tp)) * 128 * tp
 
 
@@ -222,3 +226,42 @@ def test_te_delayed_sequence_parallel_all_gathers_move_fp8_by_hand(doc):
     # delayed scaling takes its scale from the amax history: no amax all-reduce per gather, so
     # the forward all-reduces are the cross-entropy's 3 per micro-batch alone
     assert tp[("forward", "all_reduce")].calls_per_step == 64 * 3
+
+
+# performance_long_sequence.md at 19fadb67b0, "LLAMA2-7B (FP8) - H100" (NeMo 24.03.01): seq (K),
+# GPUs, batch size, with CP: TP, PP, DP, CP, TFLOPS / GPU
+LONG = [(4, 4, 1024, 1, 1, 4, 1, 768), (8, 8, 512, 1, 2, 4, 1, 730),
+        (16, 16, 256, 2, 1, 8, 1, 660), (32, 32, 128, 2, 1, 8, 2, 610),
+        (64, 64, 64, 4, 1, 8, 2, 574), (128, 128, 32, 4, 1, 8, 4, 555),
+        (256, 256, 16, 4, 1, 8, 8, 549), (512, 512, 8, 8, 1, 4, 16, 549),
+        (1024, 1024, 4, 8, 1, 4, 32, 536)]
+
+
+@pytest.mark.parametrize("k,gpus,batch,tp,pp,dp,cp,tflops", LONG)
+def test_long_sequence_rows_carry_the_published_setup(doc, k, gpus, batch, tp, pp, dp, cp,
+                                                      tflops):
+    r = _row(doc, f"nemolong-l2-7b-{k}k-{gpus}")
+    assert (r["source"], r["engine"], r["engine_version"]) == ("nemo-long-seq", "nemo",
+                                                               "24.03.01")
+    assert (r["gpus"], r["seq_len"], r["global_batch_seqs"]) == (gpus, k * 1024, batch)
+    assert (r["metric"], r["value"], r["scope"]) == ("tflops_model", tflops, "in")
+    assert tp * pp * dp * cp == gpus and batch * k * 1024 == 4 * 1024**3 // 1024  # 4M tokens
+    s = parse_strategy_or_baseline(r["strategy"], gpus, 8)
+    assert (s.tp, s.pp, s.cp, s.micro_batch) == (tp, pp, cp, 1)
+    # distributed_fused_adam over the DP x CP ranks
+    assert (s.s_p, s.s_g, s.s_os) == (1, 1, dp * cp)
+    t = r["training"]
+    assert (t["precision"], t["fp8_recipe"], t["grad_accum_dtype"]) == ("fp8", "delayed", "bf16")
+    assert t.get("sequence_parallel", False) == (tp > 1)
+
+
+def test_long_sequence_rows_are_priced_with_the_24_03_01_profile(doc):
+    # the same stack as 24.07 (engine_versions.py): every field but the title and sources
+    import dataclasses
+
+    a, b = PROFILES["nemo@24.03.01"], PROFILES["nemo@24.07"]
+    diff = {f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)}
+    assert diff <= {"name", "title", "sources"}, diff
+    results = {x.id: x for x in predict_rows(doc)}
+    rows = [results[f"nemolong-l2-7b-{k}k-{g}"] for k, g, *_ in LONG]
+    assert all(x.priced_as == "nemo@24.03.01" and x.fits for x in rows)

@@ -248,3 +248,28 @@ def test_interleaved_chunks_split_as_the_engine_splits_them(tmp_path):
                  "--account-for-loss-in-pipeline-split"):
         assert flag in out
     assert "--num-layers-per-virtual-pipeline-stage" not in out
+
+
+def test_a_given_pipeline_whose_batch_splits_only_over_a_stage_is_planned_and_read_back(
+        tmp_path):
+    # 64 GPUs, tp=8, pp=4: a stage's 16 GPUs are 2 data-parallel ranks, so 4 sequences are 2
+    # micro-batches of 1 per rank; without stages the 8 ranks of tp=8 need a multiple of 8.
+    import json
+
+    out = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "-m", "llama3-70b", "-n", "64", "--engine", "megatron",
+                            "--global-batch-seqs", "4", "--strategy",
+                            "tp=8,pp=4,p=1,g=1,os=2,mb=1,ckpt", "-o", str(out)])
+    assert code == 0, err
+    assert "named baselines (pp=1) not priced" in err
+    doc = json.loads(out.read_text())
+    assert (doc["decision"]["pipeline"]["pp"], doc["decision"]["grad_accum"]) == (4, 2)
+    assert doc["baselines"] == {}
+    code, text, err = run_cli(["validate", str(out)])
+    assert code == 0 and "valid amsp plan" in text, err
+    code, text, err = run_cli(["explain", str(out), "--no-sensitivity"])
+    assert code == 0 and "Traceback" not in err, err
+    # the same batch without stages: refused in one line
+    code, _, err = run_cli(["plan", "-m", "llama3-70b", "-n", "64", "--engine", "megatron",
+                            "--global-batch-seqs", "4", "-o", "-"])
+    assert code == 2 and "global batch of 4 sequences" in err, err

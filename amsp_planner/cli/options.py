@@ -348,9 +348,9 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
               fp8_all_gather="auto", expert_imbalance=1.0, expert_dispatch="copies",
               expert_routing="uniform", no_master_weights=False, offload_optimizer=False,
               tp_overlap="off", compile_=False, pp=1, cross_entropy="logits", z_loss=False,
-              **_ignored):
+              given=None, **_ignored):
     """(Job, memory limit in bytes) from the shared options (`pp`: the pipeline stages it is
-    planned with, ``Job.create``)."""
+    planned with; `given`: a strategy string, whose pp and cp split the batch instead)."""
     from pydantic import ValidationError
 
     from amsp_planner.cost.job import Job, check_batch_tokens
@@ -389,7 +389,10 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     c, split = Job.fit_nodes(c, gpus)
     if split:
         note(split)
-    job = Job.create(m, c, t, gpus, engine, pp=pp)
+    from amsp_planner.strategy_baselines import given_degrees
+
+    pp, cp = given_degrees(given, gpus, c.gpus_per_node, pp) if given else (pp, 1)
+    job = Job.create(m, c, t, gpus, engine, pp=pp, cp=cp)
     said = job.profile.training_note(t)
     if said:
         note(said)

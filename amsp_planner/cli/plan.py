@@ -97,7 +97,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
 
         check_output(output, "-o", "an amsp plan", _is_plan_file)
     tp, ep, pp = parse_tp(tp), parse_ep(ep), parse_pp(pp)
-    job, limit = build_job(**opts, pp=pp)
+    job, limit = build_job(**opts, pp=pp, given=strategy)
     if ep is not None and (strategy is not None or strategy_from is not None
                            or not job.model.is_moe):
         from amsp_planner.errors import AmspUserError
@@ -144,7 +144,15 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         if why:
             note(f"{job.profile.title} does not run {s} ({why}): priced as given; `amsp export` "
                  "translates it to the closest strategy the engine runs", kind="warning")
-        baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
+        from amsp_planner.errors import AmspUserError
+
+        try:
+            baselines = evaluate_baselines(job, limit, s.micro_batch, s.ckpt_value, s.tp, s.cp)
+        except AmspUserError as e:  # a pipeline's batch may not divide over pp=1's ranks
+            if s.pp == 1:
+                raise
+            baselines = {}
+            note(f"named baselines (pp=1) not priced: {e}")
         best_bl = best_baseline(baselines)
         runners, solver_info, solve_s, refs = [], None, 0.0, {}
     else:  # the ILP, or with pp > 1 the pipeline search (solver/pipeline_search.py)

@@ -119,10 +119,11 @@ class Job:
 
     @classmethod
     def create(cls, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-               num_gpus: int, engine: str = DEFAULT_ENGINE, pp: int = 1) -> Job:
+               num_gpus: int, engine: str = DEFAULT_ENGINE, pp: int = 1, cp: int = 1) -> Job:
         """The job; `training` becomes what `engine` runs (``EngineProfile.training_for``).
-        `pp`: the pipeline stages it is planned with, whose GPUs each stage's data-parallel
-        ranks are a 1/pp of (the global batch must split over those, not over all GPUs)."""
+        `pp`, `cp`: the pipeline stages and the context-parallel degree it is planned with (a
+        given strategy's): the global batch must split over the data-parallel ranks of one
+        stage, N / (pp x cp x tp), not over all GPUs."""
         training = profile(engine).training_for(training)
         if training.optimizer_offload == "cpu":
             _check_offload(model, cluster, engine)
@@ -147,6 +148,7 @@ class Job:
         eng = profile(engine)
         tps = model.tp_degrees(min(r, num_gpus)) if eng.tp else [1]
         n = num_gpus // pp if pp > 1 and num_gpus % pp == 0 else num_gpus  # one stage's GPUs
+        n = n // cp if cp > 1 and n % cp == 0 else n  # ... over whole sequences: one per cp
         tp_ok = [t for t in tps if t <= n and b >= n // t and b % (n // t) == 0]  # a stage
         # of n < r GPUs (pp) holds no TP degree above n
         if (b < n or b % n) and not tp_ok:

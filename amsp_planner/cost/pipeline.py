@@ -68,7 +68,7 @@ def flat(s: Strategy) -> Strategy:
     return s.with_(pp=1, vpp=1, pp_sched=None)
 
 
-_STAGE_JOBS: dict[tuple[int, int], tuple[Job, Job]] = {}
+_STAGE_JOBS: dict[tuple[int, int, int], tuple[Job, Job]] = {}
 """(id of the job, P) -> (the job, its stage job): a search prices many strategies of one job."""
 
 
@@ -86,14 +86,15 @@ def stage_model(model, blocks: int):
 
 def stage_job(job: Job, s: Strategy) -> Job:
     """The job of one stage: ceil(L/P) blocks on N/P GPUs, the same batch and engine."""
-    hit = _STAGE_JOBS.get((id(job), s.pp))
+    hit = _STAGE_JOBS.get((id(job), s.pp, s.cp))
     if hit is not None and hit[0] is job:
         return hit[1]
     model = stage_model(job.model, stage_blocks(job.model.num_layers, s.pp))
-    sj = Job.create(model, job.cluster, job.training, job.num_gpus // s.pp, job.engine)
+    sj = Job.create(model, job.cluster, job.training, job.num_gpus // s.pp, job.engine,
+                    cp=s.cp)
     if len(_STAGE_JOBS) > 16:
         _STAGE_JOBS.clear()
-    _STAGE_JOBS[id(job), s.pp] = (job, sj)
+    _STAGE_JOBS[id(job), s.pp, s.cp] = (job, sj)
     return sj
 
 

@@ -97,6 +97,12 @@ def solve(job: Job, memory_limit: float | None = None, *, objective: str = "time
     if pp > 1:
         return _solve_pipeline(job, pp, limit, usable, objective, zeropp, tp, runners_up, pref,
                                ep)
+    if tp is None and not job.tp_options():  # a job made for a given pp or cp strategy
+        raise InfeasibleError(
+            f"the global batch of {job.training.batch_seqs} sequences does not split into whole "
+            f"sequences over the data-parallel ranks of {job.num_gpus} GPUs at any tensor-"
+            "parallel degree without pipeline or context parallelism: search with --pp P, or "
+            "a global batch that is a multiple of the data-parallel ranks")
     space = SearchSpace.for_job(job, zeropp=zeropp, micro_batch=micro_batch, ckpt=ckpt,
                                 quantization=pref.quantization != "off", tp=tp, ep=ep)
     notes = []
