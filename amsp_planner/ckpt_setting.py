@@ -66,3 +66,16 @@ def stops_early(job) -> bool:
     reduce-scatter): the engine's checkpoint stops early (``EngineProfile.ckpt_early_stop``)
     and the block is dense (a MoE block ends in the experts' combine)."""
     return job.profile.ckpt_early_stop and not job.model.is_moe
+
+
+def ckpt_option(text: str) -> bool | int | str | None:
+    """--activation-checkpointing: auto -> None, on -> True, off -> False, K -> K blocks
+    (0 = off), op -> 'op', moe -> 'moe'; one line naming the option otherwise."""
+    v = str(text).strip().lower()
+    if v in ("auto", "on", "off"):
+        return {"on": True, "off": False, "auto": None}[v]
+    try:
+        return parse_ckpt_value(v, "--activation-checkpointing ")
+    except AmspUserError:
+        raise AmspUserError(f"--activation-checkpointing {text}: use auto, on, off, a block "
+                            "count K (the first K blocks), op or moe") from None

@@ -20,7 +20,6 @@ was recomputed after the edit (as a script that rewrites a plan does).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +33,7 @@ from amsp_planner.cost.job import Job
 from amsp_planner.engines import DEFAULT_ENGINE
 from amsp_planner.errors import AmspUserError, format_validation_error
 from amsp_planner.plan_decision import decision, plan_version
+from amsp_planner.plan_diff import _refuse_difference, _same, _show
 from amsp_planner.plan_schema import (  # noqa: F401 - also this module's API
     FORMAT,
     SUPPORTED_VERSIONS,
@@ -227,6 +227,14 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
         raise AmspUserError(f"{source}: field 'inputs': {e}") from None
     strategy, ev = _derive(raw, doc, job, source)
     _check_search(raw, job, strategy, source)
+    pref = doc.inputs.search.preference
+    if pref is not None and doc.inputs.search.given_strategy is None:  # searched under it
+        usable = inp.memory_limit_bytes * (1 - pref.headroom)
+        if ev.memory.total > usable * (1 + 1e-6):
+            raise AmspUserError(
+                f"{source}: field 'inputs.search.preference.headroom' is {pref.headroom:g}, but "
+                f"the decision uses {ev.memory.total / 2**30:.2f} GiB per GPU, more than the "
+                f"{usable / 2**30:.2f} GiB it leaves: regenerate the plan")
     basis = f"the cost model gives {{}} for decision.strategy '{doc.decision.strategy}'"
     want = json.loads(canonical_text(ev.to_dict()))
     want["strategy"] = doc.decision.strategy
@@ -238,67 +246,6 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
 
 
 # ----- the fields that repeat the decision ---------------------------------------------------
-_MISSING = object()
-
-
-def _show(v: Any) -> str:
-    if v is _MISSING:
-        return "missing"
-    text = json.dumps(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _same(got: Any, want: Any) -> bool:
-    if isinstance(want, bool) or isinstance(got, bool) or want is None:
-        return type(got) is type(want) and got == want
-    if isinstance(want, int):  # counts and byte counts are exact
-        return isinstance(got, int | float) and got == want
-    if isinstance(want, float):
-        return isinstance(got, int | float) and math.isclose(got, want, rel_tol=1e-9,
-                                                              abs_tol=1e-300)
-    return type(got) is type(want) and got == want
-
-
-def _difference(got: Any, want: Any, path: str) -> tuple[str, Any, Any] | None:
-    """The first place where `got` (a stored field) differs from `want` (re-derived): its path,
-    the stored value and the derived one; None when they agree (numbers to 1e-9 relative)."""
-    if isinstance(want, dict):
-        if not isinstance(got, dict):
-            return path, got, want
-        for k in want:
-            d = _difference(got.get(k, _MISSING), want[k], f"{path}.{k}")
-            if d:
-                return d
-        extra = [k for k in got if k not in want]
-        return (f"{path}.{extra[0]}", got[extra[0]], _MISSING) if extra else None
-    if isinstance(want, list):
-        if not isinstance(got, list) or len(got) != len(want):
-            return path, got, want
-        for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            d = _difference(a, b, f"{path}[{i}]")
-            if d:
-                return d
-        return None
-    return None if _same(got, want) else (path, got, want)
-
-
-def _refuse_difference(got: Any, want: Any, path: str, basis: str, source: str) -> None:
-    d = _difference(got, want, path)
-    if d is None:
-        return
-    where, a, b = d
-    where = where if len(where) <= 120 else where[:117] + "..."  # a key can be any length
-    if isinstance(b, list) and not (isinstance(a, list) and len(a) == len(b)):
-        wanted = f"a list of {len(b)} entries"
-        held = (f"a list of {len(a)}" if isinstance(a, list) else _show(a))
-    else:
-        wanted, held = _show(b), _show(a)
-    raise AmspUserError(
-        f"{source}: field '{where}' is {held}, but {basis.replace('{}', wanted, 1)} (the plan "
-        "was edited, or made by another amsp version): regenerate it with amsp plan"
-    )
-
-
 def _derive(raw: dict, doc: PlanDoc, job: Job, source: str) -> tuple[Strategy, Evaluation]:
     """The decision's strategy with its accumulation, and its evaluation, once every field of
     ``decision`` (and ``version``) agrees with the strategy string."""

@@ -53,9 +53,9 @@ class PreferenceDoc(_Strict):
 
 
 class Search(BaseModel):
-    """The restrictions the search ran under; other keys name further keywords of ``solve()``."""
+    """The restrictions the search ran under (the keys amsp plan writes, no others)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     zeropp: bool = True
     micro_batch: int | None = Field(default=None, ge=1)
     activation_checkpointing: bool | int | Literal["op", "moe"] | None = None

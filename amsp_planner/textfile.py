@@ -202,6 +202,11 @@ def _check(data: Any) -> None:
             if id(node) in seen:
                 continue
             seen[id(node)] = None
+            pairs = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, v in pairs:  # name the field where it has one
+                if isinstance(v, float) and not math.isfinite(v):
+                    where = f"field '{key}'" if isinstance(node, dict) else f"entry [{key}]"
+                    raise BadContent(f"{where} holds the value {v}: write a finite number")
             stack.append((node, True))
             stack.extend((c, False) for c in _children(node))
             continue

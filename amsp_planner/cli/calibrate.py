@@ -21,6 +21,9 @@ import click
 from amsp_planner.cli.options import Number
 from amsp_planner.errors import AmspUserError
 
+MAX_MESSAGE = 16 * 2**30
+"""Largest calibrated message, bytes (--min-size / --max-size)."""
+
 
 @click.command()
 @click.option("--out", "-o", default="cluster.yaml", show_default=True,
@@ -77,6 +80,10 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
     hi = parse_batch(max_size, "--max-size") if max_size is not None else None
     if hi is not None and hi < lo:
         raise AmspUserError(f"--max-size {max_size} is below --min-size {min_size}: raise it")
+    for option, size, text in (("--min-size", lo, min_size), ("--max-size", hi, max_size)):
+        if size is not None and size > MAX_MESSAGE:  # each rank allocates it, and more
+            raise AmspUserError(f"{option} {text}: at most 16G, the full tensor of one call "
+                                "(each rank holds it; bus bandwidth is flat well before)")
     op_list = tuple(o.strip() for o in ops.split(",") if o.strip())
     bad = [o for o in op_list if o not in OPS]
     if bad or not op_list:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import click
 
+from amsp_planner.cli import paths
 from amsp_planner.engines import ENGINES
 
 
 @click.command()
-@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.argument("plan_file", type=paths.Path(dir_okay=False))
 @click.option("--engine", type=click.Choice(ENGINES), default=None,
               help="Explain the plan as this engine runs it: what changes, what it costs, then "
                    "the explanation on that engine (default: the engine the plan was made for).")
@@ -57,7 +58,11 @@ def explain(plan_file, engine, as_json, no_sensitivity, workers):
         if changes:
             *knobs, cost = changes
             head += [f"  differs: {'; '.join(knobs)}", f"  costs: {cost}"]
-        p = dataclasses.replace(p, job=tjob, strategy=s,
+        # the search's pinned degrees follow the strategy the engine runs (its re-solves)
+        search = dict(p.doc["inputs"].get("search", {}))
+        search.update({k: getattr(s, k) for k in ("tp", "pp") if search.get(k) is not None})
+        doc = {**p.doc, "inputs": {**p.doc["inputs"], "search": search}}
+        p = dataclasses.replace(p, doc=doc, job=tjob, strategy=s,
                                 evaluation=evaluate(tjob, s, p.memory_limit))
     elif made_for != "amsp":
         head.append(f"engine: {made_for}")

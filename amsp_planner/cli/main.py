@@ -84,6 +84,16 @@ def _hand_over_signals() -> None:
                            else _signal.SIG_DFL)
 
 
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is left in its buffer would fail again at exit."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and exit code 2 (infeasible: 3),
     cut to a readable length (``errors.readable``)."""
@@ -120,6 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     except InfeasibleError as e:
         click.echo(f"infeasible: {readable(e)}", err=True)
         sys.exit(3)
+    except OSError as e:  # the output could not be written: a full disk, a closed pipe
+        _drop_stdout()
+        where = f"{e.filename}" if e.filename else "the output"
+        click.echo(f"error: cannot write {where}: {e.strerror or e}", err=True)
+        sys.exit(1)
     except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
         click.echo("interrupted: SIGINT (Ctrl-C)", err=True)
         sys.exit(130)

@@ -361,7 +361,12 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     tokens = parse_batch(global_batch) if global_batch is not None else None
     if tokens is not None and global_batch_seqs is not None:
         raise AmspUserError("give --global-batch or --global-batch-seqs, not both")
+    from amsp_planner.ckpt_setting import ckpt_option
+
     ckpt = ckpt_option(activation_checkpointing)
+    if type(ckpt) is int and ckpt > m.num_layers:
+        raise AmspUserError(f"--activation-checkpointing {ckpt}: the model has {m.num_layers} "
+                            f"blocks: use a block count from 0 to {m.num_layers}, on, off or op")
     seq_len = seq_len_for(m, seq_len)
     if global_batch_seqs is None:  # the batch in tokens must be whole sequences
         check_batch_tokens(tokens, seq_len, micro_batch, gpus)
@@ -400,19 +405,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
         note(f"activations priced as {job.profile.title} runs them "
              f"(--activation-profile {job.training.activation_profile}, docs/memory.md)")
     limit = memory_limit * 1024**3 if memory_limit is not None else c.memory_bytes
+    if limit > c.memory_bytes * (1 + 1e-9):
+        note(f"--memory-limit {memory_limit:g} GiB is above the {c.memory_bytes / 1024**3:g} GiB "
+             f"of {c.name}'s GPU: planned as if it had that much (--set gpu.memory_gib=N plans "
+             "a larger GPU)", "warning")
     return job, limit
-
-
-def ckpt_option(text: str) -> bool | int | str | None:
-    """--activation-checkpointing: auto -> None, on -> True, off -> False, K -> K blocks
-    (0 = off), op -> 'op', moe -> 'moe'; one line naming the option otherwise."""
-    from amsp_planner.strategy import parse_ckpt_value
-
-    v = str(text).strip().lower()
-    if v in ("auto", "on", "off"):
-        return {"on": True, "off": False, "auto": None}[v]
-    try:
-        return parse_ckpt_value(v, "--activation-checkpointing ")
-    except AmspUserError:
-        raise AmspUserError(f"--activation-checkpointing {text}: use auto, on, off, a block "
-                            "count K (the first K blocks), op or moe") from None

@@ -10,6 +10,7 @@ import time
 
 import click
 
+from amsp_planner.cli import paths
 from amsp_planner.cli.notes import note
 from amsp_planner.cli.options import (
     SECONDS,
@@ -32,7 +33,7 @@ from amsp_planner.report.grid import format_option, pick_format
 @job_options
 @click.option("--strategy", "-s", default=None,
               help="Evaluate this strategy instead of searching (string form or baseline name).")
-@click.option("--strategy-from", "strategy_from", default=None, type=click.Path(dir_okay=False),
+@click.option("--strategy-from", "strategy_from", default=None, type=paths.Path(dir_okay=False),
               help="Evaluate the strategy of a DeepSpeed ds_config.json instead of searching.")
 @click.option("--objective", type=click.Choice(["time", "comm"]), default="time",
               show_default=True, help="Minimise step time, or total communication time.")
@@ -78,6 +79,18 @@ def _import_output(fmt: str) -> None:
 
         import amsp_planner.report.plan_report
         import amsp_planner.report.tables  # noqa: F401
+
+
+def _with_micro_batch(strategy: str, mb: int) -> str:
+    """--strategy with --micro-batch: the strategy's own mb= must agree; without one it takes
+    the option's (a baseline name such as zero3 otherwise runs mb=1)."""
+    from amsp_planner.errors import AmspUserError
+
+    own = [x.strip().lower() for x in strategy.split(",") if x.strip().lower().startswith("mb=")]
+    if own and own[0] != f"mb={mb}":
+        raise AmspUserError(f"--micro-batch {mb}: --strategy {strategy} fixes the micro-batch "
+                            f"({own[0]}): drop one of them, or make them agree")
+    return strategy if own else f"{strategy},mb={mb}"
 
 
 def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
@@ -128,6 +141,8 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
                             f"--strategy {strategy} fixes the strategy, its checkpointing "
                             "included: write ckpt, ckpt=K or ckpt=op in a strategy string "
                             "(e.g. p=8,g=8,os=8,ckpt=12) or drop the option")
+    if strategy is not None and opts.get("micro_batch") is not None:
+        strategy = _with_micro_batch(strategy, opts["micro_batch"])
     if strategy is None and strategy_from is None:
         job.profile.check_ckpt(job.training.activation_checkpointing,
                                opts.get("activation_checkpointing"), job.model.num_layers)

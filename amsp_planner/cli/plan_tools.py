@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import click
 
+from amsp_planner.cli import paths
+
 
 @click.command()
-@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.argument("plan_file", type=paths.Path(dir_okay=False))
 def validate(plan_file):
     """Check a plan: JSON, format, version, schema, hashes, and the cost model's agreement."""
     from amsp_planner.plan import load_plan

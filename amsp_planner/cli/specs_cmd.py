@@ -154,7 +154,9 @@ def show_cmd(name, as_json):
         text = str(e)
         for head in ("--model: ", "--model ", "--cluster: ", "--cluster "):
             if text.startswith(head):
-                raise AmspUserError(text[len(head):]) from None
+                rest = text[len(head):]
+                raise AmspUserError(f"NAME {rest}" if rest.startswith("is empty") else rest) \
+                    from None
         raise
     if as_json:
         click.echo(json.dumps(d, indent=2))

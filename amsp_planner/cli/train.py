@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import click
 
+from amsp_planner.cli import paths
+
 
 @click.command()
-@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.argument("plan_file", type=paths.Path(dir_okay=False))
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
               help="Optimizer steps to run (in total, counting resumed ones).")
 @click.option("--data", default=None,
               help="Token file (nanoGPT-style uint16 .bin; .u32 for uint32), 'stdlib' (a "
                    "byte-level corpus of Python's standard library) or 'synthetic' (default).")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--checkpoint-dir", type=paths.Path(file_okay=False), default=None,
               help="Directory for torch.distributed.checkpoint checkpoints.")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
               help="Save every K steps (0: never).")
@@ -35,7 +37,7 @@ import click
 @click.option("--force", is_flag=True,
               help="Run even when the host checks (device type, ranks per core or GPU, memory) "
                    "say the plan does not suit this host.")
-@click.option("--report", "report", type=click.Path(dir_okay=False), default=None,
+@click.option("--report", "report", type=paths.Path(dir_okay=False), default=None,
               help="Write the run report (JSON): measured vs planned bytes, times, memory, loss.")
 @click.option("--save-on-sigterm", is_flag=True,
               help="On SIGTERM (a batch scheduler ending or preempting the job), save a "

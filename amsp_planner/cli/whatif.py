@@ -14,7 +14,9 @@ from pathlib import Path
 
 import click
 
-from amsp_planner.cli.options import SECONDS, choice_options, ckpt_option, engine_option
+from amsp_planner.ckpt_setting import ckpt_option
+from amsp_planner.cli import paths
+from amsp_planner.cli.options import SECONDS, choice_options, engine_option
 from amsp_planner.errors import AmspUserError
 from amsp_planner.report.grid import format_option
 from amsp_planner.whatif_grid import MAX_POINTS, MAX_POINTS_CEILING, check_list_length
@@ -144,11 +146,11 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
 @click.option("--gpu-hour-price", default=None, metavar="USD[,USD...]",
               help="Price of one GPU-hour: one for all clusters, or one per cluster; adds "
                    "cost per billion tokens.")
-@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--csv", "csv_path", default=None, type=paths.Path(dir_okay=False),
               help="Write the rows as CSV.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--json", "json_path", default=None, type=paths.Path(dir_okay=False),
               help="Write the sweep and rows as JSON ('-': print it, as --format json does).")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--plot", "plot_path", default=None, type=paths.Path(dir_okay=False),
               help="Write a PNG: MFU and tokens/s against the swept axis, strategy changes marked.")
 @click.option("--x-axis", default=None,
               help="Axis of the plot (default: gpus if swept, else the first swept number).")

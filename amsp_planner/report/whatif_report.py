@@ -233,7 +233,7 @@ def check_outputs(paths: dict[str, str | None]) -> None:
     """Refuse, before the sweep runs, any output path that could not be written or would
     replace something else; and a plot format matplotlib cannot write."""
     for option, path in paths.items():
-        if path and path != "-":
+        if path is not None and path != "-":  # "" too: check_output refuses it
             check_output(path, option, *OUTPUTS[option])
     plot = paths.get("--plot")
     if plot:

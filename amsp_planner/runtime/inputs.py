@@ -40,6 +40,8 @@ def check_data(spec: str | None, vocab_size: int, seq_len: int) -> None:
         return
     import numpy as np
 
+    if not spec.strip():
+        raise AmspUserError(f"--data is empty: {_FIX}")
     p = Path(spec)
     try:
         st = p.stat()

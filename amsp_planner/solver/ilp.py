@@ -111,10 +111,16 @@ class StrategyIlp(Formulation):
         if status == pulp.LpStatusInfeasible:
             return status
         if status != pulp.LpStatusOptimal or self.prob.sol_status != pulp.LpSolutionOptimal:
+            found = self.prob.sol_status in (pulp.LpSolutionIntegerFeasible,
+                                             pulp.LpSolutionOptimal)
             raise SolverError(
-                f"{self.solver_name} stopped without proving optimality "
-                f"(status {pulp.LpStatus[status]}, solution {pulp.LpSolution[self.prob.sol_status]}); "
-                "raise --time-limit or try --solver cbc"
+                f"{self.solver_name} stopped at its time limit "
+                f"({'a plan found but not proved the best' if found else 'no plan found'}, "
+                f"after {self.stats.solve_time_s:.2f} s of solving): raise --time-limit, or try "
+                "--solver cbc or --solver exhaustive"
+                if found or status == pulp.LpStatusNotSolved else
+                f"{self.solver_name} stopped without proving optimality (solver status "
+                f"{pulp.LpStatus[status]}): raise --time-limit, or try --solver cbc"
             )
         return status
 

@@ -1,0 +1,103 @@
+"""Bad input and output faults an adversarial audit found reaching a trace, a silent success
+or a line naming the wrong option: each now one line naming the right one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from amsp_testlib import assert_user_error, run_cli
+
+TINY = ["--model", "tiny", "--cluster", "cpu-local", "--gpus", "8", "--seq-len", "128",
+        "--global-batch-seqs", "32"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("argv", [["schema"], ["specs", "list"], ["plan", *TINY, "-o", "-"]])
+def test_a_full_disk_under_stdout_is_one_line_not_a_trace(argv):
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "amsp_planner.cli.main", *argv], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert lines[-1] == "error: cannot write the output: No space left on device", p.stderr
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["whatif", "--model", "tiny", "--cluster", "cpu-local", "--gpus", "8,16", "--csv", ""],
+     ("'--csv'", "is empty")),  # was a table, nothing written, exit 0
+    (["whatif", "--model", "tiny", "--cluster", "cpu-local", "--gpus", "8", "--plot", ""],
+     ("'--plot'", "is empty")),
+    (["validate", ""], ("'PLAN_FILE'", "is empty")),  # was ".: is a folder"
+    (["plan", *TINY, "--strategy-from", "", "-o", "-"], ("'--strategy-from'", "is empty")),
+    (["specs", "show", ""], ("NAME is empty",)),
+    (["calibrate", "--max-size", "999999999G"], ("--max-size 999999999G", "at most 16G")),
+    (["compare", "--model", "llama-7b", "--gpus", "64", "--activation-checkpointing", "99999"],
+     ("--activation-checkpointing 99999", "the model has 32 blocks")),  # named --strategy
+    (["plan", "--model", "llama-7b", "--gpus", "64", "-s", "zero3,mb=4", "--micro-batch", "2",
+      "-o", "-"], ("--micro-batch 2", "mb=4")),  # mb=4 was kept silently
+])
+def test_bad_input_is_one_line_naming_it(argv, needles, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(*run_cli(argv), *needles)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_baseline_name_takes_the_micro_batch_option():
+    # `-s zero3 --micro-batch 2` planned mb=1 (the baseline's default), silently
+    code, out, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "64", "-s", "zero3",
+                              "--micro-batch", "2", "--format", "json", "-o", "-"])
+    assert code == 0, err
+    assert json.loads(out)["decision"]["micro_batch"] == 2
+
+
+def test_a_memory_limit_above_the_gpu_is_said():
+    code, _, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "64", "--memory-limit",
+                            "4000", "-o", "-"])
+    assert code == 0 and "warning: --memory-limit 4000 GiB is above the 80 GiB" in err, err
+
+
+def test_a_non_finite_spec_value_names_its_field(tmp_path):
+    spec = tmp_path / "m.yaml"
+    spec.write_text("name: x\nnum_layers: .nan\nhidden_size: 64\nnum_heads: 2\n"
+                    "ffn_hidden_size: 128\nvocab_size: 100\n")
+    assert_user_error(*run_cli(["specs", "show", str(spec)]), "field 'num_layers'", "nan")
+
+
+def _rewrite(path, edit):
+    """Edit a plan and recompute its digest, as a script rewriting it would."""
+    from amsp_planner.plan_schema import content_digest
+
+    doc = json.loads(path.read_text())
+    edit(doc)
+    doc["digest"] = content_digest(doc)
+    path.write_text(json.dumps(doc, indent=2))
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["inputs"]["search"].__setitem__("bogus_kw", 1), "inputs.search.bogus_kw"),
+    (lambda d: d["inputs"]["search"]["preference"].__setitem__("headroom", 0.5),
+     "inputs.search.preference.headroom"),
+])
+def test_a_rewritten_search_record_is_caught(tmp_path, edit, field):
+    plan = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "64", "-o", str(plan)])
+    assert code == 0, err
+    _rewrite(plan, edit)
+    assert_user_error(*run_cli(["validate", str(plan)]), f"'{field}")
+
+
+def test_explain_on_another_engine_follows_the_strategy_it_runs(tmp_path):
+    # a plan searched at a pinned tp=2, pp=2, explained on DeepSpeed (no TP + SP, no pipeline):
+    # the re-solves used to keep --tp 2 and refuse it there, naming an option explain has not
+    plan = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "--model", "llama-13b", "--gpus", "64", "--pp", "2",
+                            "--tp", "2", "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["explain", str(plan), "--engine", "deepspeed", "--no-sensitivity"])
+    assert code == 0, err
+    assert out.startswith("engine: deepspeed (the plan was made for amsp) runs ")
