@@ -61,10 +61,15 @@ def is_moe_only(value) -> bool:
     return isinstance(value, str) and value == "moe"
 
 
-def stops_early(job) -> bool:
+def stops_early(job, tp: int = 1) -> bool:
     """A checkpointed block's recomputation stops before the block's last linear (and its TP
-    reduce-scatter): the engine's checkpoint stops early (``EngineProfile.ckpt_early_stop``)
-    and the block is dense (a MoE block ends in the experts' combine)."""
+    reduce-scatter): the engine's checkpoint stops early (``EngineProfile.ckpt_early_stop``),
+    the block is dense (a MoE block ends in the experts' combine), and, at tp > 1, the engine
+    is not the bundled runtime, which turns the early stop off under TP so that the
+    recomputation reissues every TP collective (runtime/tp.py ``run_block``; its measured
+    bytes: tests/runtime/test_sharded_training.py, tp2_zero3_ckpt1)."""
+    if tp > 1 and job.engine == "amsp":
+        return False
     return job.profile.ckpt_early_stop and not job.model.is_moe
 
 

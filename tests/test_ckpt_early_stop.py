@@ -96,6 +96,28 @@ def test_tensor_parallel_recompute_skips_the_last_reduce_scatter():
     rs = stop.topology.collective_time("reduce_scatter", 2, 1, elems * 2)
     assert tp_recompute_s(full, 2, True, 2) - tp_recompute_s(stop, 2, True, 2) == \
         pytest.approx(rs)
+    amsp = _job("amsp")  # no early stop under TP (above): the recompute counts both
+    assert tp_recompute_s(amsp, 2, True, 2) == pytest.approx(tp_recompute_s(full, 2, True, 2))
+
+
+def test_the_priced_schedule_reruns_what_the_recompute_counts():
+    # the step's TP entries (what the step time and the runtime's bytes use) must leave the
+    # same reduce-scatter out: 2 blocks, tp=2 over 4 GPUs, 8 sequences of 128 at mb=2 -> 2
+    # data-parallel ranks x 2 micro-batches; recomputed, per step: 2 all-gathers per block and
+    # micro-batch, and 2 reduce-scatters (1 when the checkpoint stops early)
+    from amsp_planner.cost.evaluate import evaluate
+    from amsp_planner.strategy import Strategy
+
+    s = Strategy(s_p=2, s_g=2, s_os=2, ckpt=True, tp=2, micro_batch=2)
+    # the bundled runtime turns the early stop off under TP (runtime/tp.py run_block; its
+    # bytes measured in tests/runtime/test_sharded_training.py, tp2_zero3_ckpt1): both rerun
+    for engine, rs_per_block in (("torchtitan@0.1.0", 1), ("torchtitan", 2), ("amsp", 2)):
+        e = evaluate(_job(engine), s)
+        rec = {x.op: x for x in e.schedule if x.phase == "recompute"}
+        assert rec["all_gather"].calls_per_step == 2 * 2 * 2
+        assert rec["reduce_scatter"].calls_per_step == rs_per_block * 2 * 2
+        assert rec["reduce_scatter"].full_bytes_per_step == \
+            rs_per_block * 2 * 2 * 2 * 128 * 128 * 2  # b*s*h bf16 elements each
 
 
 def test_an_engine_switch_names_the_early_stop_where_the_plan_checkpoints():

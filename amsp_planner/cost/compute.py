@@ -183,7 +183,7 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
     k, op = checkpointed_blocks(ckpt, m.num_layers)
     if op:
         recompute = elem + _op_matmuls_s(job, r, t, tp)
-    elif k and stops_early(job):  # the last linear is not rerun
+    elif k and stops_early(job, tp):  # the last linear is not rerun
         recompute = (fwd - _last_linear_s(job, r, t, tp)) * (k / m.num_layers)
     else:
         recompute = fwd * (k / m.num_layers)

@@ -95,6 +95,7 @@ def _block_gather_bytes(job: Job) -> tuple[int, int]:
 
 def tp_entries(job: Job, tp: int, micro_batch: int, ckpt, n_micro: int) -> list[ScheduleEntry]:
     """The TP collectives of one step (module docstring)."""
+    from amsp_planner.ckpt_setting import stops_early
     from amsp_planner.strategy import checkpointed_blocks
 
     t, m = job.training, job.model
@@ -114,8 +115,13 @@ def tp_entries(job: Job, tp: int, micro_batch: int, ckpt, n_micro: int) -> list[
     k, op_level = checkpointed_blocks(ckpt, m.num_layers)
     frac = (0, 2 * k / m.num_layers, 0) if k and not op_level else (0, 0, 0)
     if k and not op_level:
+        # an engine whose checkpoint stops early does not rerun the down projection, nor the
+        # reduce-scatter after it (as compute.py and tp_recompute_s count it)
+        skip = 1 if stops_early(job, tp) and not overlapped(job, tp) else 0
+        rs = (0, (2 - skip) * k / m.num_layers, 0)
         out += [_tp_entry(job, "recompute", o, tp, gdtype if o == "all_gather" else t.dtype_name,
-                          frac, gathers if o == "all_gather" else acts, n_micro, micro_batch)
+                          frac if o == "all_gather" else rs,
+                          gathers if o == "all_gather" else acts, n_micro, micro_batch)
                 for o in ("all_gather", "reduce_scatter")]
     if amax:  # one fp32 amax all-reduce before each FP8 all-gather of a block
         for phase, per in (("forward", TP_CALLS[("forward", "all_gather")][1]),
@@ -162,6 +168,6 @@ def tp_recompute_s(job: Job, micro_batch: int, ckpt, tp: int) -> float:
     if tp == 1 or op_level or not k:
         return 0.0
     block = tp_block_forward_s(job, micro_batch, tp)
-    if stops_early(job) and not overlapped(job, tp):  # the down projection's is not rerun
+    if stops_early(job, tp) and not overlapped(job, tp):  # the down projection's is not rerun
         block -= _block_rs_s(job, micro_batch, tp)
     return block * k / job.model.num_layers

@@ -131,7 +131,8 @@ def behaviour_differences(job: Job, target_job: Job, s: Strategy | None = None) 
                    f"{target_job.profile.title} reduces gradients "
                    f"{target_job.profile.reduce_source}")
     ex = execution_differences(job.profile, target_job.profile)
-    stop = (stops_early(job), stops_early(target_job))
+    tp = s.tp if s else 1
+    stop = (stops_early(job, tp), stops_early(target_job, tp))
     k, op = checkpointed_blocks(s.ckpt_value, job.model.num_layers) if s else (0, False)
     if k and not op and stop[0] != stop[1]:
         ex.append(f"ckpt_early_stop {'on' if stop[0] else 'off'} -> {'on' if stop[1] else 'off'} "
