@@ -40,6 +40,11 @@ def test_a_full_disk_under_stdout_is_one_line_not_a_trace(argv):
      ("--activation-checkpointing 99999", "the model has 32 blocks")),  # named --strategy
     (["plan", "--model", "llama-7b", "--gpus", "64", "-s", "zero3,mb=4", "--micro-batch", "2",
       "-o", "-"], ("--micro-batch 2", "mb=4")),  # mb=4 was kept silently
+    (["plan", "--model", "llama-7b", "--gpus", "64", "--expert-routing", "round_robin", "-o",
+      "-"], ("--expert-routing", "no routed experts")),  # was ignored
+    (["plan", *TINY, "--set", "name=", "-o", "-"], ("--set name", "the value is empty")),
+    (["calibrate", "--nproc", "1", "--ops", "all_gather,all_gather"], ("--ops", "twice")),
+    (["calibrate", "--nproc", "1", "--name", ""], ("--name is empty",)),
 ])
 def test_bad_input_is_one_line_naming_it(argv, needles, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

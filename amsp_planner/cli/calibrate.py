@@ -89,6 +89,12 @@ def calibrate(out, cluster, name, min_size, max_size, ops, dtype, seconds_per_po
     if bad or not op_list:
         raise AmspUserError(f"--ops: unknown collective '{bad[0] if bad else ops}': use some of "
                             f"{','.join(OPS)}")
+    twice = sorted({o for o in op_list if op_list.count(o) > 1})
+    if twice:
+        raise AmspUserError(f"--ops: '{twice[0]}' given twice: give each collective once")
+    if name is not None and not name.strip():
+        raise AmspUserError("--name is empty: give the calibrated cluster a name, or drop "
+                            "--name for <base>-calibrated")
     sizes = fp8_grid_sizes(fp8_sizes, base) if fp8_sizes is not None else ()
     check_out(out)
     if backend == "nccl":

@@ -303,18 +303,7 @@ def build_preference(headroom: float = 0.10, quantization: str = "auto",
                               job=job, prefer=prefer)
 
 
-def parse_sets(sets: tuple[str, ...]) -> dict:
-    from amsp_planner.specs.loader import parse_value
-
-    out = {}
-    for item in sets:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise AmspUserError(f"--set '{item}': write KEY=VALUE, e.g. --set nic_gbit_per_s=400")
-        if key.strip() in out:  # the last one won silently
-            raise AmspUserError(f"--set {key.strip()}: given twice: give each field once")
-        out[key.strip()] = parse_value(value.strip())
-    return out
+MOE_OPTIONS = ("expert_imbalance", "expert_dispatch", "expert_routing")
 
 
 def _given(param: str) -> bool:
@@ -357,6 +346,8 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     from amsp_planner.specs import TrainingSpec, load_cluster, load_model, parse_batch
 
     m = load_model(model)
+    from amsp_planner.specs.loader import parse_sets
+
     c = load_cluster(cluster, parse_sets(sets) if sets else None)
     tokens = parse_batch(global_batch) if global_batch is not None else None
     if tokens is not None and global_batch_seqs is not None:
@@ -364,6 +355,12 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     from amsp_planner.ckpt_setting import ckpt_option
 
     ckpt = ckpt_option(activation_checkpointing)
+    ctx = click.get_current_context(silent=True)
+    src = [ctx.get_parameter_source(n) if ctx else None for n in MOE_OPTIONS]
+    moe_opts = [f"--{n.replace('_', '-')}" for n, s in zip(MOE_OPTIONS, src, strict=True)
+                if s is not None and s.name not in ("DEFAULT", "DEFAULT_MAP")]
+    if moe_opts and not m.is_moe:  # nothing of the job would read them
+        raise AmspUserError(f"{moe_opts[0]}: {m.name} has no routed experts: drop it")
     if type(ckpt) is int and ckpt > m.num_layers:
         raise AmspUserError(f"--activation-checkpointing {ckpt}: the model has {m.num_layers} "
                             f"blocks: use a block count from 0 to {m.num_layers}, on, off or op")

@@ -236,3 +236,19 @@ def parse_batch(text: str, field: str = "--global-batch") -> int:
     if value < 1:
         raise AmspUserError(f"{field}: must be at least 1, got {text}")
     return value
+
+
+def parse_sets(sets: tuple[str, ...]) -> dict:
+    """--set KEY=VALUE items as a dict of parsed values; one line naming the item otherwise."""
+    out = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if eq and key.strip() and not value.strip():
+            raise AmspUserError(f"--set {key.strip()}: the value is empty: write "
+                                f"{key.strip()}=VALUE")
+        if not eq or not key.strip():
+            raise AmspUserError(f"--set '{item}': write KEY=VALUE, e.g. --set nic_gbit_per_s=400")
+        if key.strip() in out:  # the last one won silently
+            raise AmspUserError(f"--set {key.strip()}: given twice: give each field once")
+        out[key.strip()] = parse_value(value.strip())
+    return out
