@@ -45,6 +45,10 @@ def test_a_full_disk_under_stdout_is_one_line_not_a_trace(argv):
     (["plan", *TINY, "--set", "name=", "-o", "-"], ("--set name", "the value is empty")),
     (["calibrate", "--nproc", "1", "--ops", "all_gather,all_gather"], ("--ops", "twice")),
     (["calibrate", "--nproc", "1", "--name", ""], ("--name is empty",)),
+    # int() takes any script's digits and underscores: "p=\u0666\u0664" was p=64
+    (["plan", "--model", "llama-7b", "--gpus", "64", "-s", "p=\u0666\u0664", "-o", "-"],
+     ("'p=\u0666\u0664' is not an integer",)),
+    (["plan", *TINY, "--set", "nic_gbit_per_s=4_00", "-o", "-"], ("--set nic_gbit_per_s",)),
 ])
 def test_bad_input_is_one_line_naming_it(argv, needles, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -106,3 +110,21 @@ def test_explain_on_another_engine_follows_the_strategy_it_runs(tmp_path):
     code, out, err = run_cli(["explain", str(plan), "--engine", "deepspeed", "--no-sensitivity"])
     assert code == 0, err
     assert out.startswith("engine: deepspeed (the plan was made for amsp) runs ")
+
+
+def test_a_wrong_world_never_suggests_an_impossible_plan():
+    from amsp_planner.cost.job import Job
+    from amsp_planner.errors import AmspUserError
+    from amsp_planner.runtime.preflight import check_world
+    from amsp_planner.specs import TrainingSpec, load_cluster, load_model
+
+    job = Job.create(load_model("tiny"), load_cluster("cpu-local"),
+                     TrainingSpec(seq_len=64, global_batch_seqs=8), 4)
+    with pytest.raises(AmspUserError) as e:
+        check_world(job, 10**23, 4)
+    assert "re-plan" not in str(e.value) and "launch 4" in str(e.value)
+    with pytest.raises(AmspUserError) as e:
+        check_world(job, 8, 4)
+    assert "re-plan with --gpus 8" in str(e.value)
+    with pytest.raises(AmspUserError, match="LOCAL_WORLD_SIZE 8 is above WORLD_SIZE 4"):
+        check_world(job, 4, 8)

@@ -32,9 +32,14 @@ def check_world(job, world: int, local: int) -> None:
     """Refuse a plan launched on a world of the wrong shape (one line, before any work)."""
     n, r = job.num_gpus, job.gpus_per_node
     if world != n:
+        replan = f" or re-plan with --gpus {world}" if 1 <= world <= 2**20 else ""
         raise AmspUserError(f"plan is for {n} GPUs but the job has {world} processes: "
-                            f"launch {n} (e.g. torchrun --nproc-per-node={r} --nnodes={n // r}) "
-                            f"or re-plan with --gpus {world}")
+                            f"launch {n} (e.g. torchrun --nproc-per-node={r} --nnodes={n // r})"
+                            f"{replan}")
+    if local > world:
+        raise AmspUserError(f"LOCAL_WORLD_SIZE {local} is above WORLD_SIZE {world}: a node "
+                            "cannot run more processes than the job has; fix the launcher's "
+                            "environment")
     if local != r:
         raise AmspUserError(f"plan expects {r} processes per node but this node runs {local}: "
                             f"launch --nproc-per-node={r}, or re-plan for this cluster")

@@ -135,6 +135,8 @@ def parse_value(text: str) -> Any:
     t = text.strip()
     if t.lower() in _WORDS:
         return _WORDS[t.lower()]
+    if not t.isascii() or "_" in t:  # int() and float() take any script's digits and 4_00
+        return t  # a text: a numeric field refuses it by name
     for conv in (int, float):
         try:
             return conv(t)
