@@ -50,3 +50,13 @@ def named_baselines(num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
     skip = inapplicable_baselines(num_gpus // tp, max(1, gpus_per_node // tp))
     return {name: baseline(name, num_gpus, gpus_per_node, micro_batch, ckpt, tp)
             for name in BASELINE_NAMES if name not in skip}
+
+
+def with_micro_batch(strategy: str, mb: int) -> str:
+    """--strategy with --micro-batch: the strategy's own mb= must agree; without one it takes
+    the option's (a baseline name such as zero3 otherwise runs mb=1)."""
+    own = [x.strip().lower() for x in strategy.split(",") if x.strip().lower().startswith("mb=")]
+    if own and own[0] != f"mb={mb}":
+        raise AmspUserError(f"--micro-batch {mb}: --strategy {strategy} fixes the micro-batch "
+                            f"({own[0]}): drop one of them, or make them agree")
+    return strategy if own else f"{strategy},mb={mb}"

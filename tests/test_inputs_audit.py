@@ -62,6 +62,12 @@ def test_a_baseline_name_takes_the_micro_batch_option():
                               "--micro-batch", "2", "--format", "json", "-o", "-"])
     assert code == 0, err
     assert json.loads(out)["decision"]["micro_batch"] == 2
+    # compare's given row too (it evaluated mb=1 beside baselines at mb=2)
+    code, out, err = run_cli(["compare", "--model", "llama-7b", "--gpus", "64", "-s", "zero3",
+                              "--micro-batch", "2", "--format", "json"])
+    assert code == 0, err
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    assert rows["given"]["strategy"] == rows["zero3"]["strategy"] == "p=64,g=64,os=64,mb=2"
 
 
 def test_a_memory_limit_above_the_gpu_is_said():

@@ -108,6 +108,10 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
     t = job.training
     mb = t.micro_batch or 1
     ckpt = t.activation_checkpointing or False
+    if t.micro_batch is not None:  # a given string without mb= takes --micro-batch
+        from amsp_planner.strategy_baselines import with_micro_batch
+
+        strategies = [with_micro_batch(x, t.micro_batch) for x in strategies]
     given = [parse_strategy_or_baseline(x, job.num_gpus, job.gpus_per_node) for x in strategies]
     if strategy_from is not None:
         from amsp_planner.exports.deepspeed import strategy_for_job

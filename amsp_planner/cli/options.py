@@ -194,7 +194,8 @@ def job_options(f=None, *, precisions: bool = False):
         click.option("--global-batch-seqs", type=click.IntRange(min=1), default=None,
                      help="Global batch in sequences (instead of --global-batch)."),
         click.option("--micro-batch", type=click.IntRange(min=1), default=None,
-                     help="Pin sequences per GPU per micro-batch (default: searched; compare uses 1)."),
+                     help="Pin sequences per GPU per micro-batch (default: searched; compare "
+                          "uses 1; with --strategy, the mb= of a string without one)."),
         click.option("--activation-checkpointing", metavar="auto|on|off|K|op|moe", default="auto",
                      show_default=True,
                      help="Activation checkpointing: on (every block), off, K (the first K "
@@ -230,7 +231,8 @@ def job_options(f=None, *, precisions: bool = False):
         click.option("--grad-accum-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16",
                      show_default=True, help="Gradient shard and reduction dtype."),
         click.option("--memory-limit", type=MEMORY_GIB, default=None,
-                     help="Memory per GPU in GiB (default: the GPU's memory)."),
+                     help="Memory per GPU in GiB (default: the GPU's memory; above it, a "
+                          "warning)."),
         click.option("--expert-imbalance", type=IMBALANCE, default=1.0, show_default=True,
                      help="Mixture of experts: the most tokens an expert gets over the mean "
                           "(1.0: balanced routing); scales the expert matmuls, the all-to-alls "

@@ -81,18 +81,6 @@ def _import_output(fmt: str) -> None:
         import amsp_planner.report.tables  # noqa: F401
 
 
-def _with_micro_batch(strategy: str, mb: int) -> str:
-    """--strategy with --micro-batch: the strategy's own mb= must agree; without one it takes
-    the option's (a baseline name such as zero3 otherwise runs mb=1)."""
-    from amsp_planner.errors import AmspUserError
-
-    own = [x.strip().lower() for x in strategy.split(",") if x.strip().lower().startswith("mb=")]
-    if own and own[0] != f"mb={mb}":
-        raise AmspUserError(f"--micro-batch {mb}: --strategy {strategy} fixes the micro-batch "
-                            f"({own[0]}): drop one of them, or make them agree")
-    return strategy if own else f"{strategy},mb={mb}"
-
-
 def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
           fmt, as_json, wide, headroom, quantization, tie_band, prefer, tp, ep, pp, **opts):
     from amsp_planner.cost.evaluate import (
@@ -142,7 +130,9 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
                             "included: write ckpt, ckpt=K or ckpt=op in a strategy string "
                             "(e.g. p=8,g=8,os=8,ckpt=12) or drop the option")
     if strategy is not None and opts.get("micro_batch") is not None:
-        strategy = _with_micro_batch(strategy, opts["micro_batch"])
+        from amsp_planner.strategy_baselines import with_micro_batch
+
+        strategy = with_micro_batch(strategy, opts["micro_batch"])
     if strategy is None and strategy_from is None:
         job.profile.check_ckpt(job.training.activation_checkpointing,
                                opts.get("activation_checkpointing"), job.model.num_layers)
