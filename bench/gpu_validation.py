@@ -217,13 +217,15 @@ def fp8_lines(results) -> list[str]:
            and r.metric != "memory"]
     if not fp8:
         return []
+    collected = sum(r.precision == "fp8" and r.metric != "memory" for r in results)
     errs = sorted(abs(r.error) for r in fp8)
     ok = sum(abs(p.points) <= FP8_SPEEDUP_POINTS for p in pairs)
     out = ["## FP8 against bf16", "",
            "Published FP8 rows (`training: {precision: fp8}`, docs/fp8.md) beside the bf16 row of "
            "the same source and job (`bf16_row`): the published speed-up (FP8 throughput / bf16) "
            "against the predicted one; target: within "
-           f"{FP8_SPEEDUP_POINTS:g} points. FP8 rows in scope: {len(fp8)}, median |throughput "
+           f"{FP8_SPEEDUP_POINTS:g} points. FP8 throughput rows in scope: {len(fp8)} of {collected} "
+           "collected, median |throughput "
            f"error| {100 * statistics.median(errs):.1f} %, "
            f"worst {100 * errs[-1]:.1f} %; speed-ups within {FP8_SPEEDUP_POINTS:g} points: "
            f"{ok} of {len(pairs)}.", "",
