@@ -342,7 +342,7 @@ _INT_FIELDS = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_
 
 def _positive_int(value: str, key: str, text: str) -> int:
     try:
-        if not value.strip().isascii():  # int() takes any script's digits ("٦٤" is 64)
+        if not value.strip().isascii() or "_" in value:  # int() takes "٦٤" and "6_4" as 64
             raise ValueError(value)
         n = int(value)
     except ValueError:

@@ -55,8 +55,20 @@ def named_baselines(num_gpus: int, gpus_per_node: int, micro_batch: int = 1,
 def with_micro_batch(strategy: str, mb: int) -> str:
     """--strategy with --micro-batch: the strategy's own mb= must agree; without one it takes
     the option's (a baseline name such as zero3 otherwise runs mb=1)."""
-    own = [x.strip().lower() for x in strategy.split(",") if x.strip().lower().startswith("mb=")]
-    if own and own[0] != f"mb={mb}":
+    own = [v.strip() for k, _, v in (x.partition("=") for x in strategy.split(","))
+           if k.strip().lower() == "mb"]
+    if own and not (own[0].isascii() and own[0].isdigit()):
+        return strategy  # the strategy's own parse names the bad value
+    if own and int(own[0]) != mb:
         raise AmspUserError(f"--micro-batch {mb}: --strategy {strategy} fixes the micro-batch "
-                            f"({own[0]}): drop one of them, or make them agree")
+                            f"(mb={own[0]}): drop one of them, or make them agree")
     return strategy if own else f"{strategy},mb={mb}"
+
+
+def check_ds_micro_batch(s: Strategy, mb: int | None, path: str) -> None:
+    """--micro-batch beside --strategy-from: the config's train_micro_batch_size_per_gpu
+    decides the micro-batch, so a different option is refused, not ignored."""
+    if mb is not None and s.micro_batch != mb:
+        raise AmspUserError(f"--micro-batch {mb}: --strategy-from {path} runs micro-batch "
+                            f"{s.micro_batch} (train_micro_batch_size_per_gpu): drop one of "
+                            "them, or make them agree")

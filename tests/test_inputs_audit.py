@@ -134,3 +134,73 @@ def test_a_wrong_world_never_suggests_an_impossible_plan():
     assert "re-plan with --gpus 8" in str(e.value)
     with pytest.raises(AmspUserError, match="LOCAL_WORLD_SIZE 8 is above WORLD_SIZE 4"):
         check_world(job, 4, 8)
+
+
+# ----- from a review of the session's own changes ---------------------------------------------
+def test_a_given_cp_plan_with_a_small_batch_explains_with_fp8_sensitivity(tmp_path):
+    # the nemolong 256K row's job: 16 sequences over tp=4 x cp=8 on 256 H100s. explain's FP8
+    # sensitivity (H100 plans) made its job again without the strategy's cp and refused it
+    plan = tmp_path / "p.json"
+    code, _, err = run_cli(["plan", "-m", "llama-7b", "-n", "256", "-c", "dgx-h100-ndr",
+                            "--engine", "megatron", "--seq-len", "262144",
+                            "--global-batch-seqs", "16", "-s", "tp=4,cp=8,p=1,g=1,os=64,mb=1,ckpt",
+                            "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["explain", str(plan)])
+    assert code == 0, err
+    assert "FP8" in out or "fp8" in out
+
+
+def test_a_given_pipeline_plan_with_a_small_batch_exports_to_megatron(tmp_path):
+    plan, out = tmp_path / "p.json", tmp_path / "meg"
+    code, _, err = run_cli(["plan", "-m", "llama-7b", "-n", "1024", "--global-batch-seqs", "64",
+                            "-s", "tp=8,pp=16,p=1,g=1,os=8,mb=1", "-o", str(plan)])
+    assert code == 0, err
+    code, text, err = run_cli(["export", str(plan), "--to", "megatron", "-o", str(out)])
+    assert code == 0, err
+    assert "expresses the plan exactly" in text + err
+
+
+@pytest.mark.parametrize("given", ["p=1,g=1,os=64,mb=1,ga=16", "p=64,g=64,os=64,mb = 2"])
+def test_given_strategies_with_ga_or_spaces_read_back(tmp_path, given):
+    # ga= in a given strategy wrote predictions.strategy with it and the plan was refused at
+    # load; 'mb = 2' beside --micro-batch 2 was refused as 'mb given twice'
+    plan = tmp_path / "p.json"
+    argv = ["plan", "-m", "llama-7b", "-n", "64", "-s", given, "-o", str(plan)]
+    if "mb = 2" in given:
+        argv += ["--micro-batch", "2"]
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    code, out, err = run_cli(["validate", str(plan)])
+    assert code == 0 and "valid amsp plan" in out, err
+
+
+def test_micro_batch_beside_a_ds_config_is_refused_when_it_differs(tmp_path):
+    plan, ds = tmp_path / "p.json", tmp_path / "ds.json"
+    assert run_cli(["plan", "-m", "llama-7b", "-n", "64", "-o", str(plan)])[0] == 0
+    assert run_cli(["export", str(plan), "--to", "deepspeed", "-o", str(ds)])[0] == 0
+    for cmd in (["plan", "-o", "-"], ["compare"]):
+        argv = [cmd[0], "-m", "llama-7b", "-n", "64", "--engine", "deepspeed",
+                "--strategy-from", str(ds), "--micro-batch", "2", *cmd[1:]]
+        assert_user_error(*run_cli(argv), "--micro-batch 2", "train_micro_batch_size_per_gpu")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["plan", "-m", "llama-7b", "-n", "64", "-s", "p=6_4,g=64,os=64", "-o", "-"],
+     "'p=6_4' is not an integer"),
+    (["plan", "-m", "llama-7b", "-n", "64", "--memory-limit", "1_00", "-o", "-"],
+     "'1_00' is not a number"),
+])
+def test_underscored_numbers_are_refused(argv, needle):
+    assert_user_error(*run_cli(argv), needle)
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+                    reason="needs a sysfs file")
+def test_a_data_file_the_kernel_cannot_map_is_one_line():
+    pytest.importorskip("numpy")
+    from amsp_planner.errors import AmspUserError
+    from amsp_planner.runtime.inputs import check_data
+
+    with pytest.raises(AmspUserError, match="--data .*cannot read it as tokens"):
+        check_data("/sys/kernel/mm/transparent_hugepage/enabled", 1000, 8)

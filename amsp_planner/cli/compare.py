@@ -115,8 +115,10 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
     given = [parse_strategy_or_baseline(x, job.num_gpus, job.gpus_per_node) for x in strategies]
     if strategy_from is not None:
         from amsp_planner.exports.deepspeed import strategy_for_job
+        from amsp_planner.strategy_baselines import check_ds_micro_batch
 
         ds = strategy_for_job(strategy_from, job)
+        check_ds_micro_batch(ds, t.micro_batch, strategy_from)
     by_prec = {}
     for p, (j, lim) in jobs.items():
         rows = list(evaluate_baselines(j, lim, mb, ckpt, tp).items())

@@ -9,7 +9,9 @@ import _signal  # the C module: installs the handlers before `signal`'s enums ar
 import os
 import sys
 
-_STOPS = {_signal.SIGINT: "SIGINT (Ctrl-C)", _signal.SIGTERM: "SIGTERM", _signal.SIGHUP: "SIGHUP"}
+_STOPS = {s: name for s, name in ((_signal.SIGINT, "SIGINT (Ctrl-C)"),
+                                   (_signal.SIGTERM, "SIGTERM"),
+                                   (getattr(_signal, "SIGHUP", None), "SIGHUP")) if s is not None}
 
 
 def _stopped_while_starting(signum, frame) -> None:
@@ -23,9 +25,19 @@ def _stopped_while_starting(signum, frame) -> None:
     os.kill(os.getpid(), signum)
 
 
-for _s in _STOPS:  # from here until main() hands over to the commands' own handling
-    if _signal.getsignal(_s) in (_signal.SIG_DFL, _signal.default_int_handler):
-        _signal.signal(_s, _stopped_while_starting)
+def _as_command() -> bool:
+    """Whether this import starts the `amsp` command (its console script, or ``python -m
+    amsp_planner.cli.main``), not a library's or a test's import of the module."""
+    return __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "amsp"
+
+
+if _as_command():  # from here until main() hands over to the commands' own handling
+    for _s in _STOPS:
+        try:
+            if _signal.getsignal(_s) in (_signal.SIG_DFL, _signal.default_int_handler):
+                _signal.signal(_s, _stopped_while_starting)
+        except ValueError:  # not the main thread: signals are not this import's to take
+            break
 
 import click  # noqa: E402
 
@@ -78,10 +90,20 @@ def _hand_over_signals() -> None:
     """Back to Python's own handling: Ctrl-C raises KeyboardInterrupt (one line below), SIGTERM
     and SIGHUP end the process at once (a rank in a collective must die on them); the commands
     that need more install their own (train, calibrate, whatif)."""
-    for s in _STOPS:
+    for s in _STOPS:  # (a handler is only ever set from the main thread, above)
         if _signal.getsignal(s) is _stopped_while_starting:
             _signal.signal(s, _signal.default_int_handler if s == _signal.SIGINT
                            else _signal.SIG_DFL)
+
+
+def _stdout_failed(e: OSError) -> bool:
+    """Whether the OSError is a failed write of the output: no file named (amsp's own files
+    are written with their names in their errors), and an errno of a write (the buffer of a
+    failed write is gone, so flushing again cannot tell)."""
+    import errno
+
+    return e.filename is None and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
+                                              errno.EPIPE, errno.EIO)
 
 
 def _drop_stdout() -> None:
@@ -130,12 +152,18 @@ def main(argv: list[str] | None = None) -> None:
     except InfeasibleError as e:
         click.echo(f"infeasible: {readable(e)}", err=True)
         sys.exit(3)
-    except OSError as e:  # the output could not be written: a full disk, a closed pipe
-        _drop_stdout()
-        where = f"{e.filename}" if e.filename else "the output"
-        click.echo(f"error: cannot write {where}: {e.strerror or e}", err=True)
+    except OSError as e:  # a fault no command named: writing the output (a full disk), or other
+        if _stdout_failed(e):
+            _drop_stdout()
+            click.echo(f"error: cannot write the output: {e.strerror or e}", err=True)
+        else:
+            at = f": {e.filename}" if e.filename else ""
+            click.echo(f"error: {e.strerror or e}{at}", err=True)
         sys.exit(1)
-    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:  # click: Ctrl-C and EOF -> Abort
+        if isinstance(e.__cause__ or e.__context__, EOFError):
+            click.echo("aborted: end of input", err=True)
+            sys.exit(1)
         click.echo("interrupted: SIGINT (Ctrl-C)", err=True)
         sys.exit(130)
     if isinstance(rv, int):

@@ -50,6 +50,8 @@ class Number(click.ParamType):
 
     def convert(self, value, param, ctx):
         try:
+            if isinstance(value, str) and (not value.isascii() or "_" in value):
+                raise ValueError(value)  # float() takes "٦٠" and "1_00"
             v = float(value) if not isinstance(value, bool) else math.nan
         except (TypeError, ValueError):
             self.fail(f"{shown(value)!r} is not a number: give one in {self._range()}", param,

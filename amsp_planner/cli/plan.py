@@ -139,11 +139,16 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     if strategy is not None or strategy_from is not None:
         if strategy_from is not None:
             from amsp_planner.exports.deepspeed import strategy_for_job
+            from amsp_planner.strategy_baselines import check_ds_micro_batch
 
             s = strategy_for_job(strategy_from, job)
+            check_ds_micro_batch(s, opts.get("micro_batch"), strategy_from)
             strategy = str(s)
         else:
             s = parse_strategy_or_baseline(strategy, job.num_gpus, job.gpus_per_node)
+        if s.grad_accum is not None:  # checked against the batch, then the job's to derive:
+            job.n_micro(s)  # the plan file writes the accumulation in decision.grad_accum
+            s = s.with_(grad_accum=None)
         best = evaluate(job, s, limit)
         why = engine_runs(job, s)
         if why:

@@ -100,6 +100,9 @@ class Job:
     """Execution values this job's run sets against its engine profile's (``Execution`` field,
     value): a published run's own configuration (presets/validation.yaml ``execution:``, e.g.
     DeepSpeed's stage3_max_live_parameters); empty for a planned job."""
+    split: tuple[int, int] = field(default=(1, 1), compare=False, hash=False)
+    """(pp, cp) of the strategy it was created for (``create``): the global batch splits over
+    the data-parallel ranks of those; a job made again from this one keeps them."""
 
     @staticmethod
     def fit_nodes(cluster: ClusterSpec, num_gpus: int) -> tuple[ClusterSpec, str | None]:
@@ -176,13 +179,15 @@ class Job:
                 f"data-parallel rank; use --micro-batch {mbs}, or keep it with "
                 f"{batch_fix(training, b, num_gpus)[4:]}"
             )
-        return cls(model, cluster, training, num_gpus, Topology(cluster, num_gpus), engine)
+        return cls(model, cluster, training, num_gpus, Topology(cluster, num_gpus), engine,
+                   split=(pp, cp))
 
     def for_engine(self, engine: str) -> Job:
         """The same job run by another engine (its behaviour applied to the training spec)."""
         if engine == self.engine:
             return self
-        return Job.create(self.model, self.cluster, self.training, self.num_gpus, engine)
+        return Job.create(self.model, self.cluster, self.training, self.num_gpus, engine,
+                          *self.split)
 
     @property
     def profile(self) -> EngineProfile:

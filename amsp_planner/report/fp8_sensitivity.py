@@ -134,7 +134,7 @@ def fp8_crossover(job, strategy) -> dict:
             both[p] = job
         else:
             both[p] = Job.create(job.model, job.cluster, t.model_copy(update=upd), job.num_gpus,
-                                 job.engine)
+                                 job.engine, *job.split)
     # bf16 gathers in bf16 (a plan's FP8 all-gather, fp8ag, is an FP8 option)
     steps = {p: evaluate(j, strategy.with_(fp8ag=strategy.fp8ag and p == "fp8")).step_s
              for p, j in both.items()}

@@ -13,7 +13,7 @@ differ.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from amsp_planner.report.fmt import GIB
 
@@ -136,7 +136,8 @@ def scaled_job(job, limit: float, a: Assumption, factor: float):
                              for pt in t["points"]]} if t["scope"] == "inter" else t
             for t in data.get("measured", [])]
     cluster = ClusterSpec.model_validate(data)
-    return Job.create(job.model, cluster, job.training, job.num_gpus), limit
+    made = Job.create(job.model, cluster, job.training, job.num_gpus, job.engine, *job.split)
+    return replace(made, settings=job.settings), limit
 
 
 def _upper_bound(key: str) -> float:

@@ -193,7 +193,8 @@ def fit_hint(job, limit: float, micro_batch: int, ckpt, tp: int) -> str | None:
     done = False
     for k in (2, 4, 8):
         try:
-            more = Job.create(job.model, job.cluster, job.training, job.num_gpus * k, job.engine)
+            more = Job.create(job.model, job.cluster, job.training, job.num_gpus * k, job.engine,
+                              *job.split)
         except AmspUserError:
             continue
         for c, also in ((ckpt, ""), (True, " --activation-checkpointing on")):

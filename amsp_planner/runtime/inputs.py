@@ -64,8 +64,12 @@ def check_data(spec: str | None, vocab_size: int, seq_len: int) -> None:
         raise AmspUserError(f"--data {spec}: holds {n:,} tokens, fewer than one sequence of "
                             f"{seq_len + 1} and its target: use a longer file or a shorter "
                             "--seq-len")
-    tokens = np.memmap(p, dtype=dtype, mode="r", shape=(n,))
-    top = int(tokens[:min(n, TOKEN_SCAN)].max())
+    try:  # a file the kernel serves but cannot map (sysfs, procfs) fails here
+        tokens = np.memmap(p, dtype=dtype, mode="r", shape=(n,))
+        top = int(tokens[:min(n, TOKEN_SCAN)].max())
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise AmspUserError(f"--data {spec}: cannot read it as tokens ({why}): {_FIX}") from None
     if top >= vocab_size:
         raise AmspUserError(f"--data {spec}: token id {top} is not below the model's vocab_size "
                             f"{vocab_size}: use a matching tokenizer or model")

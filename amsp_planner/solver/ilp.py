@@ -117,10 +117,12 @@ class StrategyIlp(Formulation):
                 f"{self.solver_name} stopped at its time limit "
                 f"({'a plan found but not proved the best' if found else 'no plan found'}, "
                 f"after {self.stats.solve_time_s:.2f} s of solving): raise --time-limit, or try "
-                "--solver cbc or --solver exhaustive"
+                f"--solver {'highs' if self.solver_name == 'cbc' else 'cbc'} or --solver "
+                "exhaustive"
                 if found or status == pulp.LpStatusNotSolved else
                 f"{self.solver_name} stopped without proving optimality (solver status "
-                f"{pulp.LpStatus[status]}): raise --time-limit, or try --solver cbc"
+                f"{pulp.LpStatus[status]}): raise --time-limit, or try --solver "
+                f"{'highs' if self.solver_name == 'cbc' else 'cbc'}"
             )
         return status
 
