@@ -43,6 +43,7 @@ def test_a_full_disk_under_stdout_is_one_line_not_a_trace(argv):
     (["plan", "--model", "llama-7b", "--gpus", "64", "--expert-routing", "round_robin", "-o",
       "-"], ("--expert-routing", "no routed experts")),  # was ignored
     (["plan", *TINY, "--set", "name=", "-o", "-"], ("--set name", "the value is empty")),
+    (["whatif", *TINY, "--set", "nic_gbit_per_s="], ("--set nic_gbit_per_s", "the value is empty")),
     (["calibrate", "--nproc", "1", "--ops", "all_gather,all_gather"], ("--ops", "twice")),
     (["calibrate", "--nproc", "1", "--name", ""], ("--name is empty",)),
     # int() takes any script's digits and underscores: "p=\u0666\u0664" was p=64

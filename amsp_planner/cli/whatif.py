@@ -92,7 +92,10 @@ def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
     out = []
     for item in sets:
         key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
+        if eq and key.strip() and not value.strip():
+            raise AmspUserError(f"--set {key.strip()}: the value is empty: write "
+                                f"{key.strip()}=VALUE[,VALUE...]")
+        if not eq or not key.strip():
             raise AmspUserError(
                 f"--set '{item}': write KEY=VALUE[,VALUE...], e.g. --set nic_gbit_per_s=200,400")
         vals = split_list(value, parse_value, f"--set {key.strip()}")
