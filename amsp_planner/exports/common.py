@@ -152,6 +152,16 @@ def translate(job: Job, plan: Strategy, engine: str, memory_limit: float | None,
     cost of the change; none when the engine runs the plan as predicted.
     """
     tjob = job.for_engine(engine)
+    if plan.pp > 1:  # stages are not translated: the engine runs the plan as made, or not
+        from amsp_planner.cost.evaluate import engine_runs
+
+        no = engine_runs(tjob, plan)
+        if no:
+            raise AmspUserError(f"--to {engine}: {no}, and a plan with pipeline stages is not "
+                                "translated: use another target")
+        pe, ce = evaluate(job, plan, memory_limit), evaluate(tjob, plan, memory_limit)
+        diffs = behaviour_differences(job, tjob, plan)
+        return plan, True, tjob, diffs + [cost_difference(pe, ce)] if diffs else []
     closest, exact, pe, ce = closest_expressible(job, plan, expressible(tjob, plan),
                                                  memory_limit, engine, tjob)
     diffs: list[str] = []
