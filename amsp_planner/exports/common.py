@@ -106,7 +106,7 @@ def expressible(job: Job, plan: Strategy) -> list[Strategy]:
     mb = plan.micro_batch if tp == plan.tp else None
     ck = ck if tp == plan.tp else None
     space = SearchSpace.for_job(job, micro_batch=mb, ckpt=ck, tp=tp)
-    ga = plan.grad_accum if tp == plan.tp else None
+    ga = plan.grad_accum if tp == plan.tp and plan.pp == 1 else None  # stages: their own
     cands = [c.with_(grad_accum=ga) for c in space.candidates(job)]
     if job.model.is_moe:  # the engine's expert settings with each dense one (exports/moe.py)
         from amsp_planner.exports.moe import with_experts
@@ -152,16 +152,13 @@ def translate(job: Job, plan: Strategy, engine: str, memory_limit: float | None,
     cost of the change; none when the engine runs the plan as predicted.
     """
     tjob = job.for_engine(engine)
-    if plan.pp > 1:  # stages are not translated: the engine runs the plan as made, or not
+    if plan.pp > 1:  # an engine that runs the stages runs the plan as made
         from amsp_planner.cost.evaluate import engine_runs
 
-        no = engine_runs(tjob, plan)
-        if no:
-            raise AmspUserError(f"--to {engine}: {no}, and a plan with pipeline stages is not "
-                                "translated: use another target")
-        pe, ce = evaluate(job, plan, memory_limit), evaluate(tjob, plan, memory_limit)
-        diffs = behaviour_differences(job, tjob, plan)
-        return plan, True, tjob, diffs + [cost_difference(pe, ce)] if diffs else []
+        if engine_runs(tjob, plan) is None:
+            pe, ce = evaluate(job, plan, memory_limit), evaluate(tjob, plan, memory_limit)
+            diffs = behaviour_differences(job, tjob, plan)
+            return plan, True, tjob, diffs + [cost_difference(pe, ce)] if diffs else []
     closest, exact, pe, ce = closest_expressible(job, plan, expressible(tjob, plan),
                                                  memory_limit, engine, tjob)
     diffs: list[str] = []
