@@ -87,19 +87,12 @@ def _batch(t: str) -> str:
 
 def parse_set_lists(sets: tuple[str, ...]) -> tuple[tuple[str, tuple], ...]:
     """('nic_gbit_per_s=100,200',) -> (('nic_gbit_per_s', (100, 200)),)."""
-    from amsp_planner.specs.loader import parse_value
+    from amsp_planner.specs.loader import parse_value, split_set
 
     out = []
     for item in sets:
-        key, eq, value = item.partition("=")
-        if eq and key.strip() and not value.strip():
-            raise AmspUserError(f"--set {key.strip()}: the value is empty: write "
-                                f"{key.strip()}=VALUE[,VALUE...]")
-        if not eq or not key.strip():
-            raise AmspUserError(
-                f"--set '{item}': write KEY=VALUE[,VALUE...], e.g. --set nic_gbit_per_s=200,400")
-        vals = split_list(value, parse_value, f"--set {key.strip()}")
-        out.append((key.strip(), vals))
+        key, value = split_set(item, "VALUE[,VALUE...]", "200,400")
+        out.append((key, split_list(value, parse_value, f"--set {key}")))
     return tuple(out)
 
 

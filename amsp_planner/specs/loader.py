@@ -240,17 +240,23 @@ def parse_batch(text: str, field: str = "--global-batch") -> int:
     return value
 
 
+def split_set(item: str, form: str = "VALUE", example: str = "400") -> tuple[str, str]:
+    """(key, value text) of one --set KEY=VALUE item; one line naming the item otherwise
+    (`form`, `example`: how the command writes its values, e.g. VALUE[,VALUE...])."""
+    key, eq, value = item.partition("=")
+    if eq and key.strip() and not value.strip():
+        raise AmspUserError(f"--set {key.strip()}: the value is empty: write {key.strip()}={form}")
+    if not eq or not key.strip():
+        raise AmspUserError(f"--set '{item}': write KEY={form}, e.g. --set nic_gbit_per_s={example}")
+    return key.strip(), value.strip()
+
+
 def parse_sets(sets: tuple[str, ...]) -> dict:
     """--set KEY=VALUE items as a dict of parsed values; one line naming the item otherwise."""
     out = {}
     for item in sets:
-        key, eq, value = item.partition("=")
-        if eq and key.strip() and not value.strip():
-            raise AmspUserError(f"--set {key.strip()}: the value is empty: write "
-                                f"{key.strip()}=VALUE")
-        if not eq or not key.strip():
-            raise AmspUserError(f"--set '{item}': write KEY=VALUE, e.g. --set nic_gbit_per_s=400")
-        if key.strip() in out:  # the last one won silently
-            raise AmspUserError(f"--set {key.strip()}: given twice: give each field once")
-        out[key.strip()] = parse_value(value.strip())
+        key, value = split_set(item)
+        if key in out:  # the last one won silently
+            raise AmspUserError(f"--set {key}: given twice: give each field once")
+        out[key] = parse_value(value)
     return out
