@@ -70,3 +70,29 @@ def test_bad_precision_lists_are_one_line_errors(argv, needles):
     if "--cluster" not in argv:
         base += ["--cluster", "dgx-h100-ndr"]
     assert_user_error(*run_cli(base + argv), *needles)
+
+
+def test_bundled_runtime_says_its_fp8_is_the_gathers_only():
+    # the bundled runtime's matmuls stay bf16 (docs/fp8.md): its named baselines price the same
+    # in both precisions, and the note says so instead of describing FP8 linears
+    doc = _json(BASE[:-2] + ["--precision", "bf16,fp8"])
+    assert doc["engine"] == "amsp"
+    rows = {(r["name"], r["precision"]): r for r in doc["rows"]}
+    for name, p in rows:
+        if p == "fp8":
+            assert rows[(name, p)]["time"] == rows[(name, "bf16")]["time"]
+    note = doc["precision_notes"][1]
+    assert note.startswith("FP8 on amsp (the bundled runtime)")
+    assert "matmuls stay bf16" in note and "--engine" in note and "torchtitan" in note
+    assert "blocks' linears" not in " ".join(doc["precision_notes"])
+
+
+def test_plan_on_the_bundled_runtime_says_its_fp8_is_the_gathers_only(tmp_path):
+    argv = ["plan", "--model", "llama3-8b", "--gpus", "64", "--cluster", "dgx-h100-ndr",
+            "--precision", "fp8", "-o", str(tmp_path / "p.json")]
+    code, out, err = run_cli(argv)
+    assert code == 0, err
+    assert "FP8 on amsp (the bundled runtime)" in out + err
+    code, out, err = run_cli(argv[:-2] + ["--engine", "torchtitan", "-o", str(tmp_path / "t.json")])
+    assert code == 0, err
+    assert "bundled runtime" not in out + err

@@ -76,9 +76,9 @@ def precision_lines(by_prec: dict) -> list[str]:
                      f"{hi[1] * 100:+.1f}% ({hi[0]})")
         out.append(line)
     if any(j.training.precision == "fp8" for j, _ in by_prec.values()):
-        from amsp_planner.cost.fp8 import PRICED_NOTE, grid_note
+        from amsp_planner.cost.fp8 import grid_note, priced_note
 
-        out.append(PRICED_NOTE)
+        out.append(priced_note(job0.engine))
         out += [n for j, _ in by_prec.values() if j.training.precision == "fp8"
                 if (n := grid_note(j))]
     return out

@@ -213,6 +213,11 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     out: list = [f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "
                  f"{job.cluster.name}: {t.batch_tokens:,} tokens/step, seq {t.seq_len}, "
                  f"{t.precision}; {engine_line(job)}"]
+    if t.precision == "fp8":
+        from amsp_planner.cost.fp8 import GATHER_ONLY, priced_note
+
+        if job.engine in GATHER_ONLY:
+            out.append(priced_note(job.engine))
     if best.strategy.tp > 1:
         out.append(tp_line(job, best))
     if job.model.is_moe:

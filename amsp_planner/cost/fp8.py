@@ -409,3 +409,18 @@ PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their c
                "saved inputs and cached FP8 weights in memory")
 """What an FP8 figure covers today (amsp compare prints it beside FP8 rows): keep it true as
 the schedule (FP8 all-gather) and memory wiring land."""
+
+
+def priced_note(engine: str) -> str:
+    """PRICED_NOTE for an engine that runs FP8 matmuls; for the bundled runtime (GATHER_ONLY:
+    FP8 in its parameter all-gathers only) what its FP8 figure covers, and where FP8 matmuls
+    are priced."""
+    if engine not in GATHER_ONLY:
+        return PRICED_NOTE
+    from amsp_planner.engines import ENGINES, runs_as
+
+    ok = [e for e in ENGINES if runs_as(e) in FAMILY]
+    return (f"FP8 on {engine} (the bundled runtime): the FSDP/ZeRO parameter all-gathers only, "
+            "where a strategy has fp8ag or --fp8-all-gather is on; its matmuls stay bf16, so "
+            "a named baseline prices as in bf16 unless --fp8-all-gather on. For FP8 matmuls "
+            f"name the engine that will run the job: --engine {', '.join(ok)}")
