@@ -25,6 +25,7 @@ over its NICs (``nic_gbit_per_s = node_gbit_per_s / nics_per_node``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from functools import lru_cache
@@ -144,6 +145,30 @@ def validate(sweep: Sweep, max_points: int = MAX_POINTS) -> None:
                 raise AmspUserError(f"--set {key}={v}: must be a positive number of Gbit/s")
             for c in sweep.clusters:
                 _cluster(c, cluster_overrides(c, None, {key: v}))
+
+
+def memory_limit_warnings(sweep: Sweep) -> list[str]:
+    """One line per --memory-limit above the GPU memory of a cluster it is swept with (after
+    --gpu-type and --set edits), as amsp plan warns: those points are planned as if the GPU
+    had that much."""
+    limits = sorted({v for v in sweep.memory_limits_gib if v is not None})
+    if not limits:
+        return []
+    keys = [k for k, _ in sweep.sets]
+    gpu_gib: dict[str, float] = {}
+    for c, g in itertools.product(sweep.clusters, sweep.gpu_types):
+        for values in itertools.product(*(v for _, v in sweep.sets)):
+            spec = _cluster(c, cluster_overrides(c, g, dict(zip(keys, values, strict=True))))
+            gib, name = spec.memory_bytes / GIB, f"{spec.name} with {spec.gpu.name}"
+            gpu_gib[name] = min(gpu_gib.get(name, gib), gib)
+    out = []
+    for lim in limits:
+        over = [f"{n} ({gib:g} GiB)" for n, gib in gpu_gib.items() if lim > gib * (1 + 1e-9)]
+        if over:
+            out.append(f"--memory-limit {lim:g} GiB is above the GPU memory of "
+                       f"{', '.join(over)}: those points are planned as if it had that much "
+                       "(--set gpu.memory_gib=N sweeps a larger GPU)")
+    return out
 
 
 # ----- one point ------------------------------------------------------------------------------

@@ -127,3 +127,17 @@ def test_swept_numbers_are_finite_and_in_range(argv):
     assert p.returncode == 2, (argv, p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and argv[0] in lines[0] and "Traceback" not in p.stderr
+
+
+def test_memory_limit_above_the_gpu_is_warned_per_gpu_it_exceeds():
+    # dgx-h100-ndr's H100 has 80 GiB, an H200 141 GiB (presets/gpus.yaml): 100 GiB is above the
+    # first only, 60 above neither; the points are still planned (as amsp plan does)
+    code, out, err = run_cli(["whatif", "--model", "tiny", "--gpus", "8", "--cluster",
+                              "dgx-h100-ndr", "--gpu-type", "h100,h200",
+                              "--memory-limit", "60,100", "--format", "csv"])
+    assert code == 0, err
+    warned = [ln for ln in err.splitlines() if ln.startswith("warning: --memory-limit")]
+    assert len(warned) == 1, err
+    assert "--memory-limit 100 GiB" in warned[0] and "H100" in warned[0]
+    assert "H200" not in warned[0] and "(80 GiB)" in warned[0]
+    assert len(out.strip().splitlines()) == 1 + 4  # header + 2 GPU types x 2 limits

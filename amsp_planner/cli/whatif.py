@@ -221,6 +221,10 @@ def whatif(models, gpus, clusters, compare_clusters, gpu_types, sets, seq_lens, 
 
     for m in sweep.models:
         warn_seq_len(load_model(m), max(sweep.seq_lens), "seq_lens")
+    from amsp_planner.cli.notes import note
+
+    for line in w.memory_limit_warnings(sweep):
+        note(line, "warning")
     x = pick_x_axis(sweep, x_axis)
     rows = _run_with_progress(w, sweep, workers, max_points, progress)
 
