@@ -235,6 +235,14 @@ def fp8_lines(results) -> list[str]:
         out.append(f"| {p.fp8.source} | {p.bf16.id} | {p.fp8.id} | {p.fp8.recipe} | "
                    f"{p.fp8.gpus} | {p.published:.3f} | {p.predicted:.3f} | {p.points:+.1f} pts "
                    f"| {pct(p.bf16.error)} | {pct(p.fp8.error)} |")
+    out += ["", "Per source: its pairs, how many are within "
+            f"{FP8_SPEEDUP_POINTS:g} points, and the median of its differences (a source whose "
+            "pairs scatter both ways has a median near zero and misses both ways).", "",
+            "| source | pairs | within | median difference | largest |", "|---|---:|---:|---:|---:|"]
+    for src in dict.fromkeys(p.fp8.source for p in pairs):
+        pts = [p.points for p in pairs if p.fp8.source == src]
+        out.append(f"| {src} | {len(pts)} | {sum(abs(x) <= FP8_SPEEDUP_POINTS for x in pts)} | "
+                   f"{statistics.median(pts):+.1f} pts | {max(pts, key=abs):+.1f} pts |")
     alone = [r for r in fp8 if not r.bf16_row]
     if alone:
         out += ["", "FP8 rows without a published bf16 row of the same job: "
