@@ -43,8 +43,23 @@ def test_side_by_side_rows_are_each_precisions_own_job():
     gain = fast["bf16"]["time"]["step_s"] / fast["fp8"]["time"]["step_s"] - 1
     assert line.startswith("fp8 (tensorwise) vs bf16 on torchtitan: fastest fitting")
     assert f"tokens/s {gain * 100:+.1f}%" in line
-    assert "Transformer Engine's FP8 saved inputs and cached FP8 weights" in \
-        both["precision_notes"][1]
+    # what the figure covers, for torchao's tensorwise: not Transformer Engine's terms
+    note = both["precision_notes"][1]
+    assert note.startswith("FP8 here (torchao, tensorwise)") and "all-gathers in FP8" in note
+    assert "Transformer Engine" not in note and "TE's" not in note
+
+
+@pytest.mark.parametrize("engine,recipe,needles,absent", [
+    ("megatron", "delayed", ("Transformer Engine, delayed", "tensor-parallel all-gathers in FP8",
+                             "TE's FP8 saved inputs"), ("torchao",)),
+    ("torchtitan", "rowwise", ("torchao, rowwise", "every collective in bf16"),
+     ("Transformer Engine", "all-gathers in FP8")),
+])
+def test_the_note_says_what_each_family_prices(engine, recipe, needles, absent):
+    doc = _json(BASE[:-1] + [engine, "--precision", "bf16,fp8", "--fp8-recipe", recipe])
+    note = doc["precision_notes"][1]
+    assert all(n in note for n in needles), note
+    assert not any(a in note for a in absent), note
 
 
 def test_side_by_side_table_names_the_engine_and_both_precisions():

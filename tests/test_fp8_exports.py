@@ -146,3 +146,35 @@ def test_engines_without_fp8_refuse_in_one_line(tmp_path, target, needle):
                             "-o", str(plan)])
     assert code == 0, err
     assert_user_error(*run_cli(["export", str(plan), "--to", target]), needle, "--precision bf16")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fsdp2_tp_plan_gathers_fp8_where_the_plan_prices_fp8_tp_gathers(monkeypatch, recipe):
+    # tensorwise tensor parallelism is priced with FP8 all-gathers (cost/fp8_bytes.py
+    # fp8_tp_wire): the module must use torchao's Float8 TP styles then, torch's otherwise
+    nn = pytest.importorskip("torch.nn")
+    job = _job("fsdp2", recipe, "off")
+    mod = load_module(export("fsdp2", job, Strategy.parse("tp=2,p=32,g=32,os=32,mb=1")).text)
+    tp = types.ModuleType("torchao.float8.float8_tensor_parallel")
+    made = []
+    for name in ("Float8ColwiseParallel", "Float8RowwiseParallel", "PrepareFloat8ModuleInput"):
+        tp.__dict__[name] = type(name, (), {"__init__": lambda self, *a, n=name, **k:
+                                            made.append(n)})
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.float8", types.ModuleType("torchao.float8"))
+    monkeypatch.setitem(sys.modules, "torchao.float8.float8_tensor_parallel", tp)
+    block = nn.Module()
+    block.attention = nn.Module()
+    block.attention.wq, block.attention.wo = nn.Linear(16, 16), nn.Linear(16, 16)
+    block.attention_norm = nn.LayerNorm(16)
+    plan = mod.tp_plan(block)
+    kinds = {k: type(v).__name__ for k, v in plan.items()}
+    if recipe == "tensorwise":
+        assert kinds == {"attention": "PrepareFloat8ModuleInput",
+                         "attention.wq": "Float8ColwiseParallel",
+                         "attention.wo": "Float8RowwiseParallel",
+                         "attention_norm": "SequenceParallel"}
+    else:
+        assert kinds == {"attention": "PrepareModuleInput", "attention.wq": "ColwiseParallel",
+                         "attention.wo": "RowwiseParallel", "attention_norm": "SequenceParallel"}
+        assert not made

@@ -39,16 +39,6 @@ def _jobs(precisions: tuple[str, ...], opts: dict) -> dict:
     return {p: jobs[p] for p in precisions}
 
 
-def _label(job) -> str:
-    """'fp8 (tensorwise)' for an FP8 job, else its precision."""
-    t = job.training
-    if t.precision != "fp8":
-        return t.precision
-    from amsp_planner.cost.fp8 import default_recipe
-
-    return f"fp8 ({t.fp8_recipe or default_recipe(job.engine)})"
-
-
 def _gain(a, b) -> float:
     """Tokens/s of evaluation b over a, as a fraction."""
     return a.step_s / b.step_s - 1
@@ -57,28 +47,34 @@ def _gain(a, b) -> float:
 def precision_lines(by_prec: dict) -> list[str]:
     """Per precision after the first: its fastest fitting row against the first precision's,
     and the range of the same strategy's gain; what FP8 is priced on."""
+    from amsp_planner.cost.fp8_notes import precision_label
+
     (job0, rows0), *rest = by_prec.values()
     out = []
     for job, rows in rest:  # the rows of every precision are the same strategies in order
-        same = [(n, _gain(e0, e)) for (n, e0), (_, e) in zip(rows0, rows, strict=True)]
+        pairs = list(zip(rows0, rows, strict=True))  # the same strategies, fitting in both
+        pairs = [p for p in pairs if p[0][1].fits and p[1][1].fits] or pairs
+        same = [(n, _gain(e0, e)) for (n, e0), (_, e) in pairs]
         fit0 = [(n, e) for n, e in rows0 if e.fits]
         fit = [(n, e) for n, e in rows if e.fits]
-        line = f"{_label(job)} vs {_label(job0)} on {job.engine}: "
+        line = f"{precision_label(job)} vs {precision_label(job0)} on {job.engine}: "
         if fit0 and fit:
             (na, a), (nb, b) = (min(x, key=lambda ne: ne[1].step_s) for x in (fit0, fit))
             line += (f"fastest fitting {na} {a.step_s:.3f} s -> {nb} {b.step_s:.3f} s, "
                      f"tokens/s {_gain(a, b) * 100:+.1f}%")
         else:
-            line += "no fitting row in " + (_label(job0) if not fit0 else _label(job))
+            line += "no fitting row in " + precision_label(job if fit0 else job0)
         if same:
             lo, hi = min(same, key=lambda x: x[1]), max(same, key=lambda x: x[1])
             line += (f"; the same strategy: {lo[1] * 100:+.1f}% ({lo[0]}) to "
                      f"{hi[1] * 100:+.1f}% ({hi[0]})")
         out.append(line)
     if any(j.training.precision == "fp8" for j, _ in by_prec.values()):
-        from amsp_planner.cost.fp8 import grid_note, priced_note
+        from amsp_planner.cost.fp8 import grid_note
+        from amsp_planner.cost.fp8_notes import priced_note
 
-        out.append(priced_note(job0.engine))
+        f8 = next(j for j, _ in by_prec.values() if j.training.precision == "fp8")
+        out.append(priced_note(f8.engine, f8.model.is_moe, f8.training.fp8_recipe))
         out += [n for j, _ in by_prec.values() if j.training.precision == "fp8"
                 if (n := grid_note(j))]
     return out
@@ -139,6 +135,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
 
         hint = fit_hint(job, limit, mb, ckpt, tp)
     notes = precision_lines(by_prec) if multi else []
+    from amsp_planner.cost.fp8_notes import precision_label
     if fmt == "json":
         import json
 
@@ -151,7 +148,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
             "hint": hint,
         }
         if multi:
-            doc["precisions"] = [_label(by_prec[p][0]) for p in precision]
+            doc["precisions"] = [precision_label(by_prec[p][0]) for p in precision]
             doc["rows"] = [{"name": n.rsplit(" ", 1)[0], "precision": n.rsplit(" ", 1)[1],
                             **e.to_dict()} for n, e in rows]
             doc["precision_notes"] = notes
@@ -160,7 +157,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
     from amsp_planner.report.grid import emit
     from amsp_planner.report.tables import compare_grid, inapplicable_line
 
-    prec = (", " + " vs ".join(_label(by_prec[p][0]) for p in precision)) if multi else ""
+    prec = (", " + " vs ".join(precision_label(by_prec[p][0]) for p in precision)) if multi else ""
     title = (f"{job.model.name} ({job.model.num_params / 1e9:.2f}B) on {job.num_gpus} GPUs of "
              f"{job.cluster.name}, {t.batch_tokens:,} tokens/step, seq {t.seq_len}{prec}"
              + (f", tp={tp} x {job.num_gpus // tp} data-parallel ranks" if tp > 1 else ""))

@@ -199,6 +199,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     if fmt == "json":
         click.echo(canonical_text(doc), nl=False)
         return
+    from amsp_planner.cost.fp8_notes import precision_label
     from amsp_planner.report.grid import emit
     from amsp_planner.report.plan_report import components_grid, time_lines
     from amsp_planner.report.tables import (
@@ -212,12 +213,15 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
     m, t = job.model, job.training
     out: list = [f"{m.name} ({m.num_params / 1e9:.2f}B params) on {job.num_gpus} GPUs of "
                  f"{job.cluster.name}: {t.batch_tokens:,} tokens/step, seq {t.seq_len}, "
-                 f"{t.precision}; {engine_line(job)}"]
+                 f"{precision_label(job)}; {engine_line(job)}"]
     if t.precision == "fp8":
-        from amsp_planner.cost.fp8 import GATHER_ONLY, priced_note
+        from amsp_planner.cost.fp8 import GATHER_ONLY, grid_note
+        from amsp_planner.cost.fp8_notes import priced_note
 
-        if job.engine in GATHER_ONLY:
-            out.append(priced_note(job.engine))
+        if job.engine in GATHER_ONLY or job.model.is_moe:
+            out.append(priced_note(job.engine, job.model.is_moe, t.fp8_recipe))
+        if grid := grid_note(job):
+            out.append(grid)
     if best.strategy.tp > 1:
         out.append(tp_line(job, best))
     if job.model.is_moe:

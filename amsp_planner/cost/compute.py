@@ -170,6 +170,11 @@ def block_compute(job: Job, micro_batch: int, ckpt: bool | int | str,
 
         mats = _block_matmuls(job)[-m.ffn_matrices:]
         dense_mlp = sum(_matmul(r, t, k, n) for k, n in mats)
+        if fp8_linears(job):  # mm holds the dense MLP at its FP8 price: take that back out
+            from amsp_planner.cost.fp8 import mlp_linear_names, named_matmuls_s
+
+            dense_mlp = named_matmuls_s(job, t, tp, mlp_linear_names(job.model, job.engine),
+                                        lambda k, n: _matmul(r, t, k, n))
         dense_el = _act_elements(job)
         mlp_s, mlp_el = mean_mlp(job, r, t, ep, dense_mlp, dense_el,
                                   profile_of(job) in KORTHIKANTI)

@@ -91,8 +91,8 @@ def job_baselines(job: Job, micro_batch: int = 1, ckpt: bool | int | str = False
         job.num_gpus, job.gpus_per_node, micro_batch, ckpt, tp).items()}
     if job.model.is_moe:  # the experts sharded as the dense triple; no ZeRO++ (docs/moe.md)
         bl.pop("zeropp", None)
-    elif job.fp8_gathers_all and "zeropp" in bl:  # its gathers are FP8's, not qwZ's
-        bl["zeropp"] = bl["zeropp"].with_(qwz=False)
+    elif job.fp8_gathers_all:  # every sharded gather is FP8 (not qwZ's INT8): written so
+        bl = {k: v.with_(qwz=False, fp8ag=True) if v.s_p > 1 else v for k, v in bl.items()}
     why = {k: w for k, s in bl.items() if (w := engine_runs(job, s)) is not None}
     return {k: s for k, s in bl.items() if k not in why}, why
 

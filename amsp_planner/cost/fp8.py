@@ -147,8 +147,10 @@ def check_training(training, engine: str, arch: str) -> str:
     name = training.fp8_recipe or default_recipe(engine)
     recipe_for(name, engine, arch)
     if training.fp8_all_gather == "on" and not fp8_all_gather_supported(name, engine):
+        fix = ("--engine fsdp2 --fp8-recipe tensorwise (torchtitan 0.3 has no FP8 all-gather)"
+               if engine == "torchtitan" else "--fp8-recipe tensorwise")
         raise AmspUserError(f"--fp8-all-gather on: {engine} gathers FP8 weights with the "
-                            "tensorwise recipe only (torchao); use --fp8-recipe tensorwise or "
+                            f"tensorwise recipe only (torchao); use {fix} or "
                             "--fp8-all-gather off")
     return name
 
@@ -203,6 +205,13 @@ def block_linears(model, engine: str, tp: int = 1) -> list[tuple[str, int, int]]
                 ("linear_fc1", h, 2 * f if gated else f), ("linear_fc2", f, h)]
     mlp = [("w1", h, f), ("w3", h, f), ("w2", f, h)] if gated else [("fc1", h, f), ("fc2", f, h)]
     return [("wq", h, q), ("wk", h, kv), ("wv", h, kv), ("wo", q, h)] + mlp
+
+
+def mlp_linear_names(model, engine: str) -> list[str]:
+    """The names of the block's dense-MLP linears (block_linears' last ones): what a
+    mixture-of-experts layer replaces with its experts, whose grouped GEMMs stay bf16 here."""
+    return [n for n, _, _ in block_linears(model, engine)[-(2 if family_of(engine) == "te"
+                                                             else model.ffn_matrices):]]
 
 
 def fp8_matmuls(model, recipe: str, engine: str, tp: int = 1, auto_filter: bool = False,
@@ -401,26 +410,3 @@ def fp8_all_gather_supported(recipe: str, engine: str) -> bool:
     if family_of(engine) == "te":
         return profile(engine).te_param_gather
     return recipe == "tensorwise"
-
-
-PRICED_NOTE = ("FP8 here: the blocks' linears at their FP8 speed-up with their casts, the "
-               "FP8 tensor-parallel all-gathers, the FSDP/ZeRO all-gathers in FP8 where a "
-               "strategy has fp8ag or --fp8-all-gather is on, and Transformer Engine's FP8 "
-               "saved inputs and cached FP8 weights in memory")
-"""What an FP8 figure covers today (amsp compare prints it beside FP8 rows): keep it true as
-the schedule (FP8 all-gather) and memory wiring land."""
-
-
-def priced_note(engine: str) -> str:
-    """PRICED_NOTE for an engine that runs FP8 matmuls; for the bundled runtime (GATHER_ONLY:
-    FP8 in its parameter all-gathers only) what its FP8 figure covers, and where FP8 matmuls
-    are priced."""
-    if engine not in GATHER_ONLY:
-        return PRICED_NOTE
-    from amsp_planner.engines import ENGINES, runs_as
-
-    ok = [e for e in ENGINES if runs_as(e) in FAMILY]
-    return (f"FP8 on {engine} (the bundled runtime): the FSDP/ZeRO parameter all-gathers only, "
-            "where a strategy has fp8ag or --fp8-all-gather is on; its matmuls stay bf16, so "
-            "a named baseline prices as in bf16 unless --fp8-all-gather on. For FP8 matmuls "
-            f"name the engine that will run the job: --engine {', '.join(ok)}")

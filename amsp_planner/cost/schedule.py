@@ -69,6 +69,11 @@ from collections.abc import Callable
 
 from amsp_planner.ckpt_setting import checkpointed_blocks
 from amsp_planner.cost.fp8 import GATHER_ONLY
+from amsp_planner.cost.fp8_gathers import (  # noqa: F401 - also this module's API
+    fp8_gathers,
+    gathers_fp8,
+    te_param_gathers,
+)
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.module_fetch import regather_fraction
 from amsp_planner.cost.schedule_entry import (
@@ -367,8 +372,10 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
             lambda u: u // s.s_os * gb, per_mb=False)
     q = s.s_os // s.s_p
     if q > 1:
-        add("update", "all_gather", "P_update", q, s.s_p, pdt, lambda u: u // s.s_p * pb,
-            per_mb=False)
+        te = te_param_gathers(job, tp)  # Megatron's --fp8-param-gather: the updated FP8 weights
+        add("update", "all_gather", "P_update", q, s.s_p, "fp8" if te else pdt,
+            lambda u: u // s.s_p * pb, per_mb=False,
+            by=te and tuple(g.gather_bytes / s.s_p for g in te))
     if fp8:  # the amax all-reduce (MAX) of the FP8 weights, once per step after the update
         add("update", "all_reduce", "P", s.s_p, 1, "fp32", None, per_mb=False,
             by=tuple(g.amax_allreduce_bytes for g in fp8))
@@ -377,31 +384,6 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
     if job.num_gpus > 1:
         out.append(_world_entry(job))
     return tuple(out)
-
-
-def gathers_fp8(job: Job, s: Strategy) -> bool:
-    """Whether `s` gathers its parameters in FP8: s_P > 1 and ``fp8ag``, or ``--fp8-all-gather
-    on`` (every gather in FP8: a strategy written without ``fp8ag``, a named baseline)."""
-    t = job.training
-    return s.s_p > 1 and (s.fp8ag or t.precision == "fp8" and t.fp8_all_gather == "on"
-                          and not job.model.is_moe)
-
-
-def fp8_gathers(job: Job, tp: int = 1):
-    """The FP8 all-gather of one unit of each class (``cost/fp8_bytes.py: unit_gathers``);
-    a user error without ``--precision fp8``."""
-    from amsp_planner.cost.fp8_bytes import unit_gathers
-    from amsp_planner.errors import AmspUserError
-
-    if job.training.precision != "fp8" or job.model.is_moe:
-        raise AmspUserError("--strategy fp8ag: the FP8 all-gather needs --precision fp8 (and a "
-                            "dense model): give --precision fp8, or drop fp8ag")
-    out = unit_gathers(job, unit_elements(job, tp), tp)
-    if job.training.fp8_all_gather == "off" or not out[1].fp8:
-        raise AmspUserError("--strategy fp8ag: this job does not gather FP8 weights "
-                            "(--fp8-all-gather off, or a recipe other than tensorwise): drop "
-                            "fp8ag, or give --fp8-recipe tensorwise --fp8-all-gather auto")
-    return out
 
 
 def _world_entry(job: Job) -> ScheduleEntry:  # every GPU: the TP ranks' grad-norm parts too

@@ -36,7 +36,9 @@ consecutive ranks of one node, the plan's layout); ``apply`` first calls ``paral
 on the "tp" dimension with the Megatron-style plan torchtitan's Llama uses (QKV and the MLP's
 gate/up ``ColwiseParallel``, the output projection and down ``RowwiseParallel`` with sequence-
 sharded outputs, the norms ``SequenceParallel``, the attention and MLP inputs gathered by
-``PrepareModuleInput``), then ``fully_shard`` on the (replicate, shard) dimensions. Module names
+``PrepareModuleInput``; in a tensorwise FP8 plan torchao's ``Float8ColwiseParallel``,
+``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput``, whose all-gathers move FP8 as the
+plan prices them), then ``fully_shard`` on the (replicate, shard) dimensions. Module names
 of torchtitan's Llama (wq/wk/wv/wo, w1/w2/w3, attention_norm/ffn_norm) and of Hugging Face's
 (q_proj/.../down_proj, input_layernorm/post_attention_layernorm) are recognised; the attention
 must reshape with -1 heads (torchtitan's does) so that it runs on its a/T local heads.
@@ -308,6 +310,12 @@ def tp_plan(block) -> dict:
         SequenceParallel,
     )
 
+    if globals().get("FP8_RECIPE") == "tensorwise":  # the plan's FP8 TP all-gathers (torchao)
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel as ColwiseParallel,
+            Float8RowwiseParallel as RowwiseParallel,
+            PrepareFloat8ModuleInput as PrepareModuleInput,
+        )
     plan = {}
     for name, _ in block.named_modules():
         leaf = name.rsplit(".", 1)[-1]

@@ -176,6 +176,10 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
         if s.s_p < job.num_gpus // s.tp and job.n_micro(s) > 1:
             out.append("torchtitan all-reduces HSDP replicas on every micro-batch; the plan "
                        "prices one all-reduce per step")
+        if job.training.precision == "fp8" and not job.training.compile:
+            out.append("FP8 runs compiled here (--compile.enable: torchao's casts fused, as the "
+                       "published FP8 speed-ups were measured); the plan was priced eager: "
+                       "re-plan with --compile for the step this runs")
         return out
 
     return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)

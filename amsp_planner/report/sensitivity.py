@@ -26,7 +26,7 @@ def _diff(a, b) -> str:
     for c, name in (("p", "P"), ("g", "G"), ("os", "OS")):
         if a.factor(c) != b.factor(c):
             out.append(f"{name} {a.factor(c)}->{b.factor(c)}")
-    for field, name in (("qwz", "qwZ"), ("qgz", "qgZ")):
+    for field, name in (("qwz", "qwZ"), ("qgz", "qgZ"), ("fp8ag", "FP8 all-gather")):
         if getattr(a, field) != getattr(b, field):
             out.append(f"{name} {'on' if getattr(b, field) else 'off'}")
     if a.ckpt_value != b.ckpt_value:
@@ -44,6 +44,9 @@ def _diff(a, b) -> str:
         for c, name in (("p", "P"), ("g", "G"), ("os", "OS")):
             if a.expert_factor(c) != b.expert_factor(c):
                 out.append(f"expert {name} {a.expert_factor(c)}->{b.expert_factor(c)}")
+    for field, name in (("cp", "cp"), ("pp", "pp"), ("vpp", "vpp")):
+        if getattr(a, field, 1) != getattr(b, field, 1):
+            out.append(f"{name} {getattr(a, field, 1)}->{getattr(b, field, 1)}")
     return ", ".join(out) or "same sharding"
 
 

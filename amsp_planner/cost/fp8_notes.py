@@ -1,0 +1,52 @@
+"""What an FP8 figure covers, in words: the labels and notes amsp plan and amsp compare print
+beside FP8 numbers (docs/fp8.md). No torch."""
+
+from __future__ import annotations
+
+from amsp_planner.cost.fp8 import FAMILY, GATHER_ONLY, default_recipe, family_of
+from amsp_planner.cost.fp8_casts import TE_FP8_GATHERS
+
+
+def precision_label(job) -> str:
+    """'fp8 (tensorwise)' for an FP8 job (the recipe --fp8-recipe auto resolves to), else its
+    precision."""
+    t = job.training
+    if t.precision != "fp8":
+        return t.precision
+    return f"fp8 ({t.fp8_recipe or default_recipe(job.engine)})"
+
+
+MOE_NOTE = ("; of a mixture of experts, the attention's linears and any dense layers' MLP "
+            "(its experts' grouped GEMMs and gathers stay bf16: FP8 experts are not modelled)")
+
+
+def priced_note(engine: str, moe: bool = False, recipe: str | None = None) -> str:
+    """What an FP8 figure of `engine` covers (amsp compare and plan print it beside FP8
+    numbers), by the engine's FP8 family and `recipe` (default: the engine's), with a mixture
+    of experts' limits; for the bundled runtime (GATHER_ONLY: FP8 in its parameter all-gathers
+    only), where FP8 matmuls are priced. Keep it true as the pricing changes."""
+    from amsp_planner.engines import ENGINES, runs_as
+
+    if engine in GATHER_ONLY:
+        ok = [e for e in ENGINES if runs_as(e) in FAMILY]
+        return (f"FP8 on {engine} (the bundled runtime): the FSDP/ZeRO parameter all-gathers "
+                "only, where a strategy has fp8ag or --fp8-all-gather is on; its matmuls stay "
+                "bf16, so a named baseline prices as in bf16 unless --fp8-all-gather on. For FP8 "
+                f"matmuls name the engine that will run the job: --engine {', '.join(ok)}")
+    r = recipe or default_recipe(engine)
+    lin = ("the blocks' linears at their FP8 speed-up with their casts (the LM head and the "
+           "embedding bf16)")
+    if family_of(engine) == "te":
+        out = (f"FP8 here (Transformer Engine, {r}): {lin}, each weight cast once per step, "
+               + ("the tensor-parallel all-gathers in FP8 under sequence parallelism, "
+                  if r in TE_FP8_GATHERS else "")
+               + "the distributed optimizer's parameter all-gathers in FP8 with --fp8-all-gather "
+               "on, and TE's FP8 saved inputs and cached FP8 weights in memory")
+    elif r == "tensorwise":
+        out = (f"FP8 here (torchao, tensorwise): {lin}, the tensor-parallel all-gathers in FP8, "
+               "and the FSDP all-gathers in FP8 where a strategy has fp8ag or --fp8-all-gather "
+               "is on")
+    else:
+        out = (f"FP8 here (torchao, {r}): {lin}; every collective in bf16 (torchao gathers "
+               f"{r} weights and activations in bf16)")
+    return out + (MOE_NOTE if moe else "")
