@@ -303,3 +303,21 @@ VERSIONS["nemo@24.03.01"] = {
                 "bias_dropout_add_fusion false -> true only)",
                 *VERSIONS["nemo@24.07"]["sources"]),
 }
+
+# NeMo 24.12 (source dgxc-benchmarking): NVIDIA/dgxc-benchmarking at 8f5cbb37 (v25.02) runs
+# nvcr.io/nvidia/nemo:24.12 with its own NeMo-Launcher-style configs (llama3.1/llama3.1_*.yaml,
+# nemo_megatron/gpt3_175b_hydra.yaml, nemotron/nemotron4-15b-synth.yaml) through
+# examples/nlp/language_modeling/megatron_gpt_pretraining.py: mcore_gpt, transformer_engine,
+# optim distributed_fused_adam with overlap_grad_sync / overlap_param_sync and grad_sync_dtype
+# bf16 (the 15B: mcore_distributed_optim [inf: priced as the same sharded optimizer]), the
+# fusions of 24.07; FP8 runs add fp8, fp8_hybrid and +model.fp8_params (configure.sh): the rows'
+# fp8_all_gather on. The settings the nemo@24.07 profile reads are those of these configs.
+VERSIONS["nemo@24.12"] = {
+    **VERSIONS["nemo@24.07"],
+    "title": "NeMo 24.12 (Megatron-Core)",
+    "sources": ("github.com/NVIDIA/dgxc-benchmarking 8f5cbb37 (v25.02): llama3.1/*.yaml, "
+                "nemo_megatron/gpt3_175b_hydra.yaml, nemotron/nemotron4-15b-synth.yaml and "
+                "each configure.sh (the container nvcr.io/nvidia/nemo:24.12, setup.sh): the "
+                "settings of nemo@24.07",
+                *VERSIONS["nemo@24.07"]["sources"]),
+}

@@ -23,10 +23,10 @@ OLD = "deepspeed@0.3.14"
 
 # ----- the values against their sources -------------------------------------------------------
 def test_versioned_profiles_are_priced_only_for_published_runs():
-    # the others: tests/test_nemo_rows.py, tests/test_bridge_rows.py
+    # the others: tests/test_nemo_rows.py, tests/test_bridge_rows.py, tests/test_dgxc_rows.py
     assert VERSIONED == (OLD, "nemo@24.07", *(f"megatron-bridge@{v}" for v in (
         "0.2.0", "0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.5.0")), "torchtitan@0.1.0",
-        "fsdp@1.13.1", "fsdp@2.0.0", "nemo@24.03.01")
+        "fsdp@1.13.1", "fsdp@2.0.0", "nemo@24.03.01", "nemo@24.12")
     from amsp_planner.validation import load_rows
 
     named = {f"{r['engine']}@{r['engine_version']}" for r in load_rows()["rows"]
