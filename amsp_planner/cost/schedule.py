@@ -377,8 +377,10 @@ def build_schedule(job: Job, s: Strategy, n_micro: int | None = None,
             lambda u: u // s.s_p * pb, per_mb=False,
             by=te and tuple(g.gather_bytes / s.s_p for g in te))
     if fp8:  # the amax all-reduce (MAX) of the FP8 weights, once per step after the update
-        add("update", "all_reduce", "P", s.s_p, 1, "fp32", None, per_mb=False,
-            by=tuple(g.amax_allreduce_bytes for g in fp8))
+        amax = tuple(g.amax_allreduce_bytes for g in fp8)
+        if job.engine not in GATHER_ONLY:  # torchao's precompute: one call for every amax
+            amax = (amax[0] + job.model.num_layers * amax[1] + amax[2], 0, 0)
+        add("update", "all_reduce", "P", s.s_p, 1, "fp32", None, per_mb=False, by=amax)
     if tp > 1 and tensor_parallel:
         out.extend(tp_entries(job, tp, s.micro_batch, s.ckpt_value, n_micro))
     if job.num_gpus > 1:
