@@ -390,11 +390,11 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
     if t.precision == "fp8":
         from amsp_planner.cost.fp8 import check_training
 
-        if check_training(t, engine, c.gpu.arch) == "tensorwise" and engine == "torchtitan":
-            note("--fp8-recipe tensorwise: torchtitan 0.3 runs rowwise only (its "
-                 "Float8LinearConverter); priced as torchtitan ran torchao's tensorwise before "
-                 "6348d93, so amsp export --to torchtitan refuses this plan: give --fp8-recipe "
-                 "rowwise, or --engine fsdp2 for torchao's tensorwise", "warning")
+        t = t.model_copy(update={"fp8_recipe": check_training(t, engine, c.gpu.arch)})
+        if t.fp8_recipe == "tensorwise" and engine == "torchtitan":  # the plan names its recipe
+            note("--fp8-recipe tensorwise: torchtitan 0.3 runs rowwise only; priced as torchtitan "
+                 "ran torchao's tensorwise before 6348d93, so amsp export --to torchtitan refuses "
+                 "this plan: give --fp8-recipe rowwise, or --engine fsdp2", "warning")
         if m.is_moe and t.fp8_all_gather == "on":
             raise AmspUserError(f"--fp8-all-gather on: {m.name} is a mixture of experts, whose "
                                 "FP8 gathers are not modelled: use --fp8-all-gather auto or off")
