@@ -111,3 +111,16 @@ def test_plan_on_the_bundled_runtime_says_its_fp8_is_the_gathers_only(tmp_path):
     code, out, err = run_cli(argv[:-2] + ["--engine", "torchtitan", "-o", str(tmp_path / "t.json")])
     assert code == 0, err
     assert "bundled runtime" not in out + err
+
+
+@pytest.mark.parametrize("engine,recipe", [("torchtitan", "rowwise"), ("megatron", "delayed")])
+def test_an_fp8_plan_names_the_recipe_auto_resolved_to(tmp_path, engine, recipe):
+    # the engines' defaults (docs/fp8.md): torchtitan's Float8LinearConverter, Megatron's
+    # TransformerConfig; written into the file and the header, so the plan reads the same later
+    out = tmp_path / "p.json"
+    code, text, err = run_cli(["plan", "--model", "llama3-8b", "--gpus", "64", "--cluster",
+                               "dgx-h100-ndr", "--engine", engine, "--precision", "fp8",
+                               "-o", str(out)])
+    assert code == 0, err
+    assert json.loads(out.read_text())["inputs"]["training"]["fp8_recipe"] == recipe
+    assert f"fp8 ({recipe})" in text.splitlines()[0]
