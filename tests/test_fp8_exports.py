@@ -178,3 +178,32 @@ def test_fsdp2_tp_plan_gathers_fp8_where_the_plan_prices_fp8_tp_gathers(monkeypa
         assert kinds == {"attention": "PrepareModuleInput", "attention.wq": "ColwiseParallel",
                          "attention.wo": "RowwiseParallel", "attention_norm": "SequenceParallel"}
         assert not made
+
+
+def test_fsdp2_tp_input_layouts_follow_the_attention_signature():
+    # torchtitan (v0.2.2) calls attention(x, freqs_cis, attention_masks, positions): one layout
+    # per positional input, only x gathered; Hugging Face calls self_attn(hidden_states=...):
+    # the keyword's layout; an MLP takes x alone
+    nn = pytest.importorskip("torch.nn")
+    job = _job("fsdp2", "rowwise", "off")
+    mod = load_module(export("fsdp2", job, Strategy.parse("tp=2,p=32,g=32,os=32,mb=1")).text)
+
+    class Titan(nn.Module):
+        def forward(self, x, freqs_cis, attention_masks, positions=None):
+            return x
+
+    class HF(nn.Module):
+        def forward(self, hidden_states, position_embeddings, attention_mask, **kwargs):
+            return hidden_states
+
+    class MLP(nn.Module):
+        def forward(self, x):
+            return x
+
+    assert mod.input_layouts(Titan(), "S", "R") == {
+        "input_layouts": ("S", None, None, None), "desired_input_layouts": ("R", None, None, None)}
+    assert mod.input_layouts(HF(), "S", "R") == {
+        "input_kwarg_layouts": {"hidden_states": "S"},
+        "desired_input_kwarg_layouts": {"hidden_states": "R"}}
+    assert mod.input_layouts(MLP(), "S", "R") == {"input_layouts": ("S",),
+                                                   "desired_input_layouts": ("R",)}

@@ -36,7 +36,8 @@ consecutive ranks of one node, the plan's layout); ``apply`` first calls ``paral
 on the "tp" dimension with the Megatron-style plan torchtitan's Llama uses (QKV and the MLP's
 gate/up ``ColwiseParallel``, the output projection and down ``RowwiseParallel`` with sequence-
 sharded outputs, the norms ``SequenceParallel``, the attention and MLP inputs gathered by
-``PrepareModuleInput``; in a tensorwise FP8 plan torchao's ``Float8ColwiseParallel``,
+``PrepareModuleInput``: the first input only, positionally or as Hugging Face's
+``hidden_states`` keyword, after the module's forward signature (``input_layouts``); in a tensorwise FP8 plan torchao's ``Float8ColwiseParallel``,
 ``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput``, whose all-gathers move FP8 as the
 plan prices them), then ``fully_shard`` on the (replicate, shard) dimensions. Module names
 of torchtitan's Llama (wq/wk/wv/wo, w1/w2/w3, attention_norm/ffn_norm) and of Hugging Face's
@@ -317,7 +318,7 @@ def tp_plan(block) -> dict:
             PrepareFloat8ModuleInput as PrepareModuleInput,
         )
     plan = {}
-    for name, _ in block.named_modules():
+    for name, module in block.named_modules():
         leaf = name.rsplit(".", 1)[-1]
         if leaf in COLWISE:
             plan[name] = ColwiseParallel()
@@ -326,9 +327,24 @@ def tp_plan(block) -> dict:
         elif leaf in NORMS:
             plan[name] = SequenceParallel()
         elif leaf in INPUTS and name.count(".") == 0:
-            plan[name] = PrepareModuleInput(input_layouts=(Shard(1),),
-                                            desired_input_layouts=(Replicate(),))
+            plan[name] = PrepareModuleInput(**input_layouts(module, Shard(1), Replicate()))
     return plan
+
+
+def input_layouts(module, shard, whole) -> dict:
+    """PrepareModuleInput's layouts for an attention or MLP module: its first input (x, or
+    Hugging Face's hidden_states, passed by keyword) gathered from the sequence shards, the
+    others (RoPE tables, masks, positions: torchtitan passes them positionally) left alone."""
+    import inspect
+
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = [p for p in inspect.signature(module.forward).parameters.values()
+              if p.kind in kinds]
+    if params and params[0].name == "hidden_states":
+        return {"input_kwarg_layouts": {"hidden_states": shard},
+                "desired_input_kwarg_layouts": {"hidden_states": whole}}
+    rest = (None,) * max(0, len(params) - 1)
+    return {"input_layouts": (shard, *rest), "desired_input_layouts": (whole, *rest)}
 
 
 def apply(model, world_mesh=None, *, blocks=None, strict: bool = True):

@@ -62,15 +62,31 @@ def _TinyTP(layers: int = 2):
         def forward(self, x):
             return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
 
-    class Block(torch.nn.Module):
-        """A torchtitan-named MLP block (ffn_norm, feed_forward.w1/w2/w3)."""
+    class Attention(torch.nn.Module):
+        """torchtitan's attention signature (v0.2.2: x, freqs_cis, attention_masks,
+        positions) around its four linears; heads mixed elementwise, so a TP rank's shard
+        computes on its own."""
 
         def __init__(self):
             super().__init__()
+            self.wq, self.wk, self.wv = (torch.nn.Linear(16, 16, bias=False) for _ in range(3))
+            self.wo = torch.nn.Linear(16, 16, bias=False)
+
+        def forward(self, x, freqs_cis, attention_masks, positions=None):
+            return self.wo(self.wq(x) * torch.sigmoid(self.wk(x)) + self.wv(x) * freqs_cis)
+
+    class Block(torch.nn.Module):
+        """A torchtitan-named block (attention_norm, attention.wq/wk/wv/wo, ffn_norm,
+        feed_forward.w1/w2/w3)."""
+
+        def __init__(self):
+            super().__init__()
+            self.attention_norm, self.attention = torch.nn.RMSNorm(16), Attention()
             self.ffn_norm, self.feed_forward = torch.nn.RMSNorm(16), FeedForward()
 
         def forward(self, x):
-            return x + self.feed_forward(self.ffn_norm(x))
+            h = x + self.attention(self.attention_norm(x), 1.0, None, None)
+            return h + self.feed_forward(self.ffn_norm(h))
 
     class Tiny(torch.nn.Module):
         def __init__(self):
