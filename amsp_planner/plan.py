@@ -91,7 +91,7 @@ def build_doc(job: Job, best: Evaluation, *, runners_up: list[Evaluation] = (),
     dec = decision(best, job.gpus_per_node, job.num_gpus)
     doc = {
         "format": FORMAT,
-        "version": plan_version(dec),
+        "version": plan_version(dec, job.training.precision == "fp8"),
         "inputs": {
             **specs,
             "num_gpus": job.num_gpus,
@@ -267,10 +267,12 @@ def _derive(raw: dict, doc: PlanDoc, job: Job, source: str) -> tuple[Strategy, E
         got.pop("tp", None)
     basis = f"field 'decision.strategy' = '{dec.strategy}' gives {{}}"
     _refuse_difference(got, want, "decision", basis, source)
-    if raw["version"] != plan_version(want):
+    v = plan_version(want, job.training.precision == "fp8")
+    if raw["version"] != v:
         raise AmspUserError(
             f"{source}: field 'version' is {raw['version']}, but a plan of decision.strategy "
-            f"'{dec.strategy}' is version {plan_version(want)}: regenerate it with amsp plan")
+            f"'{dec.strategy}' in {job.training.precision} is version {v}: regenerate it with "
+            "amsp plan")
     return strategy, ev
 
 
@@ -312,6 +314,9 @@ def _check_given(given: str, job: Job, strategy: Strategy, source: str) -> None:
         g = parse_strategy_or_baseline(given, job.num_gpus, job.gpus_per_node)
     except AmspUserError as e:
         raise AmspUserError(f"{source}: field 'inputs.search.given_strategy': {e}") from None
+    from amsp_planner.cost.evaluate import as_priced
+
+    g = as_priced(job, g)  # --fp8-all-gather on writes fp8ag into it (amsp plan)
     if str(g.with_(grad_accum=None)) != str(strategy.with_(grad_accum=None)):
         raise AmspUserError(
             f"{source}: field 'decision.strategy' is '{strategy.with_(grad_accum=None)}', but "

@@ -49,8 +49,11 @@ def pipeline_decision(s: Strategy) -> dict:
     return {"pp": s.pp, "vpp": s.vpp, "schedule": schedule_of(s.pp, s.vpp, s.pp_sched)}
 
 
-def plan_version(dec: dict) -> int:
-    """The lowest version that holds a decision (``VERSION``)."""
+def plan_version(dec: dict, fp8: bool = False) -> int:
+    """The lowest version that holds a decision (``VERSION``); `fp8`: the job trains in FP8
+    (``inputs.training.precision`` fp8, its recipe and FP8 all-gather), version 6."""
+    if fp8 or "fp8ag" in dec.get("strategy", "").split(","):
+        return 6
     if dec.get("cp", 1) > 1 or "pipeline" in dec:
         return 5
     if "experts" in dec or dec["ckpt"] == "moe":

@@ -18,7 +18,7 @@ from amsp_planner.specs.model import ModelSpec
 from amsp_planner.specs.training import TrainingSpec
 
 FORMAT = "amsp-plan"
-VERSION = 5
+VERSION = 6
 """The newest version. A plan is written with the lowest version that holds its decision:
 version 1 for checkpointing on or off (``decision.ckpt`` true or false), version 2 when it
 checkpoints the first K blocks (``ckpt``: K) or op-level (``ckpt``: "op"), version 3 when it
@@ -26,8 +26,10 @@ is tensor-parallel (``decision.tp`` > 1, written only then), version 4 when it p
 mixture of experts' routed experts (``decision.experts``, written only then: docs/moe.md) or
 recomputes only the MoE layers' MLP parts (``ckpt``: "moe"), version 5 when it is
 context-parallel (``decision.cp`` > 1, written only then: cost/context_parallel.py) or has
-pipeline stages (``decision.pipeline``, written only then)."""
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
+pipeline stages (``decision.pipeline``, written only then), version 6 when it trains in FP8
+(``inputs.training.precision`` fp8 with its ``fp8_recipe``, ``fp8ag`` in the strategy:
+docs/fp8.md)."""
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 # ----- the document's schema ----------------------------------------------------------------

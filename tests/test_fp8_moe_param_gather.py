@@ -83,3 +83,26 @@ def test_compare_writes_the_fp8_gather_into_the_baselines_it_changes():
     assert code == 0, err
     given = [r for r in json.loads(out)["rows"] if r["name"] == "given"][0]
     assert given["time"]["step_s"] == rows["zero3"]["time"]["step_s"]
+
+
+def test_te_weight_cache_of_a_mixture_of_experts_is_its_attention():
+    # Qwen3-30B-A3B under Megatron, delayed scaling: every layer is MoE, so the cached FP8
+    # weights (row- and column-wise, 2 B per element) are the attention's, by hand:
+    # linear_qkv 2048 x (4096 + 2 x 512), linear_proj 4096 x 2048; 48 layers
+    from amsp_planner.cost.fp8_bytes import te_weight_cache_bytes
+
+    s = Strategy.parse("ep=8,p=1,g=1,os=64,ep.p=1,ep.g=1,ep.os=8,mb=1")
+    job = _job(load_model("qwen3-30b-a3b"), "megatron", precision="fp8", fp8_recipe="delayed")
+    assert te_weight_cache_bytes(job, s) == 2 * 48 * (2048 * 5120 + 4096 * 2048)
+
+
+def test_te_weight_cache_stays_without_the_distributed_optimizer():
+    # --fp8-all-gather on makes the FP8 weights the parameters only where Megatron runs
+    # --fp8-param-gather, which needs the distributed optimizer (s_OS > 1)
+    from amsp_planner.cost.fp8_bytes import te_weight_cache_bytes
+
+    m, fp8 = load_model("llama3-8b"), dict(precision="fp8", fp8_recipe="delayed")
+    off, on = (_job(m, "megatron", **fp8, fp8_all_gather=g) for g in ("off", "on"))
+    ddp, zero1 = Strategy.parse("p=1,g=1,os=1,mb=1"), Strategy.parse("p=1,g=1,os=64,mb=1")
+    assert te_weight_cache_bytes(on, ddp) == te_weight_cache_bytes(off, ddp) > 0
+    assert te_weight_cache_bytes(on, zero1) == 0 < te_weight_cache_bytes(off, zero1)

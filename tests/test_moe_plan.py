@@ -99,3 +99,11 @@ def test_ep_on_a_dense_model_is_refused():
     code, out, err = run_cli(["plan", "--model", "llama-7b", "--gpus", "64", "--ep", "8",
                               "-o", "-"])
     assert_user_error(code, out, err, "--ep 8", "no routed experts")
+
+
+def test_tp_of_a_mixture_of_experts_is_refused_for_what_it_is():
+    # 1024 sequences split over 32 ranks: the batch is not why; TP of an MoE model is not modelled
+    code, out, err = run_cli(["compare", "--model", "qwen3-30b-a3b", "--gpus", "64", "--cluster",
+                              "dgx-h100-ndr", "--tp", "2"])
+    assert_user_error(code, out, err, "--tp 2", "mixture of experts", "not modelled")
+    assert "global batch" not in err

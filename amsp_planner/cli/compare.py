@@ -69,15 +69,21 @@ def precision_lines(by_prec: dict) -> list[str]:
             line += (f"; the same strategy: {lo[1] * 100:+.1f}% ({lo[0]}) to "
                      f"{hi[1] * 100:+.1f}% ({hi[0]})")
         out.append(line)
-    if any(j.training.precision == "fp8" for j, _ in by_prec.values()):
-        from amsp_planner.cost.fp8 import grid_note
-        from amsp_planner.cost.fp8_notes import priced_note
+    return out + fp8_notes([j for j, _ in by_prec.values()])
 
-        f8 = next(j for j, _ in by_prec.values() if j.training.precision == "fp8")
-        out.append(priced_note(f8.engine, f8.model.is_moe, f8.training.fp8_recipe))
-        out += [n for j, _ in by_prec.values() if j.training.precision == "fp8"
-                if (n := grid_note(j))]
-    return out
+
+def fp8_notes(jobs) -> list[str]:
+    """What the FP8 job's figures cover and the grid that prices its linears (none without
+    an FP8 job)."""
+    f8 = [j for j in jobs if j.training.precision == "fp8"]
+    if not f8:
+        return []
+    from amsp_planner.cost.fp8 import grid_note
+    from amsp_planner.cost.fp8_notes import priced_note
+
+    j = f8[0]
+    return [priced_note(j.engine, j.model.is_moe, j.training.fp8_recipe),
+            *(n for n in map(grid_note, f8) if n)]
 
 
 @click.command()
@@ -92,7 +98,7 @@ def precision_lines(by_prec: dict) -> list[str]:
 @format_option
 def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts):
     """Predict memory, bytes and step time of the named baselines for one job."""
-    from amsp_planner.cost.evaluate import engine_runs, evaluate, evaluate_baselines
+    from amsp_planner.cost.evaluate import as_priced, engine_runs, evaluate, evaluate_baselines
     from amsp_planner.solver.space import tp_choices
     from amsp_planner.strategy import parse_strategy_or_baseline
 
@@ -118,8 +124,10 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
     by_prec = {}
     for p, (j, lim) in jobs.items():
         rows = list(evaluate_baselines(j, lim, mb, ckpt, tp).items())
+        mine = [as_priced(j, s if j.training.precision == "fp8" else s.with_(fp8ag=False))
+                for s in given]  # an FP8 gather asked for is the FP8 rows' only
         rows += [("given" if engine_runs(j, s) is None else f"given, not run by {j.engine}",
-                  evaluate(j, s, lim)) for s in given]
+                  evaluate(j, s, lim)) for s in mine]
         if strategy_from is not None:
             rows.append(("ds_config", evaluate(j, ds, lim)))
         by_prec[p] = (j, rows)
@@ -134,7 +142,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
         from amsp_planner.report.tables import fit_hint
 
         hint = fit_hint(job, limit, mb, ckpt, tp)
-    notes = precision_lines(by_prec) if multi else []
+    notes = precision_lines(by_prec) if multi else fp8_notes([job])
     from amsp_planner.cost.fp8_notes import precision_label
     if fmt == "json":
         import json
@@ -147,17 +155,18 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
             "rows": [{"name": n, **e.to_dict()} for n, e in rows],
             "hint": hint,
         }
+        doc["precisions"] = [precision_label(by_prec[p][0]) for p in precision]
+        doc["precision_notes"] = notes
         if multi:
-            doc["precisions"] = [precision_label(by_prec[p][0]) for p in precision]
             doc["rows"] = [{"name": n.rsplit(" ", 1)[0], "precision": n.rsplit(" ", 1)[1],
                             **e.to_dict()} for n, e in rows]
-            doc["precision_notes"] = notes
         click.echo(json.dumps(doc, indent=2))
         return
     from amsp_planner.report.grid import emit
     from amsp_planner.report.tables import compare_grid, inapplicable_line
 
-    prec = (", " + " vs ".join(precision_label(by_prec[p][0]) for p in precision)) if multi else ""
+    prec = (", " + " vs ".join(precision_label(by_prec[p][0]) for p in precision)
+            if multi or t.precision != "bf16" else "")
     title = (f"{job.model.name} ({job.model.num_params / 1e9:.2f}B) on {job.num_gpus} GPUs of "
              f"{job.cluster.name}, {t.batch_tokens:,} tokens/step, seq {t.seq_len}{prec}"
              + (f", tp={tp} x {job.num_gpus // tp} data-parallel ranks" if tp > 1 else ""))

@@ -48,7 +48,10 @@ def plan_command(plan, engine: str) -> str:
             f"--cluster {preset(load_cluster, j.cluster, 'cluster')} --seq-len {t.seq_len} "
             f"--global-batch-seqs {t.batch_seqs}"
             + (f" --memory-limit {limit:g}" if plan.memory_limit != j.cluster.memory_bytes
-               else "") + f" --engine {engine}")
+               else "") + f" --engine {engine}"
+            + (f" --precision fp8 --fp8-recipe {t.fp8_recipe}" if t.precision == "fp8"
+               and t.fp8_recipe else f" --precision {t.precision}" if t.precision != "bf16"
+               else ""))
 
 
 def engine_note(plan, target: str, result) -> str | None:
@@ -63,7 +66,9 @@ def engine_note(plan, target: str, result) -> str | None:
 
     if plan.job.engine == target:
         return None
-    tjob = plan.job.for_engine(target)
+    from amsp_planner.exports.fp8 import pin_recipe
+
+    tjob = pin_recipe(plan.job).for_engine(target)  # an FP8 plan's recipe, not the target's
     pref = Preference.default()
     try:
         own = solve(tjob, plan.memory_limit, runners_up=0, preference=pref).best
@@ -201,6 +206,13 @@ def export(plan_file, target, output, do_check):
     better = engine_note(plan, target, result)
     if better:
         lines.append(f"  note: {better}")
+    from amsp_planner.cost.fp8 import GATHER_ONLY
+
+    t = plan.job.training
+    if t.precision == "fp8" and plan.job.engine in GATHER_ONLY and target not in GATHER_ONLY:
+        lines.append(f"  note: the plan priced its matmuls in bf16 ({plan.job.engine}'s FP8 is its "
+                     f"all-gathers); {target} runs the blocks' linears in FP8 "
+                     f"({t.fp8_recipe or 'tensorwise'}), which the costs above price")
     if do_check:
         lines.append(run_check(target, result, plan.job))
     if output is None:

@@ -389,15 +389,11 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
         raise AmspUserError(training_error(e)) from None
     if t.precision == "fp8":
         from amsp_planner.cost.fp8 import check_training
+        from amsp_planner.cost.fp8_notes import export_warning
 
         t = t.model_copy(update={"fp8_recipe": check_training(t, engine, c.gpu.arch)})
-        if t.fp8_recipe == "tensorwise" and engine == "torchtitan":  # the plan names its recipe
-            note("--fp8-recipe tensorwise: torchtitan 0.3 runs rowwise only; priced as torchtitan "
-                 "ran torchao's tensorwise before 6348d93, so amsp export --to torchtitan refuses "
-                 "this plan: give --fp8-recipe rowwise, or --engine fsdp2", "warning")
-        if m.is_moe and t.fp8_all_gather == "on":
-            raise AmspUserError(f"--fp8-all-gather on: {m.name} is a mixture of experts, whose "
-                                "FP8 gathers are not modelled: use --fp8-all-gather auto or off")
+        if said := export_warning(engine, t.fp8_recipe):  # the plan names its recipe
+            note(said, "warning")
     warn_seq_len(m, seq_len)
     c, split = Job.fit_nodes(c, gpus)
     if split:

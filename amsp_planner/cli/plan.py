@@ -84,6 +84,7 @@ def _import_output(fmt: str) -> None:
 def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, runners_up, output,
           fmt, as_json, wide, headroom, quantization, tie_band, prefer, tp, ep, pp, **opts):
     from amsp_planner.cost.evaluate import (
+        as_priced,
         best_baseline,
         engine_runs,
         evaluate,
@@ -149,6 +150,7 @@ def _plan(strategy, strategy_from, objective, solver, time_limit, no_zeropp, run
         if s.grad_accum is not None:  # checked against the batch, then the job's to derive:
             job.n_micro(s)  # the plan file writes the accumulation in decision.grad_accum
             s = s.with_(grad_accum=None)
+        s = as_priced(job, s)  # --fp8-all-gather on: written with its fp8ag
         best = evaluate(job, s, limit)
         why = engine_runs(job, s)
         if why:

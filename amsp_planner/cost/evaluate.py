@@ -81,6 +81,14 @@ def engine_runs(job: Job, s: Strategy) -> str | None:
     return None
 
 
+def as_priced(job: Job, s: Strategy) -> Strategy:
+    """`s` written as the job prices it: with ``--fp8-all-gather on`` every sharded parameter
+    gather is FP8, so a strategy with s_P > 1 carries ``fp8ag`` (its string then reproduces
+    the row)."""
+    on = job.fp8_gathers_all and s.s_p > 1 and not (s.fp8ag or s.qwz)  # qwz: Job.check refuses
+    return s.with_(fp8ag=True) if on else s
+
+
 def job_baselines(job: Job, micro_batch: int = 1, ckpt: bool | int | str = False, tp: int = 1,
                   cp: int = 1) -> tuple[dict[str, Strategy], dict[str, str]]:
     """The named baselines of the job (same micro-batch, checkpointing, tensor- and
@@ -92,7 +100,7 @@ def job_baselines(job: Job, micro_batch: int = 1, ckpt: bool | int | str = False
     if job.model.is_moe:  # the experts sharded as the dense triple; no ZeRO++ (docs/moe.md)
         bl.pop("zeropp", None)
     elif job.fp8_gathers_all:  # every sharded gather is FP8 (not qwZ's INT8): written so
-        bl = {k: v.with_(qwz=False, fp8ag=True) if v.s_p > 1 else v for k, v in bl.items()}
+        bl = {k: as_priced(job, v.with_(qwz=False)) for k, v in bl.items()}
     why = {k: w for k, s in bl.items() if (w := engine_runs(job, s)) is not None}
     return {k: s for k, s in bl.items() if k not in why}, why
 

@@ -12,6 +12,7 @@ from amsp_planner.cost.fp8 import (
     family_of,
     fp8_all_gather_supported,
     fp8_matmuls,
+    mlp_linear_names,
     recipe_for,
 )
 from amsp_planner.cost.fp8_casts import TE_FP8_GATHERS, scale_count
@@ -124,12 +125,20 @@ def te_weight_cache_bytes(job, s) -> float:
     micro-batch writes it, the others reuse it: cost/fp8.py ``weight_casts_shared``). With FP8
     primary weights (``--fp8-all-gather on``: Megatron's --fp8-param-gather) the parameter is
     the FP8 row-wise copy and its transpose the column-wise one, 1 + 1 bytes per element in
-    place of the 2 of the bf16 parameter the memory model counts: nothing is added."""
+    place of the 2 of the bf16 parameter the memory model counts: nothing is added; that needs
+    the distributed optimizer (s_OS > 1: Megatron refuses --fp8-param-gather without it). A
+    mixture of experts caches its attention's FP8 weights in every layer and the dense MLP's
+    in its dense layers only (its experts stay bf16 here)."""
     recipe = _te_recipe(job)
-    if recipe is None or job.training.fp8_all_gather == "on":
+    if recipe is None or job.training.fp8_all_gather == "on" and s.s_os > 1:
         return 0.0
-    f = fp8_matmuls(job.model, recipe, job.engine, s.tp)
-    return weight_copy_bytes(recipe, job.engine, f.fp8_params_per_block) * job.model.num_layers
+    m = job.model
+    lin = [x for x in fp8_matmuls(m, recipe, job.engine, s.tp).block if x.fp8]
+    mlp = set(mlp_linear_names(m, job.engine))
+    per = {k: sum(x.k * x.n for x in lin if (x.name in mlp) == k) for k in (False, True)}
+    mlp_layers = m.num_layers - m.num_moe_layers if m.is_moe else m.num_layers
+    return weight_copy_bytes(recipe, job.engine,
+                             per[False] * m.num_layers + per[True] * mlp_layers)
 
 
 def te_saved_input_saving(job) -> float:

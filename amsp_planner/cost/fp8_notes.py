@@ -7,6 +7,20 @@ from amsp_planner.cost.fp8 import FAMILY, GATHER_ONLY, default_recipe, family_of
 from amsp_planner.cost.fp8_casts import TE_FP8_GATHERS
 
 
+def export_warning(engine: str, recipe: str) -> str | None:
+    """A warning where the engine's FP8 plan of `recipe` is priced but its export refuses it
+    (exports/fp8.py ``refuse``): torchtitan 0.3 runs rowwise (and MX) only; the FSDP2 module
+    converts with torchao's Float8LinearConfig, tensorwise or rowwise."""
+    if engine == "torchtitan" and recipe == "tensorwise":
+        return ("--fp8-recipe tensorwise: torchtitan 0.3 runs rowwise only; priced as torchtitan "
+                "ran torchao's tensorwise before 6348d93, so amsp export --to torchtitan refuses "
+                "this plan: give --fp8-recipe rowwise, or --engine fsdp2")
+    if engine == "fsdp2" and recipe not in ("tensorwise", "rowwise"):
+        return (f"--fp8-recipe {recipe}: priced, but amsp export --to fsdp2 converts with "
+                "torchao's Float8LinearConfig (tensorwise or rowwise) only and refuses this plan")
+    return None
+
+
 def precision_label(job) -> str:
     """'fp8 (tensorwise)' for an FP8 job (the recipe --fp8-recipe auto resolves to), else its
     precision."""
@@ -40,12 +54,13 @@ def priced_note(engine: str, moe: bool = False, recipe: str | None = None) -> st
         out = (f"FP8 here (Transformer Engine, {r}): {lin}, each weight cast once per step, "
                + ("the tensor-parallel all-gathers in FP8 under sequence parallelism, "
                   if r in TE_FP8_GATHERS else "")
-               + "the distributed optimizer's parameter all-gathers in FP8 with --fp8-all-gather "
-               "on, and TE's FP8 saved inputs and cached FP8 weights in memory")
+               + ("" if moe else "the distributed optimizer's parameter all-gathers in FP8 "
+                  "with --fp8-all-gather on (its FP8 weights then the parameters), ")
+               + "and TE's FP8 saved inputs and cached FP8 weights in memory")
     elif r == "tensorwise":
-        out = (f"FP8 here (torchao, tensorwise): {lin}, the tensor-parallel all-gathers in FP8, "
-               "and the FSDP all-gathers in FP8 where a strategy has fp8ag or --fp8-all-gather "
-               "is on")
+        out = (f"FP8 here (torchao, tensorwise): {lin}, the tensor-parallel all-gathers in FP8"
+               + ("" if moe else ", and the FSDP all-gathers in FP8 where a strategy has fp8ag "
+                  "or --fp8-all-gather is on"))
     else:
         out = (f"FP8 here (torchao, {r}): {lin}; every collective in bf16 (torchao gathers "
                f"{r} weights and activations in bf16)")

@@ -128,6 +128,10 @@ class Job:
         given strategy's): the global batch must split over the data-parallel ranks of one
         stage, N / (pp x cp x tp), not over all GPUs."""
         training = profile(engine).training_for(training)
+        if model.is_moe and training.precision == "fp8" and training.fp8_all_gather == "on":
+            raise AmspUserError(f"--fp8-all-gather on: {model.name} is a mixture of experts, "
+                                "whose FP8 gathers are not modelled: use --fp8-all-gather auto "
+                                "or off")
         if training.optimizer_offload == "cpu":
             _check_offload(model, cluster, engine)
         if training.dp_overlap:

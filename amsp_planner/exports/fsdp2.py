@@ -411,6 +411,8 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
         if s.hpz > 1:
             out.append("reshard_after_forward=int frees the in-node copy after backward (ZeRO++ "
                        "keeps it); memory peaks at the same point")
+        if job.training.compile:
+            out.append("priced compiled (--compile): torch.compile the blocks, as the plan does")
         return out
 
     return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)

@@ -178,8 +178,9 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
                        "prices one all-reduce per step")
         if job.training.precision == "fp8" and not job.training.compile:
             out.append("FP8 runs compiled here (--compile.enable: torchao's casts fused, as the "
-                       "published FP8 speed-ups were measured); the plan was priced eager: "
-                       "re-plan with --compile for the step this runs")
+                       "published FP8 speed-ups were measured); the plan was priced without "
+                       "--compile (its elementwise kernels eager): re-plan with --compile for "
+                       "the step this runs")
         return out
 
     return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)

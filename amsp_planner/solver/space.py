@@ -374,8 +374,7 @@ def fp8_spaces(job: Job, spaces: list[SearchSpace]) -> list[SearchSpace]:
 
 
 def tp_choices(job: Job, pinned: int | None, auto: bool = True) -> tuple[int, ...]:
-    """The tensor-parallel degrees to search: ``Job.tp_options``, or the one pinned (checked
-    against them, with the fix in one line)."""
+    """The TP degrees to search: ``Job.tp_options``, or the one pinned (checked, its fix)."""
     opts = job.tp_options()
     if pinned is None:
         return opts or (1,)
@@ -390,6 +389,8 @@ def tp_choices(job: Job, pinned: int | None, auto: bool = True) -> tuple[int, ..
                f"heads of {m.name}")
     elif not job.profile.tp:
         why = f"{job.profile.title} does not run it ({job.profile.tp_note})"
+    elif m.is_moe:
+        why = f"tensor parallelism of a mixture of experts ({m.name}) is not modelled (docs/moe.md)"
     else:
         why = (f"the global batch of {job.training.batch_seqs} sequences is not a multiple of "
                f"{job.num_gpus // pinned} (its data-parallel ranks), so a rank would hold part "

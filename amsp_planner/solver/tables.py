@@ -118,8 +118,9 @@ class Tables:
     """G factor -> GiB of qgZ's all-to-all buffers beyond its communicators."""
     fixed: float = 0.0
     """GiB of tensors every strategy of the space holds whatever its factors and activation
-    option (Transformer Engine's FP8 weight cache at the space's TP degree: cost/memory.py
-    ``fp8_cache``); fragmentation applies to it as to the others."""
+    option (Transformer Engine's FP8 weight cache at the space's TP degree, cost/memory.py
+    ``fp8_cache``: its smallest over the OS factors, the rest in ``mem_o``); fragmentation
+    applies to it as to the others."""
     time_unit: float = 1.0
     """Seconds per model time unit."""
     krange: dict | None = None
@@ -298,7 +299,13 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     tables = Tables(ag, agq, ka, kq, hpz, khz, rs, krs, qg, kg, osrs, ar, upd, metrics / unit, fwd, bwd, nn,
                      mem_p, mem_g, mem_o, mem_h, buf_ag, buf_agq, buf_gr, buf_grq, perm, step_buf,
                      act, opt)
-    tables.fixed = fp8_cache(job, _Strategy(tp=tp)) / GIB
+    # Transformer Engine's FP8 weight cache: the same for every strategy of the TP space but
+    # where --fp8-all-gather on drops it with the distributed optimizer (s_OS > 1): the
+    # smallest is fixed, the rest rides on the OS factor
+    cache = {o: fp8_cache(job, _Strategy(tp=tp, s_os=o)) / GIB for o in F}
+    tables.fixed = min(cache.values(), default=0.0)
+    for o in F:
+        mem_o[o] += cache[o] - tables.fixed
     tables.krange, tables.bwd_hi, tables.dbwd, tables.dact = krange, bwd_hi, dbwd, dact
     tables.dm, tables.dmq, tables.dmh = dm, dmq, dmh
     tables.rs2, tables.krs2 = rs2, krs2
