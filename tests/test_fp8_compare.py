@@ -79,6 +79,8 @@ def test_side_by_side_table_names_the_engine_and_both_precisions():
     (["--precision", "bf16,fp8", "--engine", "torchtitan", "--cluster", "dgx-a100-hdr"],
      ("hopper or blackwell",)),
     (["--precision", "bf16,fp32", "--fp8-recipe", "tensorwise"], ("--fp8-recipe",)),
+    (["--precision", "bf16,fp32", "--fp8-all-gather", "on"],
+     ("--fp8-all-gather is set but --precision bf16,fp32 has no fp8",)),
 ])
 def test_bad_precision_lists_are_one_line_errors(argv, needles):
     base = ["compare", "--model", "llama3-8b", "--gpus", "8"]

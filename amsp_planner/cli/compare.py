@@ -22,6 +22,14 @@ def _jobs(precisions: tuple[str, ...], opts: dict) -> dict:
     import io
     import sys
 
+    if len(precisions) > 1 and "fp8" not in precisions:
+        from amsp_planner.errors import AmspUserError
+
+        for key, default in (("fp8_recipe", "auto"), ("fp8_all_gather", "auto")):
+            if opts.get(key) not in (None, default):
+                flag = "--" + key.replace("_", "-")
+                raise AmspUserError(f"{flag} is set but --precision {','.join(precisions)} has no "
+                                    f"fp8: add fp8 to the list, or drop {flag}")
     order = sorted(precisions, key=lambda p: p != "fp8")
     seen: set[str] = set()
     jobs = {}
