@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from test_dgxc_rows import README as DGXC  # the dgxc READMEs' tables, typed there
 
 from amsp_planner.validation import check_rows, fp8_pairs, load_rows, predict_rows
 
@@ -62,16 +63,8 @@ PUBLISHED = [
     ("mpt-h100-1b-s512-8-fp8", "mpt-h100-1b-s512-8", 70315 / 52275),
     # NVIDIA/dgxc-benchmarking at 8f5cbb37 (NeMo 24.12), "Throughput in tokens per second",
     # FP8 table over BF16 table, the same GPU count
-    *((f"dgxc2502-{k}-fp8", f"dgxc2502-{k}", f / b) for k, b, f in (
-        ("l31-8b-8", 82028, 111054), ("l31-8b-32", 322638, 437088),
-        ("l31-8b-128", 1275155, 1725163), ("l31-70b-64", 71756, 100275),
-        ("l31-70b-256", 284881, 390167), ("l31-70b-1024", 1129246, 1549142),
-        ("l31-70b-2048", 2260623, 3053178), ("l31-405b-576", 117964, 187671),
-        ("l31-405b-1152", 234589, 371961), ("l31-405b-2304", 466527, 737280),
-        ("gpt3-175b-128", 63099, 93190), ("gpt3-175b-512", 249068, 363206),
-        ("gpt3-175b-2048", 988057, 1407485), ("nemotron4-15b-16", 93223, 128565),
-        ("nemotron4-15b-128", 733526, 1018529), ("nemotron4-15b-512", 2917777, 3956891),
-        ("nemotron4-15b-2048", 11622595, 15827562))),
+    *((f"dgxc2502-{k}-{g}-fp8", f"dgxc2502-{k}-{g}", f / b)
+      for k, (_, cols) in DGXC.items() for g, (_, b, f) in cols.items()),
 ]
 
 
