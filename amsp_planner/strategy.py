@@ -341,8 +341,8 @@ _INT_FIELDS = {"p": "s_p", "g": "s_g", "os": "s_os", "hpz": "hpz", "mb": "micro_
 """Tokens that take a positive integer, and the Strategy field each sets."""
 
 def _positive_int(value: str, key: str, text: str) -> int:
-    try:  # int() alone takes "٦٤" and "6_4" as 64
-        n = int(value) if value.strip().isascii() and "_" not in value else int("x")
+    try:  # plain ASCII digits: int() alone takes "٦٤" and "6_4" as 64
+        n = int(value if value.strip().isascii() and "_" not in value else "")
     except ValueError:
         raise AmspUserError(
             f"--strategy: '{key}={value}' is not an integer in '{text}': write e.g. {key}=8"

@@ -207,12 +207,13 @@ def export(plan_file, target, output, do_check):
     if better:
         lines.append(f"  note: {better}")
     from amsp_planner.cost.fp8 import GATHER_ONLY
+    from amsp_planner.cost.fp8_notes import precision_label
 
-    t = plan.job.training
-    if t.precision == "fp8" and plan.job.engine in GATHER_ONLY and target not in GATHER_ONLY:
-        lines.append(f"  note: the plan priced its matmuls in bf16 ({plan.job.engine}'s FP8 is its "
-                     f"all-gathers); {target} runs the blocks' linears in FP8 "
-                     f"({t.fp8_recipe or 'tensorwise'}), which the costs above price")
+    j = plan.job
+    if j.training.precision == "fp8" and j.engine in GATHER_ONLY and target not in GATHER_ONLY:
+        lines.append(f"  note: the plan priced its matmuls in bf16 ({j.engine}'s FP8 is its "
+                     f"all-gathers); {target} runs the blocks' linears in "
+                     f"{precision_label(j)}, which the costs above price")
     if do_check:
         lines.append(run_check(target, result, plan.job))
     if output is None:

@@ -7,6 +7,7 @@ unit are cost/fp8_bytes.py's ``unit_gathers``. No torch."""
 from __future__ import annotations
 
 from amsp_planner.cost.job import Job
+from amsp_planner.cost.unit_tensors import unit_elements
 from amsp_planner.strategy import Strategy
 
 
@@ -35,7 +36,7 @@ def te_param_gathers(job: Job, tp: int = 1):
     if not fp8_all_gather_supported(check_training(t, job.engine, job.cluster.gpu.arch),
                                     job.engine):
         return None
-    return unit_gathers(job, _units(job, tp), tp)
+    return unit_gathers(job, unit_elements(job, tp), tp)
 
 
 def fp8_gathers(job: Job, tp: int = 1):
@@ -50,15 +51,9 @@ def fp8_gathers(job: Job, tp: int = 1):
     if job.training.precision != "fp8":
         raise AmspUserError("--strategy fp8ag: the FP8 all-gather needs --precision fp8: give "
                             "--precision fp8, or drop fp8ag")
-    out = unit_gathers(job, _units(job, tp), tp)
+    out = unit_gathers(job, unit_elements(job, tp), tp)
     if job.training.fp8_all_gather == "off" or not out[1].fp8:
         raise AmspUserError("--strategy fp8ag: this job does not gather FP8 weights "
                             "(--fp8-all-gather off, or a recipe other than tensorwise): drop "
                             "fp8ag, or give --fp8-recipe tensorwise --fp8-all-gather auto")
     return out
-
-
-def _units(job: Job, tp: int) -> tuple[int, int, int]:
-    """cost/schedule.py unit_elements: the padded elements of a unit of each class."""
-    u = job.tp_units(tp)
-    return u[0], u[1] if len(u) > 2 else 0, u[-1]

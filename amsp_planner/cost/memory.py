@@ -70,9 +70,10 @@ from dataclasses import asdict, dataclass, replace
 
 from amsp_planner.cost.activations import loss_peak_bytes, phase_bytes, saved_bytes
 from amsp_planner.cost.communicators import communicator_bytes
+from amsp_planner.cost.fp8_gathers import fp8_gathers, gathers_fp8
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.module_fetch import gathered_elements, grad_bucket_elements
-from amsp_planner.cost.schedule import fp8_gathers, gathers_fp8, quantized_bytes
+from amsp_planner.cost.schedule import quantized_bytes
 from amsp_planner.strategy import Strategy
 
 OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v per parameter

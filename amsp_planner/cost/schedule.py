@@ -69,11 +69,7 @@ from collections.abc import Callable
 
 from amsp_planner.ckpt_setting import checkpointed_blocks
 from amsp_planner.cost.fp8 import GATHER_ONLY
-from amsp_planner.cost.fp8_gathers import (  # noqa: F401 - also this module's API
-    fp8_gathers,
-    gathers_fp8,
-    te_param_gathers,
-)
+from amsp_planner.cost.fp8_gathers import fp8_gathers, gathers_fp8, te_param_gathers
 from amsp_planner.cost.job import Job
 from amsp_planner.cost.module_fetch import regather_fraction
 from amsp_planner.cost.schedule_entry import (
@@ -83,15 +79,13 @@ from amsp_planner.cost.schedule_entry import (
     quantized_bytes,
 )
 from amsp_planner.cost.tp_schedule import tp_entries
-from amsp_planner.cost.unit_tensors import unit_tensor_counts, unit_tensors
+from amsp_planner.cost.unit_tensors import (  # noqa: F401 - unit_elements: also this API
+    unit_elements,
+    unit_tensor_counts,
+    unit_tensors,
+)
 from amsp_planner.strategy import Strategy
 from amsp_planner.topology import split_bytes
-
-
-def unit_elements(job: Job, tp: int = 1) -> tuple[int, int, int]:
-    """Padded elements of a unit of each class (one TP rank's shard)."""
-    u = job.tp_units(tp)
-    return u[0], u[1] if len(u) > 2 else 0, u[-1]
 
 
 def _buckets(fraction_per_call: float) -> tuple[tuple[float, float], ...]:

@@ -5,6 +5,13 @@ calls from these). Pure functions of the ``ModelSpec``."""
 from __future__ import annotations
 
 
+def unit_elements(job, tp: int = 1) -> tuple[int, int, int]:
+    """Padded elements of a unit of each class (the embedding, a block, the head), one TP
+    rank's shard."""
+    u = job.tp_units(tp)
+    return u[0], u[1] if len(u) > 2 else 0, u[-1]
+
+
 def unit_tensors(model) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """Elements of each parameter-holding module of (the embedding, a block, the head), in
     execution order, as an engine that fetches per module sees them: a linear layer with its

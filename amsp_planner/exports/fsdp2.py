@@ -37,9 +37,9 @@ on the "tp" dimension with the Megatron-style plan torchtitan's Llama uses (QKV 
 gate/up ``ColwiseParallel``, the output projection and down ``RowwiseParallel`` with sequence-
 sharded outputs, the norms ``SequenceParallel``, the attention and MLP inputs gathered by
 ``PrepareModuleInput``: the first input only, positionally or as Hugging Face's
-``hidden_states`` keyword, after the module's forward signature (``input_layouts``); in a tensorwise FP8 plan torchao's ``Float8ColwiseParallel``,
-``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput``, whose all-gathers move FP8 as the
-plan prices them), then ``fully_shard`` on the (replicate, shard) dimensions. Module names
+``hidden_states`` keyword, after the module's forward signature, ``input_layouts``; in a
+tensorwise FP8 plan torchao's ``Float8ColwiseParallel``, ``Float8RowwiseParallel`` and
+``PrepareFloat8ModuleInput``, whose all-gathers move FP8 as the plan prices them), then ``fully_shard`` on the (replicate, shard) dimensions. Module names
 of torchtitan's Llama (wq/wk/wv/wo, w1/w2/w3, attention_norm/ffn_norm) and of Hugging Face's
 (q_proj/.../down_proj, input_layernorm/post_attention_layernorm) are recognised; the attention
 must reshape with -1 heads (torchtitan's does) so that it runs on its a/T local heads.

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from amsp_planner.cost.schedule import gathers_fp8
+from amsp_planner.cost.fp8_gathers import gathers_fp8
 from amsp_planner.runtime import faults
 from amsp_planner.runtime import model as M
 from amsp_planner.runtime import moe as MOE
