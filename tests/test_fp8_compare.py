@@ -126,3 +126,24 @@ def test_an_fp8_plan_names_the_recipe_auto_resolved_to(tmp_path, engine, recipe)
     assert code == 0, err
     assert json.loads(out.read_text())["inputs"]["training"]["fp8_recipe"] == recipe
     assert f"fp8 ({recipe})" in text.splitlines()[0]
+
+
+def test_csv_gives_the_precision_a_column_as_json_does():
+    import csv
+    import io
+
+    argv = BASE + ["--precision", "bf16,fp8", "--fp8-recipe", "tensorwise", "-s",
+                   "p=8,g=8,os=8,mb=1"]
+    code, out, err = run_cli(argv + ["--format", "csv"])
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    doc = _json(argv)
+    # one CSV row per JSON row, the name and precision split the same way, given row included
+    assert [(r["name"], r["precision"]) for r in rows] == \
+        [(r["name"], r["precision"]) for r in doc["rows"]]
+    assert ("given", "fp8") in {(r["name"], r["precision"]) for r in rows}
+    assert [float(r["step_s"]) for r in rows] == \
+        pytest.approx([r["time"]["step_s"] for r in doc["rows"]])
+    # one precision: no precision column (the job's precision is the title's)
+    code, out, err = run_cli(BASE + ["--format", "csv"])
+    assert code == 0 and "precision" not in out.splitlines()[0].split(","), err

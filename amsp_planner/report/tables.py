@@ -69,8 +69,12 @@ def compare_grid(rows: list[tuple[str, Evaluation]], title: str, ref: Evaluation
     """The rows side by side; with `ref`, a column of tokens/s margins marked 'tie' within
     `band` (default: the validated step-time band): the chosen row's over each row when a row
     is named 'chosen', else each row's against `ref` (the fastest). A row with `ref`'s strategy
-    counts as `ref` (no margin) unless `by_identity` (the same strategy in another precision)."""
+    counts as `ref` (no margin) unless `by_identity` (the same strategy in another precision),
+    whose names end in their precision: CSV gives it a column of its own, as JSON does."""
     cols = list(COMPARE_COLS)
+    if by_identity:
+        cols[0] = Col("name", "name", right=False, csv=lambda v: dict(
+            zip(("name", "precision"), v.rsplit(" ", 1), strict=True)))
     if ref is not None:
         if band is None:
             from amsp_planner.validation import step_time_band
