@@ -81,6 +81,10 @@ def test_side_by_side_table_names_the_engine_and_both_precisions():
     (["--precision", "bf16,fp32", "--fp8-recipe", "tensorwise"], ("--fp8-recipe",)),
     (["--precision", "bf16,fp32", "--fp8-all-gather", "on"],
      ("--fp8-all-gather is set but --precision bf16,fp32 has no fp8",)),
+    # an FP8 gather in a given strategy with no FP8 job: refused as plan refuses it, not dropped
+    (["-s", "p=8,g=8,os=8,fp8ag,mb=1"], ("--strategy fp8ag", "needs --precision fp8")),
+    (["--precision", "bf16,fp32", "-s", "p=8,g=8,os=8,fp8ag,mb=1"],
+     ("--strategy fp8ag", "needs --precision fp8")),
 ])
 def test_bad_precision_lists_are_one_line_errors(argv, needles):
     base = ["compare", "--model", "llama3-8b", "--gpus", "8"]

@@ -119,6 +119,30 @@ def test_fsdp2_module_converts_with_torchao_before_sharding(monkeypatch, recipe,
     assert calls == ([("precompute", "model")] if gathers else [])
 
 
+@pytest.mark.parametrize("fqn,moe_keeps", [
+    ("layers.0.attention.wq", True), ("layers.0.self_attn.q_proj", True),
+    ("layers.0.mlp.gate", False),  # Mixtral / Qwen-MoE routers
+    ("layers.0.moe.router.gate", False), ("layers.0.block_sparse_moe.experts.3.w1", False),
+    ("layers.0.mlp.experts.7.gate_proj", False), ("layers.0.mlp.shared_expert.up_proj", False),
+    ("layers.0.moe.shared_experts.w2", False), ("layers.0.mlp.gate_proj", True), ("lm_head", False),
+])
+def test_fsdp2_module_keeps_a_mixture_of_experts_moe_layer_in_bf16(monkeypatch, fqn, moe_keeps):
+    """The plan prices an MoE's router and experts in bf16 (cost/moe_compute.py): the FSDP2
+    module's torchao filter leaves them, and converts the attention (and a dense MLP) as a
+    dense plan's does; a dense plan's filter is unchanged (an MLP's gate_proj converts)."""
+    nn = pytest.importorskip("torch.nn")
+    t = TrainingSpec(seq_len=4096, global_batch_seqs=1024, precision="fp8",
+                     fp8_recipe="rowwise")
+    job = Job.create(load_model("qwen3-30b-a3b"), load_cluster("dgx-h100-ndr"), t, N, "fsdp2")
+    s = Strategy.parse("ep=8,p=64,g=64,os=64,ep.p=8,ep.g=8,ep.os=8,mb=1")
+    moe = load_module(export("fsdp2", job, s).text)
+    dense = load_module(export("fsdp2", _job("fsdp2", "rowwise"),
+                               Strategy.parse("p=64,g=64,os=64,mb=1")).text)
+    lin = nn.Linear(64, 32)
+    assert moe.fp8_filter(lin, fqn) is moe_keeps
+    assert dense.fp8_filter(lin, fqn) is (fqn != "lm_head")
+
+
 def test_megatron_fp8_arguments_parse_back():
     s = Strategy.parse("tp=2,p=1,g=1,os=32,mb=1")
     text = export("megatron", _job("megatron", gather="on"), s).text
@@ -207,3 +231,32 @@ def test_fsdp2_tp_input_layouts_follow_the_attention_signature():
         "desired_input_kwarg_layouts": {"hidden_states": "R"}}
     assert mod.input_layouts(MLP(), "S", "R") == {"input_layouts": ("S",),
                                                    "desired_input_layouts": ("R",)}
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "mxfp8"])
+def test_torchtitan_moe_export_converts_what_the_plan_prices_in_fp8(recipe):
+    """A mixture of experts' FP8 plan prices the attention's linears (and dense layers' MLP) in
+    FP8 and the router, shared and routed experts in bf16 (docs/fp8.md): the exported
+    converter, applied by torchtitan 0.3's own rule to its own MoE model configs, converts
+    exactly those."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.components.quantization.utils import module_filter_fn
+    from torchtitan.models.common.linear import Linear
+    from torchtitan.models.deepseek_v3 import deepseekv3_configs
+    from torchtitan.models.qwen3 import qwen3_configs
+
+    from amsp_planner.exports.fp8 import torchtitan_converter
+
+    t = TrainingSpec(seq_len=4096, global_batch_seqs=1024, precision="fp8", fp8_recipe=recipe)
+    # the converter reads the model and the recipe only (mxfp8 plans need a Blackwell cluster)
+    cls, kw = torchtitan_converter(types.SimpleNamespace(
+        model=load_model("qwen3-30b-a3b"), training=t, engine="torchtitan"))
+    for cfg in (qwen3_configs["debugmodel_moe"]("flex"),
+                deepseekv3_configs["debugmodel"]("flex", "standard")):
+        linears = [(fqn, c) for fqn, c, *_ in cfg.traverse(Linear.Config)]
+        if cls == "Float8LinearConverter":
+            converted = {f for f, c in linears if module_filter_fn(c, f, kw["filter_fqns"])}
+        else:  # MXFP8LinearConverter.convert: a Linear whose fqn contains one of `fqns`
+            converted = {f for f, _ in linears if any(x in f for x in kw["fqns"])}
+        priced_fp8 = {f for f, _ in linears if ".attention." in f or ".feed_forward." in f}
+        assert converted == priced_fp8 and any(".moe." in f for f, _ in linears)

@@ -129,6 +129,12 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
 
         ds = strategy_for_job(strategy_from, job)
         check_ds_micro_batch(ds, t.micro_batch, strategy_from)
+    if "fp8" not in precision:  # fp8ag asked for with no FP8 job: plan's one-line refusal
+        from amsp_planner.cost.fp8_gathers import fp8_gathers
+
+        for s in given:
+            if s.fp8ag:
+                fp8_gathers(job, s.tp)
     by_prec = {}
     for p, (j, lim) in jobs.items():
         rows = list(evaluate_baselines(j, lim, mb, ckpt, tp).items())

@@ -56,6 +56,23 @@ BF16_FQNS = ["lm_head"]
 """torchtitan 0.3's LM head module (filter_fqns of its llama3_405b config); the embedding is
 not a Linear."""
 
+MOE_BF16_FQNS = ["router.gate", "shared_experts"]
+"""A mixture of experts' linears the plan prices in bf16 (cost/moe_compute.py has no FP8) that
+torchtitan 0.3's Float8LinearConverter would otherwise convert: the router's gate (its
+deepseek_v3_671b_float8 config filters it too) and the shared experts (a FeedForward of
+Linears). The routed experts are GroupedExperts parameters, which that converter leaves."""
+
+MOE_MX_FQNS = ["attention", "feed_forward"]
+"""MXFP8LinearConverter's include list for a mixture of experts: the attention's linears and
+the dense layers' MLP (torchtitan's TransformerBlock.attention and .feed_forward), not the
+MoE layer (.moe: router, shared and routed experts), as the plan prices them."""
+
+FSDP2_MOE_PARENTS = ("experts", "shared_experts", "shared_expert")
+"""FSDP2 module, mixture of experts: Linears under these modules (the routed experts, which
+exports/fsdp2_moe.py expects in ``.experts``, and the shared experts) stay bf16, as do the
+router's (FSDP2_MOE_MODULES)."""
+FSDP2_MOE_MODULES = ("gate", "router")
+
 
 def recipe(job) -> str:
     from amsp_planner.cost.fp8 import default_recipe
@@ -120,9 +137,12 @@ TT_MODULE = "amsp_fp8"
 
 def torchtitan_converter(job) -> tuple[str, dict]:
     """(converter class, its Config keywords) for the plan's recipe."""
+    moe = job.model.is_moe
     if recipe(job) == "mxfp8":
-        return "MXFP8LinearConverter", {"fqns": ["layers"], "model_compile_enabled": True}
-    return "Float8LinearConverter", {"recipe_name": recipe(job), "filter_fqns": BF16_FQNS,
+        return "MXFP8LinearConverter", {"fqns": MOE_MX_FQNS if moe else ["layers"],
+                                        "model_compile_enabled": True}
+    return "Float8LinearConverter", {"recipe_name": recipe(job),
+                                     "filter_fqns": BF16_FQNS + (MOE_BF16_FQNS if moe else []),
                                      "model_compile_enabled": True}
 
 
@@ -211,8 +231,10 @@ def check_torchtitan_converter(found: dict) -> None:
 
 # ----- FSDP2 ---------------------------------------------------------------------------------
 def fsdp2_settings(job, s=None) -> dict:
+    moe = job.model.is_moe
     return {"FP8_RECIPE": recipe(job), "FP8_ALL_GATHER": gathers_fp8(job, s),
-            "FP8_BF16_MODULES": ("output", "lm_head")}
+            "FP8_BF16_MODULES": ("output", "lm_head") + (FSDP2_MOE_MODULES if moe else ()),
+            "FP8_BF16_PARENTS": FSDP2_MOE_PARENTS if moe else ()}
 
 
 FSDP2_BODY = '''
@@ -220,8 +242,10 @@ FSDP2_BODY = '''
 # ----- FP8 (torchao): the blocks' linears in FP8, converted before sharding -----------------
 def fp8_filter(module, fqn: str) -> bool:
     """Which nn.Linear torchao converts: in and out features multiples of 16 (the FP8 tensor
-    cores' requirement), and not the LM head (FP8_BF16_MODULES), as the plan prices them."""
-    return (fqn.rsplit(".", 1)[-1] not in FP8_BF16_MODULES
+    cores' requirement), and not the LM head (FP8_BF16_MODULES), nor, in a mixture of experts,
+    the router and any Linear under the experts (FP8_BF16_PARENTS), as the plan prices them."""
+    *parents, name = fqn.split(".")
+    return (name not in FP8_BF16_MODULES and not set(parents) & set(FP8_BF16_PARENTS)
             and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
