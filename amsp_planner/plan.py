@@ -223,8 +223,12 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
         pipe = doc.decision.pipeline
         job = Job.create(inp.model, inp.cluster, inp.training, inp.num_gpus, inp.engine,
                          pp=pipe.pp if pipe is not None else 1, cp=doc.decision.cp)
+        if job.training.precision == "fp8":  # recipe, gather and GPU, as amsp plan checks them
+            from amsp_planner.cost.fp8 import check_training
+
+            check_training(job.training, job.engine, job.cluster.gpu.arch)
     except AmspUserError as e:
-        raise AmspUserError(f"{source}: field 'inputs': {e}") from None
+        raise AmspUserError(f"{source}: field '{_input_field(str(e))}': {e}") from None
     strategy, ev = _derive(raw, doc, job, source)
     _check_search(raw, job, strategy, source)
     pref = doc.inputs.search.preference
@@ -245,6 +249,18 @@ def plan_from_doc(raw: Any, source: str = "plan") -> Plan:
                 Path(source) if source != "plan" else None)
 
 
+_FLAG_FIELDS = {"--fp8-recipe": "inputs.training.fp8_recipe",
+                "--fp8-all-gather": "inputs.training.fp8_all_gather",
+                "--precision": "inputs.training.precision"}
+"""The plan field of a job setting whose refusal is worded by its amsp plan option."""
+
+
+def _input_field(message: str) -> str:
+    """The field of 'inputs' a refusal of the job is about: the one its option names, else
+    'inputs' itself."""
+    return _FLAG_FIELDS.get(message.split(" ", 1)[0].rstrip(":"), "inputs")
+
+
 # ----- the fields that repeat the decision ---------------------------------------------------
 def _derive(raw: dict, doc: PlanDoc, job: Job, source: str) -> tuple[Strategy, Evaluation]:
     """The decision's strategy with its accumulation, and its evaluation, once every field of
@@ -260,7 +276,10 @@ def _derive(raw: dict, doc: PlanDoc, job: Job, source: str) -> tuple[Strategy, E
         raise AmspUserError(f"{source}: field 'decision.strategy' holds ga=: the accumulation "
                             "belongs in 'decision.grad_accum': regenerate the plan")
     strategy = parsed.with_(grad_accum=n)
-    ev = evaluate(job, strategy, doc.inputs.memory_limit_bytes)
+    try:  # what only pricing refuses: an FP8 gather (fp8ag) the job cannot run
+        ev = evaluate(job, strategy, doc.inputs.memory_limit_bytes)
+    except AmspUserError as e:
+        raise AmspUserError(f"{source}: field 'decision.strategy': {e}") from None
     want = json.loads(canonical_text(decision(ev, job.gpus_per_node, job.num_gpus)))
     got = dict(raw["decision"])
     if got.get("tp", 1) == 1 and want.get("tp", 1) == 1:

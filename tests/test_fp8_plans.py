@@ -88,3 +88,43 @@ def test_megatron_export_of_an_fp8_mixture_of_experts_says_its_experts_run_fp8(t
                                str(tmp_path / "m.sh")])
     assert code == 0, err
     assert "experts' grouped GEMMs in FP8 too; the plan priced them in bf16" in text + err
+
+
+def _edited(tmp_path, doc, name, **training):
+    """The plan with its training inputs changed and its hashes and digest recomputed (an
+    edit amsp validate cannot tell from the hashes: the job itself must be refused)."""
+    from amsp_planner.plan import sha256
+    from amsp_planner.plan_schema import content_digest
+
+    doc = json.loads(json.dumps(doc))
+    t = doc["inputs"]["training"]
+    for k, v in training.items():
+        if v is None:
+            t.pop(k, None)
+        else:
+            t[k] = v
+    for key in ("model", "cluster", "training"):
+        doc["inputs"]["hashes"][key] = sha256(doc["inputs"][key])
+    doc["digest"] = content_digest(doc)
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("engine,extra,edit,field,needle", [
+    ("torchtitan", (), {"fp8_recipe": "delayed"}, "inputs.training.fp8_recipe",
+     "engine torchtitan does not run it"),
+    ("torchtitan", (), {"fp8_all_gather": "on"}, "inputs.training.fp8_all_gather",
+     "tensorwise recipe only"),
+    ("fsdp2", ("--fp8-recipe", "tensorwise", "--fp8-all-gather", "on", "-s", "zero3"),
+     {"precision": "bf16", "fp8_recipe": None, "fp8_all_gather": None}, "decision.strategy",
+     "the FP8 all-gather needs --precision fp8"),
+])
+def test_an_edited_fp8_plan_is_refused_naming_its_field(tmp_path, engine, extra, edit, field,
+                                                         needle):
+    doc, _ = _plan(tmp_path, "--engine", engine, "--precision", "fp8", *extra)
+    path = _edited(tmp_path, doc, "e.json", **edit)
+    for cmd in (["validate", path], ["explain", path, "--no-sensitivity"]):
+        code, out, err = run_cli(cmd)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"e.json: field '{field}':" in err and needle in err
