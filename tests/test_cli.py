@@ -39,8 +39,9 @@ def test_compare_json_rows_and_given_strategies():
     doc = json.loads(out)
     assert (doc["model"], doc["gpus"], doc["params"]) == ("tiny", 16, load_model("tiny").num_params)
     assert doc["padded_params"] >= doc["params"]
-    rows = {r["name"]: r for r in doc["rows"] if r["name"] != "given"}
-    given_rows = [r for r in doc["rows"] if r["name"] == "given"]
+    rows = {r["name"]: r for r in doc["rows"] if not r["name"].startswith("given")}
+    given_rows = [r for r in doc["rows"] if r["name"].startswith("given")]
+    assert [r["name"] for r in given_rows] == ["given 1", "given 2"]
     assert set(rows) == {"ddp", "zero1", "zero2", "zero3", "hsdp", "mics", "zeropp"}
     assert [r["strategy"] for r in given_rows] == ["p=2,g=4,os=16,mb=2",
                                                    "p=16,g=16,os=16,mb=2,ckpt"]

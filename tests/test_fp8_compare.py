@@ -151,3 +151,33 @@ def test_csv_gives_the_precision_a_column_as_json_does():
     # one precision: no precision column (the job's precision is the title's)
     code, out, err = run_cli(BASE + ["--format", "csv"])
     assert code == 0 and "precision" not in out.splitlines()[0].split(","), err
+
+
+def test_the_same_strategy_range_says_when_no_row_fits_in_both():
+    # fp32 70B on 512 GPUs fits nowhere: the range is over rows that do not fit, and says so
+    doc = _json(["compare", "--model", "llama3-70b", "--gpus", "512", "--cluster",
+                 "dgx-h100-ndr", "--engine", "torchtitan", "--precision", "fp32,bf16"])
+    assert not any(r["fits"] for r in doc["rows"] if r["precision"] == "fp32")
+    line = doc["precision_notes"][0]
+    assert "no fitting row in fp32; the same strategy, none fitting in both: " in line
+    # one strategy: one figure, not a range from itself to itself
+    doc = _json(BASE + ["--precision", "bf16,fp8", "--fp8-recipe", "rowwise",
+                        "--memory-limit", "42"])
+    fit = {r["name"] for r in doc["rows"] if r["fits"]}
+    assert fit == {"zero3"}
+    line = doc["precision_notes"][0]
+    gain = line.split("tokens/s ")[1].split(";")[0]  # the fastest fitting: zero3 in both
+    assert line.endswith(f"; the same strategy: {gain} (zero3)")
+
+
+def test_several_given_strategies_are_numbered_so_each_row_is_named_once():
+    s1, s2 = "p=8,g=8,os=8,mb=1", "tp=2,p=32,g=32,os=32,mb=1"
+    for extra in ([], ["--precision", "bf16,fp8", "--fp8-recipe", "tensorwise"]):
+        doc = _json(BASE + extra + ["-s", s1, "-s", s2])
+        given = [r for r in doc["rows"] if r["name"].startswith("given")]
+        assert [(r["name"], r["strategy"]) for r in given] == \
+            [(n, st) for n, st in (("given 1", s1), ("given 2", s2))
+             for _ in range(len(doc["precisions"]))]
+    # one given strategy keeps its plain name
+    doc = _json(BASE + ["-s", s1])
+    assert [r["name"] for r in doc["rows"] if r["name"].startswith("given")] == ["given"]

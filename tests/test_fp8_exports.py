@@ -260,3 +260,20 @@ def test_torchtitan_moe_export_converts_what_the_plan_prices_in_fp8(recipe):
             converted = {f for f, _ in linears if any(x in f for x in kw["fqns"])}
         priced_fp8 = {f for f, _ in linears if ".attention." in f or ".feed_forward." in f}
         assert converted == priced_fp8 and any(".moe." in f for f, _ in linears)
+
+
+def test_an_amsp_fp8_plan_exports_only_where_its_gpu_and_recipe_can_run(tmp_path):
+    """The bundled runtime's FP8 (its gathers) plans on any GPU; an engine with FP8 matmuls
+    refuses that plan on an A100 naming the GPU, and the tensorwise refusal of torchtitan names
+    the engine to plan with (amsp's recipe is tensorwise only)."""
+    a100, h100 = tmp_path / "a.json", tmp_path / "h.json"
+    for path, cluster in ((a100, "eth-100g"), (h100, "dgx-h100-ndr")):
+        code, _, err = run_cli(["plan", "--model", "llama3-8b", "--gpus", "64", "--cluster",
+                                cluster, "--precision", "fp8", "-o", str(path)])
+        assert code == 0, err
+    for target in ("torchtitan", "fsdp2", "megatron"):
+        assert_user_error(*run_cli(["export", str(a100), "--to", target]),
+                          f"{target} runs the plan's linears in FP8", "A100-SXM4-80GB, ampere",
+                          "--precision bf16")
+    assert_user_error(*run_cli(["export", str(h100), "--to", "torchtitan"]),
+                      "plan with --engine torchtitan --fp8-recipe rowwise")

@@ -61,8 +61,8 @@ def precision_lines(by_prec: dict) -> list[str]:
     out = []
     for job, rows in rest:  # the rows of every precision are the same strategies in order
         pairs = list(zip(rows0, rows, strict=True))  # the same strategies, fitting in both
-        pairs = [p for p in pairs if p[0][1].fits and p[1][1].fits] or pairs
-        same = [(n, _gain(e0, e)) for (n, e0), (_, e) in pairs]
+        fitting = [p for p in pairs if p[0][1].fits and p[1][1].fits]
+        same = [(n, _gain(e0, e)) for (n, e0), (_, e) in fitting or pairs]
         fit0 = [(n, e) for n, e in rows0 if e.fits]
         fit = [(n, e) for n, e in rows if e.fits]
         line = f"{precision_label(job)} vs {precision_label(job0)} on {job.engine}: "
@@ -74,8 +74,9 @@ def precision_lines(by_prec: dict) -> list[str]:
             line += "no fitting row in " + precision_label(job if fit0 else job0)
         if same:
             lo, hi = min(same, key=lambda x: x[1]), max(same, key=lambda x: x[1])
-            line += (f"; the same strategy: {lo[1] * 100:+.1f}% ({lo[0]}) to "
-                     f"{hi[1] * 100:+.1f}% ({hi[0]})")
+            line += "; the same strategy" + ("" if fitting else ", none fitting in both")
+            line += (f": {lo[1] * 100:+.1f}% ({lo[0]})" if lo is hi or len(same) == 1 else
+                     f": {lo[1] * 100:+.1f}% ({lo[0]}) to {hi[1] * 100:+.1f}% ({hi[0]})")
         out.append(line)
     return out + fp8_notes([j for j, _ in by_prec.values()])
 
@@ -140,8 +141,9 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
         rows = list(evaluate_baselines(j, lim, mb, ckpt, tp).items())
         mine = [as_priced(j, s if j.training.precision == "fp8" else s.with_(fp8ag=False))
                 for s in given]  # an FP8 gather asked for is the FP8 rows' only
-        rows += [("given" if engine_runs(j, s) is None else f"given, not run by {j.engine}",
-                  evaluate(j, s, lim)) for s in mine]
+        names = ["given"] if len(mine) == 1 else [f"given {i}" for i in range(1, len(mine) + 1)]
+        rows += [(n if engine_runs(j, s) is None else f"{n}, not run by {j.engine}",
+                  evaluate(j, s, lim)) for n, s in zip(names, mine, strict=True)]
         if strategy_from is not None:
             rows.append(("ds_config", evaluate(j, ds, lim)))
         by_prec[p] = (j, rows)

@@ -91,6 +91,13 @@ def refuse(target: str, job) -> None:
     r = recipe(job)
     from amsp_planner.cost.fp8 import RECIPE, family_of
 
+    arch = job.cluster.gpu.arch
+    if arch not in RECIPE["tensorwise"].archs:  # an amsp plan's FP8 gathers run on any GPU
+        raise AmspUserError(f"amsp export --to {target}: {target} runs the plan's linears in "
+                            f"FP8, which this plan's GPU ({job.cluster.gpu.name}, {arch}) "
+                            "cannot: export a --precision bf16 plan, or plan for a hopper or "
+                            "blackwell cluster")
+
     if family_of(target) not in RECIPE[r].families:
         raise AmspUserError(f"amsp export --to {target}: the plan's FP8 recipe {r} is not one "
                             f"{target} runs; plan with --engine {target} and its recipe")
@@ -98,7 +105,8 @@ def refuse(target: str, job) -> None:
         raise AmspUserError("amsp export --to torchtitan: torchtitan 0.3 has no tensorwise "
                             "Float8 recipe nor FP8 all-gather (Float8LinearConverter runs "
                             "rowwise; pytorch/torchtitan 6348d93 removed them): plan with "
-                            "--fp8-recipe rowwise, or export --to fsdp2 (torchao tensorwise "
+                            + ("" if job.engine == "torchtitan" else "--engine torchtitan ")
+                            + "--fp8-recipe rowwise, or export --to fsdp2 (torchao tensorwise "
                             "with enable_fsdp_float8_all_gather)")
     if target == "fsdp2" and r not in ("tensorwise", "rowwise"):
         raise AmspUserError(f"amsp export --to fsdp2: the module converts with torchao's "
