@@ -181,3 +181,9 @@ def test_several_given_strategies_are_numbered_so_each_row_is_named_once():
     # one given strategy keeps its plain name
     doc = _json(BASE + ["-s", s1])
     assert [r["name"] for r in doc["rows"] if r["name"].startswith("given")] == ["given"]
+
+
+def test_single_precision_json_rows_name_their_precision_too():
+    doc = _json(BASE + ["--precision", "fp8", "--fp8-recipe", "tensorwise"])
+    assert {r["precision"] for r in doc["rows"]} == {"fp8"}
+    assert {r["precision"] for r in _json(BASE)["rows"]} == {"bf16"}

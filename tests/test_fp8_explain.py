@@ -84,3 +84,19 @@ def test_explain_names_the_crossovers(tmp_path):
     assert code == 0, err
     code, out, err = run_cli(["explain", str(plan), "--no-sensitivity"])
     assert code == 0 and "FP8" not in out
+
+
+def test_explain_of_an_fp8_mixture_of_experts_says_what_fp8_prices(tmp_path):
+    # its attention's linears are priced FP8 (the plan's step differs from bf16's); the
+    # crossover is not computed, and the line does not say FP8 is unpriced
+    plan = tmp_path / "moe.json"
+    code, _, err = run_cli(["plan", "--model", "qwen3-30b-a3b", "--gpus", "64", "--cluster",
+                            "dgx-h100-ndr", "--engine", "torchtitan", "--precision", "fp8",
+                            "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = run_cli(["explain", str(plan)])
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "FP8 against bf16 (where FP8 stops paying): not computed (a mixture of experts: " \
+           "FP8 prices its attention's linears only" in text
+    assert "FP8: not priced" not in text

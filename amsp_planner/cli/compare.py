@@ -168,7 +168,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
             "engine": job.engine,
             "params": job.model.num_params, "padded_params": job.phi,
             "batch_tokens": t.batch_tokens, "seq_len": t.seq_len,
-            "rows": [{"name": n, **e.to_dict()} for n, e in rows],
+            "rows": [{"name": n, "precision": precision[0], **e.to_dict()} for n, e in rows],
             "hint": hint,
         }
         doc["precisions"] = [precision_label(by_prec[p][0]) for p in precision]

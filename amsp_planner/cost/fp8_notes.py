@@ -58,7 +58,7 @@ def priced_note(engine: str, moe: bool = False, recipe: str | None = None) -> st
                   "with --fp8-all-gather on (its FP8 weights then the parameters), ")
                + "and TE's FP8 saved inputs and cached FP8 weights in memory")
     elif r == "tensorwise":
-        out = (f"FP8 here (torchao, tensorwise): {lin}, the tensor-parallel all-gathers in FP8"
+        out = (f"FP8 here (torchao, tensorwise): {lin}, any tensor-parallel all-gathers in FP8"
                + ("" if moe else ", and the FSDP all-gathers in FP8 where a strategy has fp8ag "
                   "or --fp8-all-gather is on"))
     else:

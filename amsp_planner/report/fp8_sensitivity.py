@@ -81,7 +81,8 @@ def applicable(job) -> str | None:
     if runs_as(job.engine) not in FAMILY:
         return f"engine {job.engine} has no FP8 path here"
     if getattr(job.model, "num_experts", 0):
-        return "FP8 experts (grouped GEMMs) are not modelled"
+        return ("a mixture of experts: FP8 prices its attention's linears only, its experts' "
+                "grouped GEMMs stay bf16 (FP8 experts are not modelled)")
     try:
         recipe_for(recipe_of(job), job.engine, job.cluster.gpu.arch)
     except AmspUserError:
@@ -157,7 +158,7 @@ def _tokens(v: float) -> str:
 def fp8_lines(c: dict, job) -> list[str]:
     """`amsp explain`'s FP8 lines."""
     if not c["applicable"]:
-        return [f"FP8: not priced ({c['why']})"]
+        return [f"FP8 against bf16 (where FP8 stops paying): not computed ({c['why']})"]
     own = job.training.precision == "fp8"
     head = (f"FP8 ({c['recipe']}, {c['engine']}; " + ("this plan's precision" if own else
             "not switched on: --precision fp8") + f"): step {c['step_s']['bf16']:.3f} s in bf16, "
