@@ -87,8 +87,8 @@ def test_explain_names_the_crossovers(tmp_path):
 
 
 def test_explain_of_an_fp8_mixture_of_experts_says_what_fp8_prices(tmp_path):
-    # its attention's linears are priced FP8 (the plan's step differs from bf16's); the
-    # crossover is not computed, and the line does not say FP8 is unpriced
+    # its attention's linears are priced FP8, its experts bf16: the crossover is not computed,
+    # and the line says so without saying FP8 is unpriced
     plan = tmp_path / "moe.json"
     code, _, err = run_cli(["plan", "--model", "qwen3-30b-a3b", "--gpus", "64", "--cluster",
                             "dgx-h100-ndr", "--engine", "torchtitan", "--precision", "fp8",
