@@ -455,3 +455,15 @@ def test_plan_runs_without_the_cyclic_collector_and_turns_it_back_on(fails, tmp_
     assert seen == [False]  # off while it planned
     assert gc.isenabled()  # on again, also after a one-line error
     assert code == (2 if fails else 0), err
+
+
+def test_compare_names_the_tp_under_which_the_baselines_divide_the_batch():
+    # 4M tokens = 1,024 sequences of 4096 cannot spread over 4,096 data-parallel ranks at tp=1:
+    # one line naming the fix (amsp plan finds tp=4 by itself), not a baseline's --strategy
+    argv = ["compare", "--model", "llama3-8b", "--gpus", "4096", "--cluster", "dgx-h100-ndr"]
+    code, out, err = run_cli(argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "global batch of 1024 sequences" in err and "give --tp 4 (1024 ranks)" in err
+    assert "--strategy" not in err
+    code, out, err = run_cli(argv + ["--tp", "4", "--json"])
+    assert code == 0 and all(r["strategy"].startswith("tp=4,") for r in json.loads(out)["rows"])

@@ -128,3 +128,13 @@ def test_an_edited_fp8_plan_is_refused_naming_its_field(tmp_path, engine, extra,
         code, out, err = run_cli(cmd)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert f"e.json: field '{field}':" in err and needle in err
+
+
+def test_an_amsp_fp8_plan_without_its_gathers_warns_that_nothing_is_fp8(tmp_path):
+    fp8, text = _plan(tmp_path, "--precision", "fp8", "--fp8-all-gather", "off", name="f.json")
+    bf16, plain = _plan(tmp_path, name="b.json")
+    assert "warning: --precision fp8 --fp8-all-gather off: nothing is FP8 on amsp" in text
+    assert "nothing is FP8" not in plain
+    # as the warning says: the same strategy and step as the bf16 plan
+    assert fp8["decision"]["strategy"] == bf16["decision"]["strategy"]
+    assert fp8["predictions"]["tokens_per_s"] == pytest.approx(bf16["predictions"]["tokens_per_s"])

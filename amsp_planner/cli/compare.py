@@ -95,6 +95,22 @@ def fp8_notes(jobs) -> list[str]:
             *(n for n in map(grid_note, f8) if n)]
 
 
+def _check_baseline_batch(job, tp: int, mb: int) -> None:
+    """The named baselines run the job over N / tp data-parallel ranks: a global batch that
+    does not divide over them is one line naming the --tp (if any) under which it would."""
+    from amsp_planner.errors import AmspUserError
+
+    b, n = job.training.batch_seqs, job.num_gpus
+    if b % (n // tp * mb) == 0:
+        return
+    fits = [x for x in job.tp_options() if x > tp and b % (n // x * mb) == 0]
+    raise AmspUserError(
+        f"global batch of {b} sequences: not a multiple of the baselines' {n // tp} data-parallel "
+        f"ranks x micro-batch {mb} (--tp {tp}): give "
+        + (f"--tp {fits[0]} ({n // fits[0]} ranks), " if fits else "")
+        + f"a global batch that is a multiple of {n // tp * mb} sequences, or fewer GPUs")
+
+
 @click.command()
 @job_options(precisions=True)
 @click.option("--strategy", "-s", "strategies", multiple=True,
@@ -119,6 +135,7 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
     t = job.training
     mb = t.micro_batch or 1
     ckpt = t.activation_checkpointing or False
+    _check_baseline_batch(job, tp, mb)
     if t.micro_batch is not None:  # a given string without mb= takes --micro-batch
         from amsp_planner.strategy_baselines import with_micro_batch
 

@@ -392,7 +392,7 @@ def build_job(model, gpus, cluster, sets, seq_len, global_batch, global_batch_se
         from amsp_planner.cost.fp8_notes import export_warning
 
         t = t.model_copy(update={"fp8_recipe": check_training(t, engine, c.gpu.arch)})
-        if said := export_warning(engine, t.fp8_recipe):  # the plan names its recipe
+        if said := export_warning(engine, t.fp8_recipe, t.fp8_all_gather):
             note(said, "warning")
     warn_seq_len(m, seq_len)
     c, split = Job.fit_nodes(c, gpus)

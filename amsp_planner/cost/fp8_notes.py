@@ -7,10 +7,16 @@ from amsp_planner.cost.fp8 import FAMILY, GATHER_ONLY, default_recipe, family_of
 from amsp_planner.cost.fp8_casts import TE_FP8_GATHERS
 
 
-def export_warning(engine: str, recipe: str) -> str | None:
+def export_warning(engine: str, recipe: str, gather: str = "auto") -> str | None:
     """A warning where the engine's FP8 plan of `recipe` is priced but its export refuses it
     (exports/fp8.py ``refuse``): torchtitan 0.3 runs rowwise (and MX) only; the FSDP2 module
-    converts with torchao's Float8LinearConfig, tensorwise or rowwise."""
+    converts with torchao's Float8LinearConfig, tensorwise or rowwise. Also where nothing of
+    the job is FP8: the bundled runtime, whose FP8 is its gathers, with `gather` off."""
+    if engine in GATHER_ONLY and gather == "off":
+        return (f"--precision fp8 --fp8-all-gather off: nothing is FP8 on {engine} (its FP8 is "
+                "its parameter all-gathers; its matmuls stay bf16), so this plan prices as "
+                "bf16: drop --fp8-all-gather off, or give --engine fsdp2, torchtitan or "
+                "megatron for FP8 matmuls")
     if engine == "torchtitan" and recipe == "tensorwise":
         return ("--fp8-recipe tensorwise: torchtitan 0.3 runs rowwise only; priced as torchtitan "
                 "ran torchao's tensorwise before 6348d93, so amsp export --to torchtitan refuses "
