@@ -85,15 +85,18 @@ def test_compare_writes_the_fp8_gather_into_the_baselines_it_changes():
     assert given["time"]["step_s"] == rows["zero3"]["time"]["step_s"]
 
 
-def test_te_weight_cache_of_a_mixture_of_experts_is_its_attention():
-    # Qwen3-30B-A3B under Megatron, delayed scaling: every layer is MoE, so the cached FP8
-    # weights (row- and column-wise, 2 B per element) are the attention's, by hand:
-    # linear_qkv 2048 x (4096 + 2 x 512), linear_proj 4096 x 2048; 48 layers
+def test_te_weight_cache_of_a_mixture_of_experts_is_its_attention_and_local_experts():
+    # Qwen3-30B-A3B under Megatron, delayed scaling: every layer is MoE (no dense MLP), so the
+    # cached FP8 weights (row- and column-wise, 2 B per element) are the attention's and the
+    # rank's experts' (Megatron's grouped expert linears run FP8), by hand: linear_qkv
+    # 2048 x (4096 + 2 x 512), linear_proj 4096 x 2048, and 128 / ep=8 = 16 experts of
+    # 3 matrices 2048 x 768; 48 layers
     from amsp_planner.cost.fp8_bytes import te_weight_cache_bytes
 
     s = Strategy.parse("ep=8,p=1,g=1,os=64,ep.p=1,ep.g=1,ep.os=8,mb=1")
     job = _job(load_model("qwen3-30b-a3b"), "megatron", precision="fp8", fp8_recipe="delayed")
-    assert te_weight_cache_bytes(job, s) == 2 * 48 * (2048 * 5120 + 4096 * 2048)
+    assert te_weight_cache_bytes(job, s) == 2 * 48 * (2048 * 5120 + 4096 * 2048
+                                                      + 16 * 3 * 2048 * 768)
 
 
 def test_te_weight_cache_stays_without_the_distributed_optimizer():

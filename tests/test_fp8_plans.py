@@ -78,16 +78,18 @@ def test_exports_an_engine_refuses_are_warned_at_planning(tmp_path):
     assert code == 2 and "not mxfp8" in err
 
 
-def test_megatron_export_of_an_fp8_mixture_of_experts_says_its_experts_run_fp8(tmp_path):
+def test_an_fp8_megatron_mixture_of_experts_plan_prices_its_experts_in_fp8(tmp_path):
     out = tmp_path / "m.json"
-    code, _, err = run_cli(["plan", "--model", "qwen3-30b-a3b", "--gpus", "64", "--cluster",
-                            "dgx-h100-ndr", "--engine", "megatron", "--precision", "fp8",
-                            "-o", str(out)])
+    code, text, err = run_cli(["plan", "--model", "qwen3-30b-a3b", "--gpus", "64", "--cluster",
+                               "dgx-h100-ndr", "--engine", "megatron", "--precision", "fp8",
+                               "-o", str(out)])
     assert code == 0, err
+    said = " ".join((text + err).split())
+    assert "also its shared and routed experts' matmuls (TE's grouped linears)" in said
     code, text, err = run_cli(["export", str(out), "--to", "megatron", "-o",
                                str(tmp_path / "m.sh")])
     assert code == 0, err
-    assert "experts' grouped GEMMs in FP8 too; the plan priced them in bf16" in text + err
+    assert "priced them in bf16" not in text + err  # the export runs what the plan priced
 
 
 def _edited(tmp_path, doc, name, **training):

@@ -109,13 +109,27 @@ def weight_copy_bytes(recipe: str, engine: str, fp8_params: int) -> float:
     return per * fp8_params
 
 
-def _te_recipe(job) -> str | None:
+def te_recipe(job) -> str | None:
     """The job's FP8 recipe where Transformer Engine runs its linears (precision fp8 on a
     'te' engine), else None."""
     if job.training.precision != "fp8" or job.engine in GATHER_ONLY \
             or family_of(job.engine) != "te":
         return None
     return check_training(job.training, job.engine, job.cluster.gpu.arch)
+
+
+def fp8_experts(job) -> str | None:
+    """The recipe the experts' matmuls run in FP8 (cost/moe_compute.py): Megatron-Core's in an
+    FP8 job (its TEGroupedMLP runs Transformer Engine's GroupedLinear and its shared experts
+    TE linears, both FP8 under --fp8: megatron/core/transformer/moe/experts.py,
+    shared_experts.py at d98e8a6); None otherwise (torchao's Float8 conversion swaps nn.Linear
+    only: torchtitan's grouped experts need its separate Float8GroupedExpertsConverter; FSDP1
+    with TE layers has no TE experts)."""
+    from amsp_planner.engines import runs_as
+
+    if job.training.precision != "fp8" or runs_as(job.engine) != "megatron":
+        return None
+    return te_recipe(job)
 
 
 def te_weight_cache_bytes(job, s) -> float:
@@ -127,9 +141,11 @@ def te_weight_cache_bytes(job, s) -> float:
     the FP8 row-wise copy and its transpose the column-wise one, 1 + 1 bytes per element in
     place of the 2 of the bf16 parameter the memory model counts: nothing is added; that needs
     the distributed optimizer (s_OS > 1: Megatron refuses --fp8-param-gather without it). A
-    mixture of experts caches its attention's FP8 weights in every layer and the dense MLP's
-    in its dense layers only (its experts stay bf16 here)."""
-    recipe = _te_recipe(job)
+    mixture of experts caches its attention's FP8 weights in every layer, the dense MLP's in
+    its dense layers, and in each MoE layer its shared expert's and its E/ep routed experts'
+    (their grouped linears run FP8 under Megatron: ``fp8_experts``), the
+    matrices whose K and N are multiples of 16."""
+    recipe = te_recipe(job)
     if recipe is None or job.training.fp8_all_gather == "on" and s.s_os > 1:
         return 0.0
     m = job.model
@@ -137,8 +153,20 @@ def te_weight_cache_bytes(job, s) -> float:
     mlp = set(mlp_linear_names(m, job.engine))
     per = {k: sum(x.k * x.n for x in lin if (x.name in mlp) == k) for k in (False, True)}
     mlp_layers = m.num_layers - m.num_moe_layers if m.is_moe else m.num_layers
+    experts = 0
+    if m.is_moe and fp8_experts(job):
+        h = m.hidden_size
+
+        def fp8_params(f: int) -> int:
+            mats = [(h, f)] * (m.ffn_matrices - 1) + [(f, h)]
+            return sum(a * b for a, b in mats if a % 16 == 0 and b % 16 == 0)
+
+        shared = m.shared_expert_ffn_hidden_size
+        experts = m.num_moe_layers * (
+            m.num_experts // s.ep * fp8_params(m.expert_ffn_hidden_size or m.ffn_hidden_size)
+            + (fp8_params(shared) if shared else 0))
     return weight_copy_bytes(recipe, job.engine,
-                             per[False] * m.num_layers + per[True] * mlp_layers)
+                             per[False] * m.num_layers + per[True] * mlp_layers + experts)
 
 
 def te_saved_input_saving(job) -> float:
@@ -146,9 +174,10 @@ def te_saved_input_saving(job) -> float:
     activation profiles, one TP rank's whole before the 1/tp split): the inputs of its FP8
     linears kept in FP8 (``saved_input_bytes``) instead of the training dtype: linear_qkv's
     and linear_fc1's (the LayerNorm output, ``ln_out`` written in FP8), linear_proj's and
-    linear_fc2's. A mixture of experts keeps its MLP part as in bf16 (its grouped GEMMs' FP8
-    is not modelled: docs/fp8.md)."""
-    recipe = _te_recipe(job)
+    linear_fc2's. A mixture of experts' MLP part keeps its saved tensors at the training dtype
+    here: the FP8 inputs Megatron's grouped expert linears save are not counted (a small
+    overestimate of the activations, docs/fp8.md)."""
+    recipe = te_recipe(job)
     if recipe is None:
         return 0  # an int: the plans' activation bytes keep their type
     t = job.training

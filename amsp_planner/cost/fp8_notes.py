@@ -37,7 +37,10 @@ def precision_label(job) -> str:
 
 
 MOE_NOTE = ("; of a mixture of experts, the attention's linears and any dense layers' MLP "
-            "(its experts' grouped GEMMs and gathers stay bf16: FP8 experts are not modelled)")
+            "(its experts' grouped GEMMs and gathers stay bf16: torchao converts nn.Linear only, "
+            "FSDP1's TE layers have no grouped experts)")
+TE_MOE_NOTE = ("; of a mixture of experts also its shared and routed experts' matmuls (TE's "
+               "grouped linears), the router bf16; its gathers stay bf16")
 
 
 def priced_note(engine: str, moe: bool = False, recipe: str | None = None) -> str:
@@ -70,4 +73,4 @@ def priced_note(engine: str, moe: bool = False, recipe: str | None = None) -> st
     else:
         out = (f"FP8 here (torchao, {r}): {lin}; every collective in bf16 (torchao gathers "
                f"{r} weights and activations in bf16)")
-    return out + (MOE_NOTE if moe else "")
+    return out + ((TE_MOE_NOTE if runs_as(engine) == "megatron" else MOE_NOTE) if moe else "")

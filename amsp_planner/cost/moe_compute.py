@@ -14,6 +14,13 @@ parallelism e and imbalance u (``TrainingSpec.expert_imbalance``, max/mean token
                 experts run below large-matrix efficiency through the same roofline and
                 overhead curve the dense matmuls use (no separate grouped-GEMM efficiency
                 table is used; none is published for the GPUs of presets/gpus.yaml).
+
+In FP8 under Transformer Engine (cost/fp8_bytes.py ``fp8_experts``) the shared and routed experts' matmuls run
+FP8 as the dense linears do: each at its roofline speed-up with Transformer Engine's casts
+(cost/fp8.py ``roofline_linear_s``, ``te_linear_cast_bytes`` on the expert's r rows, no TP
+gather, the weight cast once per step), a matrix whose K or N is not a multiple of 16 in bf16;
+the router stays bf16. torchao engines keep the experts in bf16 (their Float8 linear
+conversion touches nn.Linear only).
   elementwise   per routed copy the expert's SwiGLU (5 f_e elements; GELU 2 f_e) and the
                 permutation copies (the tokens into expert order and back: read and write
                 of k x h elements each way, 4 k h; 2 (c + k) h with a per-rank dispatch of c
@@ -48,18 +55,44 @@ def _roofline(r: _Rates, rows: float, k: int, n: int) -> float:
     return time
 
 
+def _fp8_speedup(job: Job, recipe: str, tokens: int, rows: float, k: int, n: int,
+                 name: str) -> float:
+    """bf16 / FP8 roofline seconds of one expert matrix of `rows` rows, Transformer Engine's
+    casts included (module docstring); 1 where K or N is not a multiple of 16."""
+    from amsp_planner.cost.fp8 import RECIPE, roofline_linear_s, weight_casts_shared
+    from amsp_planner.cost.fp8_casts import te_linear_cast_bytes
+
+    if k % 16 or n % 16:
+        return 1.0
+    gpu, fp8, m = job.cluster.gpu, RECIPE[recipe], max(1, round(rows))
+    casts = te_linear_cast_bytes(fp8, m, k, n, name, 1, 1 / weight_casts_shared(job, tokens, 1),
+                                 gathered=False)
+    return roofline_linear_s(gpu, m, k, n, None) / roofline_linear_s(gpu, m, k, n, fp8,
+                                                                     casts=casts)
+
+
 def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
     """Forward matmul seconds of one MoE layer's router, shared expert and routed experts."""
     m = job.model
     h, E, k = m.hidden_size, m.num_experts, m.experts_per_token
     u = job.training.expert_imbalance
+    from amsp_planner.cost.fp8_bytes import fp8_experts
+
+    recipe = fp8_experts(job)
+    names = ["linear_fc1"] * (m.ffn_matrices - 1) + ["linear_fc2"]
+
+    def mlp(rows: float, f: int) -> list[float]:
+        """Seconds of each expert matrix on `rows` rows (FP8 where the experts run it)."""
+        return [_roofline(r, rows, a, b) / (_fp8_speedup(job, recipe, tokens, rows, a, b, x)
+                                            if recipe else 1.0)
+                for (a, b), x in zip(_mlp_matrices(job, f), names, strict=True)]
+
     t = _roofline(r, tokens, h, E) + r.t0
     if m.shared_expert_ffn_hidden_size:
-        t += sum(_roofline(r, tokens, a, b) + r.t0
-                 for a, b in _mlp_matrices(job, m.shared_expert_ffn_hidden_size))
+        t += sum(x + r.t0 for x in mlp(tokens, m.shared_expert_ffn_hidden_size))
     rows = tokens * k * ep / E * u
     fe = m.expert_ffn_hidden_size or m.ffn_hidden_size
-    t += sum(E // ep * _roofline(r, rows, a, b) + r.t0 for a, b in _mlp_matrices(job, fe))
+    t += sum(E // ep * x + r.t0 for x in mlp(rows, fe))
     return t
 
 

@@ -139,15 +139,12 @@ def export(job: Job, strategy: Strategy, memory_limit: float | None = None) -> E
         return export_pipeline(job, strategy)
 
     def notes(s: Strategy) -> list[str]:
-        moe = (["Megatron runs the experts' grouped GEMMs in FP8 too; the plan priced them in "
-                "bf16 (FP8 experts are not modelled): expect a faster step"]
-               if job.model.is_moe and job.training.precision == "fp8" else [])
         if job.training.dp_overlap:
             return ["--overlap-grad-reduce and --overlap-param-gather given (dp_overlap): the "
-                    "plan prices them", *moe]
+                    "plan prices them"]
         return ["Megatron reduce-scatters gradients and all-gathers parameters after backward "
                 "and before the next forward unless --overlap-grad-reduce and "
-                "--overlap-param-gather are given; the plan prices the defaults", *moe]
+                "--overlap-param-gather are given; the plan prices the defaults"]
 
     return finish(TARGET, job, strategy, memory_limit, render, WHY, notes)
 

@@ -81,8 +81,11 @@ def applicable(job) -> str | None:
     if runs_as(job.engine) not in FAMILY:
         return f"engine {job.engine} has no FP8 path here"
     if getattr(job.model, "num_experts", 0):
+        if runs_as(job.engine) == "megatron":
+            return ("a mixture of experts: its experts' matmuls run FP8 too, on T k e / E rows "
+                    "each, which the scan of a block's linears at the micro-batch does not vary")
         return ("a mixture of experts: FP8 prices its attention's linears only, its experts' "
-                "grouped GEMMs stay bf16 (FP8 experts are not modelled)")
+                "grouped GEMMs stay bf16 (torchao converts nn.Linear only)")
     try:
         recipe_for(recipe_of(job), job.engine, job.cluster.gpu.arch)
     except AmspUserError:

@@ -302,7 +302,7 @@ def tables_for(job: Job, sp: SearchSpace) -> Tables:
     # Transformer Engine's FP8 weight cache: the same for every strategy of the TP space but
     # where --fp8-all-gather on drops it with the distributed optimizer (s_OS > 1): the
     # smallest is fixed, the rest rides on the OS factor
-    cache = {o: fp8_cache(job, _Strategy(tp=tp, s_os=o)) / GIB for o in F}
+    cache = {o: fp8_cache(job, _Strategy(tp=tp, s_os=o, ep=sp.ep)) / GIB for o in F}
     tables.fixed = min(cache.values(), default=0.0)
     for o in F:
         mem_o[o] += cache[o] - tables.fixed
