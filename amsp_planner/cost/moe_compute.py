@@ -14,18 +14,18 @@ parallelism e and imbalance u (``TrainingSpec.expert_imbalance``, max/mean token
                 experts run below large-matrix efficiency through the same roofline and
                 overhead curve the dense matmuls use (no separate grouped-GEMM efficiency
                 table is used; none is published for the GPUs of presets/gpus.yaml).
-
-In FP8 under Transformer Engine (cost/fp8_bytes.py ``fp8_experts``) the shared and routed experts' matmuls run
-FP8 as the dense linears do: each at its roofline speed-up with Transformer Engine's casts
-(cost/fp8.py ``roofline_linear_s``, ``te_linear_cast_bytes`` on the expert's r rows, no TP
-gather, the weight cast once per step), a matrix whose K or N is not a multiple of 16 in bf16;
-the router stays bf16. torchao engines keep the experts in bf16 (their Float8 linear
-conversion touches nn.Linear only).
   elementwise   per routed copy the expert's SwiGLU (5 f_e elements; GELU 2 f_e) and the
                 permutation copies (the tokens into expert order and back: read and write
                 of k x h elements each way, 4 k h; 2 (c + k) h with a per-rank dispatch of c
                 copies: ``moe_layer_elementwise``), the shared expert's 5 f_s, all x u for
                 the routed part.
+
+In FP8 under Megatron (cost/fp8_bytes.py ``fp8_experts``) the shared and routed experts'
+matmuls run FP8 as the dense linears do: each at its roofline speed-up with Transformer
+Engine's casts (cost/fp8.py ``roofline_linear_s``, ``te_linear_cast_bytes`` on the expert's
+r rows, no TP gather, the weight cast once per step), a matrix whose K or N is not a multiple
+of 16 in bf16; the router stays bf16. torchao engines keep the experts in bf16 (their Float8
+linear conversion touches nn.Linear only).
 
 Saved activations per token of a MoE layer (eager count of docs/memory.md, per routed copy
 x u): the permuted expert input h and the expert MLP's 4 f_e (GELU 2 f_e) and output h (the
@@ -73,11 +73,11 @@ def _fp8_speedup(job: Job, recipe: str, tokens: int, rows: float, k: int, n: int
 
 def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
     """Forward matmul seconds of one MoE layer's router, shared expert and routed experts."""
+    from amsp_planner.cost.fp8_bytes import fp8_experts
+
     m = job.model
     h, E, k = m.hidden_size, m.num_experts, m.experts_per_token
     u = job.training.expert_imbalance
-    from amsp_planner.cost.fp8_bytes import fp8_experts
-
     recipe = fp8_experts(job)
     names = ["linear_fc1"] * (m.ffn_matrices - 1) + ["linear_fc2"]
 
