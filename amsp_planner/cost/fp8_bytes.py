@@ -125,11 +125,11 @@ def fp8_experts(job) -> str | None:
     shared_experts.py at d98e8a6); None otherwise (torchao's Float8 conversion swaps nn.Linear
     only: torchtitan's grouped experts need its separate Float8GroupedExpertsConverter; FSDP1
     with TE layers has no TE experts)."""
+    if job.training.precision != "fp8":
+        return None
     from amsp_planner.engines import runs_as
 
-    if job.training.precision != "fp8" or runs_as(job.engine) != "megatron":
-        return None
-    return te_recipe(job)
+    return te_recipe(job) if runs_as(job.engine) == "megatron" else None
 
 
 def te_weight_cache_bytes(job, s) -> float:

@@ -71,29 +71,35 @@ def _fp8_speedup(job: Job, recipe: str, tokens: int, rows: float, k: int, n: int
                                                                      casts=casts)
 
 
-def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
-    """Forward matmul seconds of one MoE layer's router, shared expert and routed experts."""
-    from amsp_planner.cost.fp8_bytes import fp8_experts
+def _fp8_mlp_s(job: Job, r: _Rates, recipe: str, tokens: int, rows: float,
+               f: int) -> list[float]:
+    """Seconds of each matrix of an expert MLP of width `f` on `rows` rows, in FP8."""
+    names = ["linear_fc1"] * (job.model.ffn_matrices - 1) + ["linear_fc2"]
+    return [_roofline(r, rows, a, b) / _fp8_speedup(job, recipe, tokens, rows, a, b, x)
+            for (a, b), x in zip(_mlp_matrices(job, f), names, strict=True)]
 
+
+def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
+    """Forward matmul seconds of one MoE layer's router, shared expert and routed experts
+    (the experts in FP8 where Megatron runs them so: module docstring)."""
     m = job.model
     h, E, k = m.hidden_size, m.num_experts, m.experts_per_token
     u = job.training.expert_imbalance
-    recipe = fp8_experts(job)
-    names = ["linear_fc1"] * (m.ffn_matrices - 1) + ["linear_fc2"]
+    recipe = None
+    if job.training.precision == "fp8":
+        from amsp_planner.cost.fp8_bytes import fp8_experts
 
-    def mlp(rows: float, f: int) -> list[float]:
-        """Seconds of each expert matrix on `rows` rows (FP8 where the experts run it)."""
-        return [_roofline(r, rows, a, b) / (_fp8_speedup(job, recipe, tokens, rows, a, b, x)
-                                            if recipe else 1.0)
-                for (a, b), x in zip(_mlp_matrices(job, f), names, strict=True)]
-
+        recipe = fp8_experts(job)
     t = _roofline(r, tokens, h, E) + r.t0
-    if m.shared_expert_ffn_hidden_size:
-        t += sum(x + r.t0 for x in mlp(tokens, m.shared_expert_ffn_hidden_size))
+    fs, fe = m.shared_expert_ffn_hidden_size, m.expert_ffn_hidden_size or m.ffn_hidden_size
     rows = tokens * k * ep / E * u
-    fe = m.expert_ffn_hidden_size or m.ffn_hidden_size
-    t += sum(E // ep * x + r.t0 for x in mlp(rows, fe))
-    return t
+    if recipe:
+        if fs:
+            t += sum(x + r.t0 for x in _fp8_mlp_s(job, r, recipe, tokens, tokens, fs))
+        return t + sum(E // ep * x + r.t0 for x in _fp8_mlp_s(job, r, recipe, tokens, rows, fe))
+    if fs:
+        t += sum(_roofline(r, tokens, a, b) + r.t0 for a, b in _mlp_matrices(job, fs))
+    return t + sum(E // ep * _roofline(r, rows, a, b) + r.t0 for a, b in _mlp_matrices(job, fe))
 
 
 def moe_layer_elementwise(job: Job, fused: bool = False, ep: int = 1) -> float:
