@@ -66,7 +66,7 @@ instances = st.fixed_dictionaries({
     "default_rule": st.booleans(),
 })
 
-@settings(max_examples=50, deadline=None, derandomize=True,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(instances)
 def test_bounded_search_chooses_as_every_part_solved_and_the_brute_force(p):

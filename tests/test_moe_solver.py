@@ -63,7 +63,7 @@ def instance_job(p, **train) -> Job:
                    expert_imbalance=p["imbalance"], **train)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True,
+@settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(instances)
 def test_ilp_equals_brute_force_on_moe(p):
