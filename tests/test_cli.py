@@ -463,7 +463,7 @@ def test_compare_names_the_tp_under_which_the_baselines_divide_the_batch():
     argv = ["compare", "--model", "llama3-8b", "--gpus", "4096", "--cluster", "dgx-h100-ndr"]
     code, out, err = run_cli(argv)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "global batch of 1024 sequences" in err and "give --tp 4 (1024 ranks)" in err
+    assert "global batch of 1,024 sequences" in err and "give --tp 4 (1024 ranks)" in err
     assert "--strategy" not in err
     code, out, err = run_cli(argv + ["--tp", "4", "--json"])
     assert code == 0 and all(r["strategy"].startswith("tp=4,") for r in json.loads(out)["rows"])

@@ -12,9 +12,9 @@ from amsp_testlib import run_cli
 H100 = ["--model", "llama3-8b", "--gpus", "64", "--cluster", "dgx-h100-ndr"]
 
 
-def _plan(tmp_path, *extra, name="p.json"):
+def _plan(tmp_path, *extra, name="p.json", model="llama3-8b"):
     out = tmp_path / name
-    code, text, err = run_cli(["plan", *H100, "-o", str(out), *extra])
+    code, text, err = run_cli(["plan", "--model", model, *H100[2:], "-o", str(out), *extra])
     assert code == 0, err
     return json.loads(out.read_text()), text + err
 
@@ -79,12 +79,10 @@ def test_exports_an_engine_refuses_are_warned_at_planning(tmp_path):
 
 
 def test_an_fp8_megatron_mixture_of_experts_plan_prices_its_experts_in_fp8(tmp_path):
+    _, said = _plan(tmp_path, "--engine", "megatron", "--precision", "fp8", name="m.json",
+                    model="qwen3-30b-a3b")
     out = tmp_path / "m.json"
-    code, text, err = run_cli(["plan", "--model", "qwen3-30b-a3b", "--gpus", "64", "--cluster",
-                               "dgx-h100-ndr", "--engine", "megatron", "--precision", "fp8",
-                               "-o", str(out)])
-    assert code == 0, err
-    said = " ".join((text + err).split())
+    said = " ".join(said.split())
     assert "also its shared and routed experts' matmuls (TE's grouped linears)" in said
     code, text, err = run_cli(["export", str(out), "--to", "megatron", "-o",
                                str(tmp_path / "m.sh")])

@@ -104,8 +104,11 @@ def _check_baseline_batch(job, tp: int, mb: int) -> None:
     if b % (n // tp * mb) == 0:
         return
     fits = [x for x in job.tp_options() if x > tp and b % (n // x * mb) == 0]
+    from amsp_planner.cost.job import batch_source
+
     raise AmspUserError(
-        f"global batch of {b} sequences: not a multiple of the baselines' {n // tp} data-parallel "
+        f"global batch of {b:,} sequences ({batch_source(job.training)}): not a multiple of the "
+        f"baselines' {n // tp} data-parallel "
         f"ranks x micro-batch {mb} (--tp {tp}): give "
         + (f"--tp {fits[0]} ({n // fits[0]} ranks), " if fits else "")
         + f"a global batch that is a multiple of {n // tp * mb} sequences, or fewer GPUs")
@@ -147,17 +150,12 @@ def compare(strategies, strategy_from, fmt, as_json, wide, tp, precision, **opts
 
         ds = strategy_for_job(strategy_from, job)
         check_ds_micro_batch(ds, t.micro_batch, strategy_from)
-    if "fp8" not in precision:  # fp8ag asked for with no FP8 job: plan's one-line refusal
-        from amsp_planner.cost.fp8_gathers import fp8_gathers
-
-        for s in given:
-            if s.fp8ag:
-                fp8_gathers(job, s.tp)
     by_prec = {}
     for p, (j, lim) in jobs.items():
         rows = list(evaluate_baselines(j, lim, mb, ckpt, tp).items())
-        mine = [as_priced(j, s if j.training.precision == "fp8" else s.with_(fp8ag=False))
-                for s in given]  # an FP8 gather asked for is the FP8 rows' only
+        keep = j.training.precision == "fp8" or "fp8" not in precision
+        mine = [as_priced(j, s if keep else s.with_(fp8ag=False))
+                for s in given]  # an FP8 gather is the FP8 rows' only; none: refused as plan does
         names = ["given"] if len(mine) == 1 else [f"given {i}" for i in range(1, len(mine) + 1)]
         rows += [(n if engine_runs(j, s) is None else f"{n}, not run by {j.engine}",
                   evaluate(j, s, lim)) for n, s in zip(names, mine, strict=True)]

@@ -155,11 +155,8 @@ def te_weight_cache_bytes(job, s) -> float:
     mlp_layers = m.num_layers - m.num_moe_layers if m.is_moe else m.num_layers
     experts = 0
     if m.is_moe and fp8_experts(job):
-        h = m.hidden_size
-
         def fp8_params(f: int) -> int:
-            mats = [(h, f)] * (m.ffn_matrices - 1) + [(f, h)]
-            return sum(a * b for a, b in mats if a % 16 == 0 and b % 16 == 0)
+            return sum(a * b for a, b in m.mlp_matrices(f) if a % 16 == 0 and b % 16 == 0)
 
         shared = m.shared_expert_ffn_hidden_size
         experts = m.num_moe_layers * (

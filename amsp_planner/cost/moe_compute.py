@@ -42,11 +42,6 @@ if TYPE_CHECKING:
     from amsp_planner.cost.job import Job
 
 
-def _mlp_matrices(job: Job, f: int) -> list[tuple[int, int]]:
-    h = job.model.hidden_size
-    return [(h, f), (h, f), (f, h)] if job.model.ffn_matrices == 3 else [(h, f), (f, h)]
-
-
 def _roofline(r: _Rates, rows: float, k: int, n: int) -> float:
     """A matmul's seconds without its kernel overhead (cost/compute.py's ``_matmul``)."""
     time = 2.0 * rows * k * n / r.flop
@@ -76,7 +71,7 @@ def _fp8_mlp_s(job: Job, r: _Rates, recipe: str, tokens: int, rows: float,
     """Seconds of each matrix of an expert MLP of width `f` on `rows` rows, in FP8."""
     names = ["linear_fc1"] * (job.model.ffn_matrices - 1) + ["linear_fc2"]
     return [_roofline(r, rows, a, b) / _fp8_speedup(job, recipe, tokens, rows, a, b, x)
-            for (a, b), x in zip(_mlp_matrices(job, f), names, strict=True)]
+            for (a, b), x in zip(job.model.mlp_matrices(f), names, strict=True)]
 
 
 def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
@@ -98,8 +93,8 @@ def moe_layer_mlp_s(job: Job, r: _Rates, tokens: int, ep: int) -> float:
             t += sum(x + r.t0 for x in _fp8_mlp_s(job, r, recipe, tokens, tokens, fs))
         return t + sum(E // ep * x + r.t0 for x in _fp8_mlp_s(job, r, recipe, tokens, rows, fe))
     if fs:
-        t += sum(_roofline(r, tokens, a, b) + r.t0 for a, b in _mlp_matrices(job, fs))
-    return t + sum(E // ep * _roofline(r, rows, a, b) + r.t0 for a, b in _mlp_matrices(job, fe))
+        t += sum(_roofline(r, tokens, a, b) + r.t0 for a, b in m.mlp_matrices(fs))
+    return t + sum(E // ep * _roofline(r, rows, a, b) + r.t0 for a, b in m.mlp_matrices(fe))
 
 
 def moe_layer_elementwise(job: Job, fused: bool = False, ep: int = 1) -> float:

@@ -213,6 +213,11 @@ class ModelSpec(AttentionCounts, MoeCounts, BaseModel):
         """Matrices in the MLP: 3 gated (SwiGLU, GeGLU), 2 plain (GELU)."""
         return 2 if self.ffn_type == "gelu" else 3
 
+    def mlp_matrices(self, f: int) -> list[tuple[int, int]]:
+        """(K, N) of each matrix of one MLP of inner width f: gate, up, down (GELU: fc1, fc2)."""
+        h = self.hidden_size
+        return [(h, f)] * (self.ffn_matrices - 1) + [(f, h)]
+
     # ----- parameter counts per unit ---------------------------------------------------------
     def _norm_params(self) -> int:
         return self.hidden_size * (2 if self.norm_type == "layernorm" else 1)
